@@ -1,0 +1,196 @@
+"""Public API: argument checks, shift/reduction handling, and the autograd-aware custom op."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from own_kernel.backward import backward as _backward
+from own_kernel.configs import config_for
+from own_kernel.forward import forward as _forward
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# filter_eps="auto": skip a tile when every gradient entry is below the input dtype's resolution
+# relative to the target's O(1) entry.
+AUTO_EPS = {torch.bfloat16: 2.0**-12, torch.float16: 2.0**-14, torch.float32: 2.0**-20}
+
+
+def _check_runnable(device: torch.device) -> None:
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"own_kernel runs on a CUDA device, or on the CPU under TRITON_INTERPRET=1 "
+            f"(set it before importing triton); got tensors on {device}")
+
+
+# ---- the op: per-row losses and log-sum-exp ---------------------------------------------------
+
+@torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
+def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
+             softcap: float, label_smoothing: float, filter_eps: float) -> tuple[Tensor, Tensor]:
+    """(loss per row, lse per row) for 2-D e; ignored rows have loss 0. softcap 0 = none;
+    filter_eps < 0 = exact (filter_eps only affects the backward)."""
+    cfg = config_for(e.device, e.dtype)
+    lse, z_tgt, z_sum = _forward(e, c, bias, targets, softcap or None, label_smoothing > 0, cfg)
+    loss = lse - (1.0 - label_smoothing) * z_tgt
+    if label_smoothing > 0:
+        loss = loss - label_smoothing / c.shape[0] * z_sum
+    return torch.where(targets != ignore_index, loss, 0.0), lse
+
+
+@lce_rows.register_fake
+def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps):
+    n = e.shape[0]
+    return e.new_empty(n, dtype=torch.float32), e.new_empty(n, dtype=torch.float32)
+
+
+@torch.library.custom_op("own_kernel::lce_rows_backward", mutates_args=())
+def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], lse: Tensor,
+                      grad_loss: Tensor, grad_lse: Optional[Tensor], ignore_index: int,
+                      softcap: float, label_smoothing: float,
+                      filter_eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    row_weight = torch.where(targets != ignore_index, grad_loss.float(), 0.0)
+    de, dc, dbias = _backward(e, c, bias, targets, lse, row_weight,
+                              grad_lse.float() if grad_lse is not None else None,
+                              softcap or None, label_smoothing,
+                              filter_eps if filter_eps >= 0 else None)
+    return de, dc, dbias if dbias is not None else e.new_empty(0)
+
+
+@lce_rows_backward.register_fake
+def _(e, c, targets, bias, lse, grad_loss, grad_lse, ignore_index, softcap, label_smoothing,
+      filter_eps):
+    return torch.empty_like(e), torch.empty_like(c), (
+        torch.empty_like(bias) if bias is not None else e.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps = inputs
+    ctx.save_for_backward(e, c, targets, bias, output[1])
+    ctx.options = (ignore_index, softcap, label_smoothing, filter_eps)
+
+
+def _backward_rule(ctx, grad_loss, grad_lse):
+    e, c, targets, bias, lse = ctx.saved_tensors
+    if grad_loss is None:
+        grad_loss = torch.zeros_like(lse)
+    de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, grad_loss, grad_lse, *ctx.options)
+    return de, dc, None, (dbias if bias is not None else None), None, None, None, None
+
+
+lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+# ---- the public function ---------------------------------------------------------------------
+
+def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
+              filter_eps):
+    if not isinstance(e, Tensor) or not isinstance(c, Tensor) or not isinstance(targets, Tensor):
+        raise TypeError("e, c and targets must be torch.Tensors")
+    if e.dtype not in DTYPES:
+        raise TypeError(f"e: dtype must be one of bfloat16, float16, float32; got {e.dtype}")
+    if e.dim() < 1:
+        raise ValueError("e: expected shape (..., D)")
+    if c.dim() != 2:
+        raise ValueError(f"c: expected shape (V, D); got {tuple(c.shape)}")
+    if c.shape[1] != e.shape[-1]:
+        raise ValueError(f"c: hidden size {c.shape[1]} does not match e's hidden size {e.shape[-1]}")
+    if c.dtype != e.dtype:
+        raise TypeError(f"c: dtype {c.dtype} must match e's dtype {e.dtype}")
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise TypeError(f"targets: expected an integer tensor; got {targets.dtype}")
+    if tuple(targets.shape) != tuple(e.shape[:-1]):
+        raise ValueError(f"targets: shape {tuple(targets.shape)} must equal e.shape[:-1] = "
+                         f"{tuple(e.shape[:-1])}")
+    for name, t in (("c", c), ("targets", targets), ("bias", bias)):
+        if t is not None and t.device != e.device:
+            raise ValueError(f"{name}: on {t.device}, but e is on {e.device}")
+    if bias is not None:
+        if bias.shape != (c.shape[0],):
+            raise ValueError(f"bias: expected shape ({c.shape[0]},); got {tuple(bias.shape)}")
+        if bias.dtype != e.dtype:
+            raise TypeError(f"bias: dtype {bias.dtype} must match e's dtype {e.dtype}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none'; got {reduction!r}")
+    if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
+        raise ValueError(f"shift: expected an int >= 0; got {shift!r}")
+    if shift and (e.dim() < 2 or shift >= e.shape[-2]):
+        raise ValueError(f"shift: {shift} needs a sequence dimension longer than it "
+                         f"(e.shape = {tuple(e.shape)})")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing: expected a value in [0, 1]; got {label_smoothing}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap: expected None or a positive number; got {softcap}")
+    if filter_eps is not None and filter_eps != "auto":
+        if isinstance(filter_eps, str) or not float(filter_eps) >= 0:
+            raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
+    _check_runnable(e.device)
+    v = c.shape[0]
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
+    if targets.numel() and bool(bad.any()):
+        first = targets[bad][0].item()
+        raise ValueError(f"targets: value {first} is outside [0, {v}) and is not "
+                         f"ignore_index={ignore_index}")
+
+
+def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
+                         ignore_index: int = -100, softcap: float | None = None,
+                         reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
+                         filter_eps: float | str | None = None, return_lse: bool = False):
+    """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
+
+    Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
+    ignore_index=..., reduction=..., label_smoothing=...)`` with softcap(x) = s * tanh(x / s).
+    ``shift=k`` pairs position i with ``targets[..., i + k]`` (sequence dim = e's dim -2) without
+    copying e. ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every
+    entry is below it. ``return_lse=True`` also returns the per-token log-sum-exp.
+    """
+    if torch.is_autocast_enabled(e.device.type):
+        dtype = torch.get_autocast_dtype(e.device.type)
+        e, c = e.to(dtype), c.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
+              filter_eps)
+    if filter_eps == "auto":
+        filter_eps = AUTO_EPS[e.dtype]
+
+    lead = targets.shape
+    if shift:
+        # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing.
+        shifted = torch.full_like(targets, ignore_index)
+        shifted[..., :-shift] = targets[..., shift:]
+        targets = shifted
+    e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
+    t2 = targets.reshape(-1).to(torch.int64)
+    loss_rows, lse = lce_rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
+                              float(label_smoothing), -1.0 if filter_eps is None else float(filter_eps))
+    loss_rows, lse = loss_rows.view(lead), lse.view(lead)
+    if shift:
+        loss_rows, lse = loss_rows[..., :-shift], lse[..., :-shift]
+        t2 = t2.view(lead)[..., :-shift]
+    if reduction == "none":
+        loss = loss_rows
+    elif reduction == "sum":
+        loss = loss_rows.sum()
+    else:
+        loss = loss_rows.sum() / (t2 != ignore_index).sum()
+    return (loss, lse) if return_lse else loss
+
+
+class LinearCrossEntropy(nn.Module):
+    """nn.Module wrapper: ``LinearCrossEntropy(softcap=30.0)(e, c, targets)``."""
+
+    def __init__(self, *, ignore_index: int = -100, softcap: float | None = None,
+                 reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
+                 filter_eps: float | str | None = None, return_lse: bool = False):
+        super().__init__()
+        self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
+                            shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
+                            return_lse=return_lse)
+
+    def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
+        return linear_cross_entropy(e, c, targets, bias=bias, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items())

@@ -1,0 +1,87 @@
+"""Block shapes per device, chosen by measurement on the GPU (see own_kernel/tune.py).
+
+The interpreter (TRITON_INTERPRET=1) gets one small fixed config: it runs on numpy, and more than
+one autotune config fails there. Override any field for experiments with CCE_OWN_CONFIG='{"fwd":
+{"BLOCK_V": 128}}'. CCE_OWN_DEGRADE=slow|hungry deliberately worsens the kernel so that the
+regression gate (suite/gate.py) can be shown to fail.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Mask granularity of the gradient filter = the dlogits kernel's tile (BLOCK_N x BLOCK_V).
+# dE's BLOCK_M must equal BLOCK_N, dC's BLOCK_M must divide BLOCK_V, and the GEMMs' BLOCK_K
+# must divide the mask tile along their reduction axis.
+_INTERPRETER = {
+    "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
+    "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
+    "de": dict(BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
+    "dc": dict(BLOCK_M=16, BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
+    "waves": 2,
+    "workspace_mib": 1,
+}
+
+# Hopper (sm90), 16-bit inputs.
+_SM90_16BIT = {
+    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3),
+    "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4),
+    "de": dict(BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=3),
+    "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=3),
+    "waves": 2,
+    "workspace_mib": 48,
+}
+
+# Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).
+_GENERIC = {
+    "fwd": dict(BLOCK_N=64, BLOCK_V=128, BLOCK_D=32, num_warps=4, num_stages=3),
+    "dlogits": dict(BLOCK_N=64, BLOCK_V=128, BLOCK_D=32, num_warps=4, num_stages=3),
+    "de": dict(BLOCK_D=128, BLOCK_K=32, num_warps=4, num_stages=3),
+    "dc": dict(BLOCK_M=64, BLOCK_D=128, BLOCK_K=32, num_warps=4, num_stages=3),
+    "waves": 2,
+    "workspace_mib": 48,
+}
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for k, v in override.items():
+        if isinstance(v, dict):
+            out.setdefault(k, {}).update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def config_for(device: torch.device, dtype: torch.dtype) -> dict:
+    if INTERPRET or device.type != "cuda":
+        cfg = _INTERPRETER
+    elif torch.cuda.get_device_capability(device)[0] == 9 and dtype != torch.float32:
+        cfg = _SM90_16BIT
+    else:
+        cfg = _GENERIC
+    override = os.environ.get("CCE_OWN_CONFIG")
+    if override:
+        cfg = _merge(cfg, json.loads(override))
+    degrade = os.environ.get("CCE_OWN_DEGRADE", "")
+    if degrade == "slow" and not INTERPRET:
+        # Tiny tiles starve the tensor cores: a deliberate, large slowdown.
+        cfg = _merge(cfg, {"fwd": dict(BLOCK_N=32, BLOCK_V=32, BLOCK_D=32, num_warps=4, num_stages=1)})
+    elif degrade not in ("", "slow", "hungry"):
+        raise ValueError(f"CCE_OWN_DEGRADE must be 'slow' or 'hungry', got {degrade!r}")
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: dict) -> None:
+    bn, bv = cfg["dlogits"]["BLOCK_N"], cfg["dlogits"]["BLOCK_V"]
+    if bn % cfg["de"]["BLOCK_K"] and bv % cfg["de"]["BLOCK_K"]:
+        raise ValueError("de.BLOCK_K must divide dlogits.BLOCK_V")
+    if bv % cfg["de"]["BLOCK_K"]:
+        raise ValueError("de.BLOCK_K must divide dlogits.BLOCK_V")
+    if bv % cfg["dc"]["BLOCK_M"] or bn % cfg["dc"]["BLOCK_K"]:
+        raise ValueError("dc.BLOCK_M must divide dlogits.BLOCK_V and dc.BLOCK_K dlogits.BLOCK_N")

@@ -1,0 +1,36 @@
+"""The one piece of math both passes share: a (BLOCK_N x BLOCK_V) tile of softcapped logits."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tanh(x):
+    # tanh(x) = 1 - 2 / (exp(2x) + 1), via exp2: libdevice is unavailable under the interpreter.
+    # Saturates correctly: exp2 -> inf gives 1, exp2 -> 0 gives -1.
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+               stride_en, stride_ed, stride_cv, stride_cd, softcap,
+               HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    # z[n, v] = softcap(sum_d E[n, d] C[v, d] + bias[v]), accumulated in fp32 over D.
+    acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    # 64-bit row offsets: N*D and V*D can pass 2^31 elements.
+    e_ptrs = E + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed
+    c_ptrs = C + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
+    for d0 in range(0, D, BLOCK_D):
+        d_mask = offs_d < D - d0
+        e = tl.load(e_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        c = tl.load(c_ptrs, mask=v_mask[:, None] & d_mask[None, :], other=0.0)
+        acc = tl.dot(e, tl.trans(c), acc, input_precision=DOT_PRECISION)
+        e_ptrs += BLOCK_D * stride_ed
+        c_ptrs += BLOCK_D * stride_cd
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_SOFTCAP:
+        acc = softcap * tanh(acc / softcap)
+    return acc
