@@ -1,0 +1,613 @@
+"""Every figure of cce-bench, drawn from ``results/**/results.csv`` (columns: suite.schema).
+
+    python -m suite plots [--results results/] [--out plots/]
+
+Writes PNG and PDF into ``--out``; no GPU needed. Output is deterministic: fixed rcParams and
+fonts (DejaVu, shipped with matplotlib), the Agg backend, no timestamps in the files.
+
+Figures:
+1. ``memory_vs_v_*``: peak extra memory vs vocabulary size, one line per provider, a panel per
+   phase, a file per dtype and shape family.
+2. ``time_vs_v_*``: median time vs vocabulary size with the matmul floor (k x one E @ C.T).
+3. ``pareto_*``: memory vs time at loss+grad, one panel per shape, Pareto front of the providers.
+4. ``grad_error_*``: relative error of dE and dC vs an fp32 reference, per provider and inputs.
+5. ``memory_breakdown``: training memory of five LMs, paper Figure 1 style (suite.model_configs).
+
+A cell that did not run (status != ok) is drawn as an ``x`` at the top of its panel, labelled
+with its status, never silently dropped.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display, same rasteriser everywhere
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from suite import model_configs  # noqa: E402
+from suite.schema import PHASE_MATMULS, PHASES, ROW_FIELDS  # noqa: E402
+
+# ---- one style ------------------------------------------------------------------------------
+
+PAPER_RC = {
+    "font.family": "DejaVu Sans",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#dddddd",
+    "grid.linewidth": 0.5,
+    "lines.linewidth": 1.3,
+    "lines.markersize": 4,
+    "figure.dpi": 100,
+    "savefig.dpi": 200,
+    "savefig.bbox": "standard",  # "tight" re-measures text; keep layouts fixed
+    "pdf.fonttype": 42,          # embed TrueType, editable text
+    "svg.hashsalt": "cce-bench",
+    "path.simplify": False,
+}
+
+# Okabe & Ito (2008) colour-blind-safe palette. One colour per provider family; variants of a
+# family share its colour and differ by line style and marker. This is the only place a
+# provider gets a colour: every figure looks it up here.
+OKABE_ITO = {
+    "black": "#000000", "orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73",
+    "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7",
+    "grey": "#999999",
+}
+PROVIDER_STYLE = {
+    "naive":              dict(color=OKABE_ITO["black"], marker="o", linestyle="-"),
+    "selective":          dict(color=OKABE_ITO["black"], marker="v", linestyle=":"),
+    "torch_compile":      dict(color=OKABE_ITO["orange"], marker="s", linestyle="-"),
+    "chunked":            dict(color=OKABE_ITO["sky blue"], marker="^", linestyle="-"),
+    "torch_native":       dict(color=OKABE_ITO["reddish purple"], marker="<", linestyle="-"),
+    "liger_flce":         dict(color=OKABE_ITO["bluish green"], marker="D", linestyle="-"),
+    "liger_ce":           dict(color=OKABE_ITO["bluish green"], marker="d", linestyle="--"),
+    "apple_cce":          dict(color=OKABE_ITO["blue"], marker="P", linestyle="-"),
+    "apple_cce_nofilter": dict(color=OKABE_ITO["blue"], marker="p", linestyle="--"),
+    "apple_torch_compile": dict(color=OKABE_ITO["blue"], marker="h", linestyle=":"),
+    "own":                dict(color=OKABE_ITO["vermillion"], marker="o", linestyle="-"),
+    "own_filter":         dict(color=OKABE_ITO["vermillion"], marker="s", linestyle="--"),
+}
+_FALLBACK_MARKERS = "*H8>"
+REFERENCE_COLOR = OKABE_ITO["grey"]  # matmul floor, lower bound, Pareto front
+FAIL_MARKER = "x"
+
+# Breakdown components get Paul Tol's "muted" colours, so they are never read as providers.
+COMPONENT_COLOR = {
+    "weights": "#332288", "gradients": "#88CCEE", "Adam states": "#44AA99",
+    "activations": "#DDCC77", "loss logits": "#CC6677",
+}
+
+# Inputs get a fill style in the gradient-error figure (colour is the provider's).
+DIST_STYLE = {"uniform": dict(fillstyle="full", offset=-0.2),
+              "lm": dict(fillstyle="none", offset=0.0),
+              "file": dict(fillstyle="bottom", offset=0.2)}
+
+MEMORY_FLOOR_MIB = 1e-3  # log axes: smaller values (a CCE forward keeps ~0) are drawn here
+NUMERIC = ["n", "d", "v", "softcap", "ignore_frac", "bias", "seed", "mean_loss", "entropy",
+           "peak_extra_mib", "peak_abs_mib", "ms", "ms_p20", "ms_p80", "ms_min", "reps",
+           "tokens_per_s", "tflops", "floor_ms", "floor_ratio", "loss_rel_err", "de_rel_err",
+           "dc_rel_err", "dbias_rel_err"]
+
+
+def style_of(provider: str) -> dict:
+    """Colour, marker and line style of ``provider`` (unknown providers: grey, stable marker)."""
+    if provider in PROVIDER_STYLE:
+        return dict(PROVIDER_STYLE[provider])
+    marker = _FALLBACK_MARKERS[sum(map(ord, provider)) % len(_FALLBACK_MARKERS)]
+    return dict(color=REFERENCE_COLOR, marker=marker, linestyle="-.")
+
+
+def provider_order(names) -> list[str]:
+    """Providers in the fixed order of PROVIDER_STYLE, unknown ones after, alphabetically."""
+    names = set(names)
+    known = [p for p in PROVIDER_STYLE if p in names]
+    return known + sorted(names - set(known))
+
+
+# ---- reading results ------------------------------------------------------------------------
+
+def load_results(results_dir: str | Path) -> pd.DataFrame:
+    """All rows of every ``results.csv`` under ``results_dir``; a (device, cell, provider, phase)
+    measured more than once (a resumed or repeated run) keeps its latest row."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--results: {root} is not a directory")
+    paths = sorted(root.glob("**/results.csv"))
+    if not paths:
+        raise FileNotFoundError(f"--results: no results.csv under {root}")
+    frames = []
+    for path in paths:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        missing = [c for c in ROW_FIELDS if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
+        frame["run"] = path.parent.relative_to(root).as_posix()
+        frames.append(frame)
+    df = pd.concat(frames, ignore_index=True)
+    for col in NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["softcap_label"] = [_softcap_label(x) for x in df["softcap"]]
+    df = df.sort_values(["timestamp", "run"], kind="stable")
+    df = df.drop_duplicates(["device", "cell_id", "provider", "phase"], keep="last")
+    return df.reset_index(drop=True)
+
+
+def _softcap_label(x) -> str:
+    return "none" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:g}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", str(text)).strip("-").lower()
+
+
+def _family_stem(key: dict) -> str:
+    """File-name part naming a shape family: n, d and the options that are not the default."""
+    parts = [f"n{int(key['n'])}", f"d{int(key['d'])}"]
+    if key["softcap_label"] != "none":
+        parts.append(f"softcap{key['softcap_label']}")
+    if key["ignore_frac"]:
+        parts.append(f"ignore{key['ignore_frac']:g}")
+    if key["bias"]:
+        parts.append("bias")
+    return "_".join(parts)
+
+
+def _family_title(key: dict) -> str:
+    bits = [f"N={int(key['n'])}", f"D={int(key['d'])}", key["dtype"]]
+    if key["softcap_label"] != "none":
+        bits.append(f"softcap {key['softcap_label']}")
+    if key["ignore_frac"]:
+        bits.append(f"{key['ignore_frac']:g} ignored")
+    if key["bias"]:
+        bits.append("bias")
+    if "dist" in key:
+        bits.append(f"{key['dist']} inputs")
+    return ", ".join(bits)
+
+
+def _vocab_label(v: float) -> str:
+    return f"{v / 1000:.0f}k" if v >= 10000 else f"{v:g}"
+
+
+# ---- drawing helpers ------------------------------------------------------------------------
+
+def save(fig, out_dir: Path, stem: str) -> list[Path]:
+    """Write ``stem``.png and ``stem``.pdf without timestamps (byte-identical on rebuild)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    fig.savefig(paths[0], format="png", metadata={"Software": None})
+    fig.savefig(paths[1], format="pdf", metadata={"CreationDate": None, "ModDate": None})
+    plt.close(fig)
+    return paths
+
+
+def _mark_failures(ax, failures) -> None:
+    """``failures``: (x, provider, status). Each gets an ``x`` in its provider's colour at the
+    top of the panel, stacked downwards when several fail at the same x."""
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    by_x = defaultdict(list)
+    for x, provider, status in failures:
+        by_x[x].append((provider, status))
+    for x in sorted(by_x):
+        order = provider_order(p for p, _ in by_x[x])
+        items = sorted(set(by_x[x]), key=lambda it: (order.index(it[0]), it[1]))
+        for i, (provider, status) in enumerate(items):
+            y = 0.95 - 0.07 * i
+            color = style_of(provider)["color"]
+            ax.plot([x], [y], marker=FAIL_MARKER, color=color, markersize=5, markeredgewidth=1.4,
+                    linestyle="none", transform=trans, clip_on=False, zorder=5)
+            ax.annotate(status, (x, y), xycoords=trans, xytext=(3, 0),
+                        textcoords="offset points", fontsize=5.5, va="center", color=color)
+
+
+def _legend_handles(providers, *, with_failure: bool, extra=()) -> list:
+    handles = [Line2D([], [], label=p, **style_of(p)) for p in provider_order(providers)]
+    handles.extend(extra)
+    if with_failure:
+        handles.append(Line2D([], [], marker=FAIL_MARKER, color="#444444", linestyle="none",
+                              markeredgewidth=1.4, label="did not run (status shown)"))
+    return handles
+
+
+def _figure_legend(fig, handles) -> None:
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+
+
+def _failures_of(rows: pd.DataFrame, x_col: str) -> list:
+    bad = rows[rows["status"] != "ok"]
+    return [(r[x_col], r["provider"], r["status"]) for _, r in bad.iterrows()]
+
+
+def _panel_grid(n_panels: int, *, ncols: int, width: float = 2.3, height: float = 2.0,
+                legend_rows: int = 2):
+    ncols = max(1, min(ncols, n_panels))
+    nrows = math.ceil(n_panels / ncols)
+    legend_h = 0.22 * legend_rows + 0.2
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.4, height * nrows + legend_h + 0.35),
+                             squeeze=False)
+    for ax in axes.flat[n_panels:]:
+        ax.set_visible(False)
+    fig.subplots_adjust(left=0.09 if ncols > 1 else 0.2, right=0.97, top=1 - 0.45 / fig.get_figheight(),
+                        bottom=(legend_h + 0.35) / fig.get_figheight(), wspace=0.35, hspace=0.5)
+    return fig, list(axes.flat[:n_panels])
+
+
+def _log_axis(axis) -> None:
+    """Plain labels on a log axis whose limits are final: 1, 2, 5 per decade over short ranges,
+    powers of ten over long ones; no minor labels."""
+    lo, hi = sorted(axis.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 else 99
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _headroom(ax, failures) -> None:
+    """Leave the top of a log-y panel to the failure markers, so they do not sit on data."""
+    if not failures:
+        return
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * (hi / lo) ** (0.08 * (1 + len({f[1:] for f in failures}))))
+
+
+def _vocab_axis(ax, vocabs) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(vocabs))
+    ax.set_xticklabels([_vocab_label(v) for v in sorted(vocabs)])
+    ax.minorticks_off()
+    ax.set_xlabel("vocabulary size V")
+
+
+def _legend_rows(n_handles: int) -> int:
+    return math.ceil(n_handles / 5)
+
+
+# ---- 1 and 2: memory and time vs V ----------------------------------------------------------
+
+FAMILY_KEYS = ["device", "dtype", "n", "d", "softcap_label", "ignore_frac", "bias"]
+
+
+def _families(df: pd.DataFrame, keys) -> list[tuple[dict, pd.DataFrame]]:
+    """Groups of rows sharing ``keys`` that have at least two vocabulary sizes."""
+    out = []
+    for values, rows in df.groupby(keys, sort=True, dropna=False):
+        if rows["v"].nunique() >= 2:
+            out.append((dict(zip(keys, values)), rows))
+    return out
+
+
+def _device_prefix(df: pd.DataFrame, device: str) -> str:
+    return f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
+
+
+def plot_memory_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Peak extra memory vs V; memory does not depend on the input distribution, so each family
+    is drawn from one distribution (uniform when present)."""
+    written = []
+    for key, rows in _families(df, FAMILY_KEYS):
+        dists = sorted(rows["dist"].unique(), key=lambda d: (d != "uniform", d))
+        rows = rows[rows["dist"] == dists[0]]
+        phases = [p for p in PHASES if p in set(rows["phase"])]
+        providers = sorted(rows["provider"].unique())
+        handles = _legend_handles(providers, with_failure=(rows["status"] != "ok").any(),
+                                  extra=[Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
+                                                label="lower bound dE + dC")])
+        fig, axes = _panel_grid(len(phases), ncols=4, legend_rows=_legend_rows(len(handles)))
+        clipped = False
+        for ax, phase in zip(axes, phases):
+            at_phase = rows[rows["phase"] == phase]
+            for provider in provider_order(providers):
+                ok = at_phase[(at_phase["provider"] == provider) & (at_phase["status"] == "ok")]
+                ok = ok.dropna(subset=["peak_extra_mib"]).sort_values("v")
+                if ok.empty:
+                    continue
+                y = ok["peak_extra_mib"].clip(lower=MEMORY_FLOOR_MIB)
+                clipped |= bool((ok["peak_extra_mib"] < MEMORY_FLOOR_MIB).any())
+                ax.plot(ok["v"], y, **style_of(provider))
+            if "grad" in phase:
+                vs = np.array(sorted(rows["v"].unique()))
+                ax.plot(vs, _lower_bound_mib(key["n"], key["d"], vs, key["dtype"]),
+                        color=REFERENCE_COLOR, linestyle=":", zorder=0)
+            failures = _failures_of(at_phase, "v")
+            ax.set_yscale("log")
+            _headroom(ax, failures)
+            _log_axis(ax.yaxis)
+            _mark_failures(ax, failures)
+            _vocab_axis(ax, rows["v"].unique())
+            ax.set_title(phase)
+        axes[0].set_ylabel("peak extra memory (MiB)")
+        note = f"; values < {MEMORY_FLOOR_MIB:g} MiB drawn at {MEMORY_FLOOR_MIB:g}" if clipped else ""
+        fig.suptitle(f"Peak extra memory vs vocabulary — {_family_title(key)} "
+                     f"({dists[0]} inputs){note}", fontsize=8)
+        _figure_legend(fig, handles)
+        stem = f"{_device_prefix(df, key['device'])}memory_vs_v_{key['dtype']}_{_family_stem(key)}"
+        written += save(fig, out_dir, stem)
+    return written
+
+
+def plot_time_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Median time vs V per phase; the dashed line is the phase's matmul floor:
+    PHASE_MATMULS[phase] x one cuBLAS E @ C.T of the same shape, measured in the same run."""
+    written = []
+    for key, rows in _families(df, FAMILY_KEYS + ["dist"]):
+        phases = [p for p in PHASES if p in set(rows["phase"])]
+        providers = sorted(rows["provider"].unique())
+        handles = _legend_handles(providers, with_failure=(rows["status"] != "ok").any(),
+                                  extra=[Line2D([], [], color=REFERENCE_COLOR, linestyle="--",
+                                                label="matmul floor (k x E@C.T)")])
+        fig, axes = _panel_grid(len(phases), ncols=4, legend_rows=_legend_rows(len(handles)))
+        for ax, phase in zip(axes, phases):
+            at_phase = rows[rows["phase"] == phase]
+            floor = at_phase.dropna(subset=["floor_ms"]).groupby("v")["floor_ms"].median()
+            if not floor.empty:
+                k = PHASE_MATMULS[phase]
+                ax.plot(floor.index, k * floor.values, color=REFERENCE_COLOR, linestyle="--",
+                        zorder=0)
+                ax.annotate(f"{k}x floor", (floor.index[0], k * floor.values[0]),
+                            xytext=(2, -9), textcoords="offset points", ha="left", fontsize=6,
+                            color=REFERENCE_COLOR)
+            for provider in provider_order(providers):
+                ok = at_phase[(at_phase["provider"] == provider) & (at_phase["status"] == "ok")]
+                ok = ok.dropna(subset=["ms"]).sort_values("v")
+                if not ok.empty:
+                    ax.plot(ok["v"], ok["ms"], **style_of(provider))
+            failures = _failures_of(at_phase, "v")
+            ax.set_yscale("log")
+            _headroom(ax, failures)
+            _log_axis(ax.yaxis)
+            _mark_failures(ax, failures)
+            _vocab_axis(ax, rows["v"].unique())
+            ax.set_title(phase)
+        axes[0].set_ylabel("median time (ms)")
+        fig.suptitle(f"Time vs vocabulary — {_family_title(key)}", fontsize=8)
+        _figure_legend(fig, handles)
+        stem = (f"{_device_prefix(df, key['device'])}time_vs_v_{key['dtype']}_{key['dist']}_"
+                f"{_family_stem(key)}")
+        written += save(fig, out_dir, stem)
+    return written
+
+
+# ---- 3: memory-time Pareto front ------------------------------------------------------------
+
+PARETO_PHASE = "loss+grad"
+
+
+def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Points (time, memory, name) no other point beats in both time and memory, by time."""
+    front = []
+    for t, m, name in sorted(points, key=lambda p: (p[0], p[1], p[2])):
+        if not front or m < front[-1][1]:
+            front.append((t, m, name))
+    return front
+
+
+def plot_pareto(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    written = []
+    at_phase = df[df["phase"] == PARETO_PHASE]
+    for (device, dtype, dist), rows in at_phase.groupby(["device", "dtype", "dist"], sort=True):
+        shapes = list(rows.groupby(["n", "d", "v", "softcap_label", "ignore_frac", "bias"],
+                                   sort=True, dropna=False))
+        providers = sorted(rows["provider"].unique())
+        handles = _legend_handles(providers, with_failure=False,
+                                  extra=[Line2D([], [], color=REFERENCE_COLOR, label="Pareto front"),
+                                         Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
+                                                label="lower bound dE + dC")])
+        fig, axes = _panel_grid(len(shapes), ncols=3, width=2.6, height=2.3,
+                                legend_rows=_legend_rows(len(handles)))
+        for ax, ((n, d, v, sc, ig, bias), shape_rows) in zip(axes, shapes):
+            ok = shape_rows[(shape_rows["status"] == "ok")].dropna(subset=["ms", "peak_extra_mib"])
+            points = [(r["ms"], max(r["peak_extra_mib"], MEMORY_FLOOR_MIB), r["provider"])
+                      for _, r in ok.iterrows()]
+            for t, m, provider in points:
+                st = style_of(provider)
+                ax.plot([t], [m], marker=st["marker"], color=st["color"], linestyle="none",
+                        markersize=5)
+            front = pareto_front(points)
+            if front:
+                ax.plot([p[0] for p in front], [p[1] for p in front], color=REFERENCE_COLOR,
+                        drawstyle="steps-post", zorder=0, linewidth=1.0)
+            ax.axhline(_lower_bound_mib(n, d, v, dtype), color=REFERENCE_COLOR, linestyle=":",
+                       zorder=0, linewidth=0.8)
+            failed = shape_rows[shape_rows["status"] != "ok"]
+            if not failed.empty:
+                text = "did not run:\n" + "\n".join(
+                    f"x {r['provider']} ({r['status']})" for _, r in failed.iterrows())
+                ax.text(0.98, 0.98, text, transform=ax.transAxes, ha="right", va="top",
+                        fontsize=5.5, color="#444444")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            _log_axis(ax.xaxis)
+            _log_axis(ax.yaxis)
+            ax.set_xlabel(f"{PARETO_PHASE} median time (ms)")
+            ax.set_ylabel("peak extra memory (MiB)")
+            title = f"N={int(n)} D={int(d)} V={_vocab_label(v)}"
+            if sc != "none":
+                title += f" sc{sc}"
+            if ig:
+                title += f" ign{ig:g}"
+            if bias:
+                title += " bias"
+            ax.set_title(title)
+        fig.suptitle(f"Memory vs time ({PARETO_PHASE}), {dtype}, {dist} inputs: lower left is "
+                     f"better", fontsize=8)
+        _figure_legend(fig, handles)
+        prefix = f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
+        written += save(fig, out_dir, f"{prefix}pareto_{dtype}_{dist}")
+    return written
+
+
+# ---- 4: gradient error ----------------------------------------------------------------------
+
+def plot_grad_error(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Relative error of dE and dC vs the fp32 reference: per provider and input distribution,
+    every cell as a small dot and the worst cell as a large marker."""
+    written = []
+    for (device, dtype), rows in df.groupby(["device", "dtype"], sort=True):
+        grad_rows = rows[rows["phase"].isin(["grad", "loss+grad"])]
+        has_err = grad_rows[["de_rel_err", "dc_rel_err"]].notna().any(axis=1)
+        ok = grad_rows[(grad_rows["status"] == "ok") & has_err]
+        if ok.empty:
+            continue
+        failed = grad_rows[grad_rows["status"] != "ok"]
+        providers = provider_order(set(ok["provider"]) | set(failed["provider"]))
+        dists = [d for d in DIST_STYLE if d in set(grad_rows["dist"])]
+        dists += sorted(set(grad_rows["dist"]) - set(dists))
+        dist_handles = [Line2D([], [], marker="o", color="#444444", linestyle="none",
+                               fillstyle=DIST_STYLE.get(d, {}).get("fillstyle", "full"),
+                               label=f"{d} inputs") for d in dists]
+        handles = dist_handles + [Line2D([], [], marker=FAIL_MARKER, color="#444444",
+                                         linestyle="none", label="did not run (status shown)")]
+        fig, axes = plt.subplots(1, 2, figsize=(max(5.0, 0.55 * len(providers) * 2 + 1.5), 2.9),
+                                 squeeze=False)
+        axes = axes[0]
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.36, wspace=0.25)
+        x_of = {p: i for i, p in enumerate(providers)}
+        for ax, col, name in zip(axes, ["de_rel_err", "dc_rel_err"], ["dE", "dC"]):
+            for provider in providers:
+                for dist in dists:
+                    vals = ok[(ok["provider"] == provider) & (ok["dist"] == dist)]
+                    vals = vals.groupby("cell_id")[col].max().dropna()
+                    if vals.empty:
+                        continue
+                    st = style_of(provider)
+                    ds = DIST_STYLE.get(dist, dict(fillstyle="full", offset=0.3))
+                    x = x_of[provider] + ds["offset"]
+                    ax.plot([x] * len(vals), vals.values, marker=".", color=st["color"],
+                            linestyle="none", markersize=3, alpha=0.6)
+                    ax.plot([x], [vals.max()], marker=st["marker"], color=st["color"],
+                            fillstyle=ds["fillstyle"], linestyle="none", markersize=6)
+            only_failed = failed[~failed["provider"].isin(set(ok["provider"]))]
+            _mark_failures(ax, [(x_of[r["provider"]], r["provider"], r["status"])
+                                for _, r in only_failed.drop_duplicates(["provider", "status"]).iterrows()])
+            ax.set_yscale("log")
+            _log_axis(ax.yaxis)
+            ax.set_xticks(range(len(providers)))
+            ax.set_xticklabels(providers, rotation=40, ha="right")
+            ax.set_xlim(-0.7, len(providers) - 0.3)
+            ax.set_ylabel(f"||{name} - {name}_ref|| / ||{name}_ref||")
+            ax.set_title(f"{name} relative error vs fp32 reference")
+            ax.grid(axis="x", visible=False)
+        fig.suptitle(f"Gradient error, {dtype} inputs (large marker: worst cell; dots: each cell)",
+                     fontsize=8)
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+        prefix = f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
+        written += save(fig, out_dir, f"{prefix}grad_error_{dtype}")
+    return written
+
+
+# ---- 5: memory breakdown (paper Figure 1 style) ---------------------------------------------
+
+GPU_MEMORY_GIB = 80e9 / 2**30  # an 80 GB A100 / H100, drawn as a reference
+
+
+def plot_memory_breakdown(out_dir: Path, *, tokens: int = model_configs.TOKENS,
+                          gpu_counts=(1, 16)) -> list[Path]:
+    """Per-GPU training memory of each model without and with CCE (assumptions:
+    suite.model_configs). One panel per GPU count: sharding shrinks weights, gradients and Adam
+    states, but not the logits, so the logits' share grows."""
+    models = model_configs.MODELS
+    fig, axes = plt.subplots(1, len(gpu_counts), figsize=(3.6 * len(gpu_counts) + 0.6, 3.4),
+                             squeeze=False, sharey=True)
+    axes = axes[0]
+    fig.subplots_adjust(left=0.2, right=0.98, top=0.82, bottom=0.22, wspace=0.12)
+    labels, ys = [], []
+    for i, model in enumerate(models):
+        for j, cce in enumerate((False, True)):
+            ys.append(-(i * 2.6 + j))
+            labels.append(f"{model.name}, {'CCE' if cce else 'baseline'}")
+    for ax, gpus in zip(axes, gpu_counts):
+        y_iter = iter(ys)
+        for model in models:
+            for cce in (False, True):
+                y = next(y_iter)
+                parts = model_configs.memory_breakdown(model, tokens=tokens, gpus=gpus, cce=cce)
+                left = 0.0
+                for comp in model_configs.COMPONENTS:
+                    gib = parts[comp] / 2**30
+                    ax.barh(y, gib, left=left, height=0.85, color=COMPONENT_COLOR[comp],
+                            edgecolor="white", linewidth=0.4)
+                    left += gib
+                share = parts["loss logits"] / sum(parts.values())
+                share_text = f"{share:.0%}" if share >= 0.005 else "<1%"
+                ax.annotate(f"{left:.1f} GiB, logits {share_text}", (left, y), xytext=(3, 0),
+                            textcoords="offset points", va="center", fontsize=5.5, color="#333333")
+        ax.axvline(GPU_MEMORY_GIB, color=REFERENCE_COLOR, linestyle="--", linewidth=0.8)
+        ax.annotate("80 GB GPU", (GPU_MEMORY_GIB, 1), xycoords=("data", "axes fraction"),
+                    xytext=(2, -2), textcoords="offset points", va="top", fontsize=6,
+                    color=REFERENCE_COLOR)
+        ax.set_title(f"{gpus} GPU{'s (weights, grads, Adam sharded)' if gpus > 1 else ''}")
+        ax.set_xlabel("memory per GPU (GiB)")
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.25)
+        ax.grid(axis="y", visible=False)
+    axes[0].set_yticks(ys)
+    axes[0].set_yticklabels(labels)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COMPONENT_COLOR[c], label=c)
+               for c in model_configs.COMPONENTS]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+    fig.suptitle(f"Training memory per GPU at {tokens} tokens per GPU: bf16 weights and grads, "
+                 f"fp32 Adam (m, v, master), per-layer checkpointing.\nBaseline keeps 14 B per "
+                 f"logit; CCE keeps 4 B per token. Estimates from published configs.", fontsize=7)
+    return save(fig, out_dir, "memory_breakdown")
+
+
+def _lower_bound_mib(n, d, v, dtype):
+    from suite.reproduce import gradient_lower_bound_mib
+    return gradient_lower_bound_mib(n, d, v, dtype)
+
+
+# ---- everything -----------------------------------------------------------------------------
+
+def build_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Draw every figure; returns the files written. Raises FileNotFoundError when there is no
+    results.csv under ``results_dir`` (after drawing the breakdown, which needs no results)."""
+    out_dir = Path(out_dir)
+    with plt.rc_context(PAPER_RC):
+        written = plot_memory_breakdown(out_dir)
+        df = load_results(results_dir)
+        for draw in (plot_memory_vs_v, plot_time_vs_v, plot_pareto, plot_grad_error):
+            written += draw(df, out_dir)
+    return written
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--results", default="results",
+                        help="folder searched for */results.csv (default: results)")
+    parser.add_argument("--out", default="plots", help="folder for PNG and PDF (default: plots)")
+
+
+def main(args) -> int:
+    try:
+        written = build_all(args.results, args.out)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"plots: {err}")
+        return 1
+    for path in written:
+        print(path)
+    print(f"plots: wrote {len(written)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))
