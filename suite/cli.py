@@ -1,0 +1,281 @@
+"""``python -m suite <command>``: list | bench | report, plus reproduce | plots | train-bench | gate
+(modules of their own, imported only when their command is chosen)."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+
+# Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
+EXTERNAL = {
+    "reproduce": ("suite.reproduce", "reproduce the paper's Table 1 (Gemma 2 2B shape)"),
+    "plots": ("suite.plots", "draw every figure from results/**/results.csv"),
+    "train-bench": ("suite.train", "end-to-end training-step benchmark"),
+    "gate": ("suite.gate", "regression gates on results"),
+    "report": ("suite.report", "markdown tables from a results folder; --update-readme"),
+}
+DTYPES = ("bf16", "fp16", "fp32")
+DISTS = ("uniform", "lm", "file")
+
+
+# ---- argument types: a clear message naming what was expected ---------------------------
+
+def _split(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return items
+
+
+def int_list(text: str) -> list[int]:
+    out = []
+    for t in _split(text):
+        if not re.fullmatch(r"\d+", t) or int(t) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive integers (e.g. 2048,8192), got {t!r} in {text!r}")
+        out.append(int(t))
+    return out
+
+
+def choice_list(choices):
+    def parse(text: str) -> list[str]:
+        items = _split(text)
+        for t in items:
+            if t not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"expected a comma-separated subset of {', '.join(choices)}, got {t!r}")
+        return items
+
+    return parse
+
+
+def softcap_list(text: str) -> list[float | None]:
+    out = []
+    for t in _split(text):
+        if t.lower() == "none":
+            out.append(None)
+            continue
+        try:
+            value = float(t)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated positive numbers or 'none' (e.g. 30,none), got {t!r}")
+        out.append(value)
+    return out
+
+
+def fraction_list(text: str) -> list[float]:
+    out = []
+    for t in _split(text):
+        try:
+            value = float(t)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value < 1.0:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated fractions in [0, 1) (e.g. 0,0.5), got {t!r}")
+        out.append(value)
+    return out
+
+
+def nonneg_int(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()):
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def positive_int(text: str) -> int:
+    value = nonneg_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def name_list(text: str) -> list[str]:
+    return _split(text)
+
+
+# ---- parser ------------------------------------------------------------------------------
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=("smoke", "gemma2-2b", "grid"),
+                   help="cells to run (default: gemma2-2b with CUDA, smoke without)")
+    p.add_argument("--providers", type=name_list, help="comma-separated providers (default: all)")
+    p.add_argument("--exclude", type=name_list, default=[], help="providers to leave out")
+    p.add_argument("--n", type=int_list, help="tokens, e.g. 2048,8192 (overrides the preset)")
+    p.add_argument("--d", type=int_list, help="hidden sizes, e.g. 2304,4096")
+    p.add_argument("--v", type=int_list, help="vocabulary sizes, e.g. 32000,256000")
+    p.add_argument("--dtype", type=choice_list(DTYPES), help="bf16,fp16,fp32")
+    p.add_argument("--dist", type=choice_list(DISTS), help="uniform,lm,file")
+    p.add_argument("--file", help=".pt or .safetensors with e, c, targets (for --dist file)")
+    p.add_argument("--softcap", type=softcap_list, help="softcap values or none, e.g. 30,none")
+    p.add_argument("--ignore-frac", type=fraction_list,
+                   help="fractions of targets set to ignore_index, e.g. 0,0.5")
+    p.add_argument("--bias", action="store_true", help="give the classifier a bias")
+    p.add_argument("--seed", type=int_list, help="input seeds (default 0)")
+    p.add_argument("--phases", type=choice_list(("fwd", "loss", "grad", "loss+grad")),
+                   help="phases to measure (default: fwd,loss,grad,loss+grad)")
+    p.add_argument("--reps", type=positive_int, help="timed repetitions (default 10 on GPU, 3 on CPU)")
+    p.add_argument("--warmup", type=nonneg_int, help="untimed warm-up calls (default 3 on GPU, 1 on CPU)")
+    p.add_argument("--out", help="run folder (default results/<preset>-<gpu or cpu>-<date>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out, skipping finished (cell, provider) pairs")
+    p.add_argument("--isolate", action="store_true",
+                   help="one subprocess per cell; a crashing provider is recorded as 'crashed'")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    sub.required = True
+    p_list = sub.add_parser("list", help="every provider, with availability and the reason")
+    p_list.add_argument("--device", help="device to check availability on (default: cuda if any)")
+    add_bench_arguments(sub.add_parser("bench", help="measure providers on a preset/grid of cells"))
+    for name, (module, help_text) in EXTERNAL.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == chosen:
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as err:
+                parser.exit(2, f"python -m suite {name}: {module} cannot be imported ({err})\n")
+            mod.add_arguments(p)
+            p.set_defaults(_module=mod)
+    return parser
+
+
+def _chosen_command(argv) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _device_arg(argv) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--device="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _prepare_triton(argv) -> bool:
+    """Set TRITON_INTERPRET=1 when measuring on the CPU, before anything imports triton.
+    Returns whether CUDA is usable for this command."""
+    import torch  # importing torch does not import triton
+
+    device = _device_arg(argv)
+    cuda = torch.cuda.is_available() and not (device or "").startswith("cpu")
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return cuda
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+def cmd_list(args) -> int:
+    import torch
+
+    from suite import registry
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"providers on device {device!r}:")
+    for name in registry.names():
+        p = registry.get(name)
+        reason = p.unavailable_reason(device)
+        state = "available" if reason is None else f"unavailable: {reason}"
+        extras = ", ".join(sorted(p.features)) or "-"
+        exact = "exact" if p.exact else "approximate gradient"
+        print(f"  {name:20s} {state}")
+        print(f"  {'':20s} {p.summary} [{exact}; options: {extras}]")
+    return 0
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"^nvidia\s+", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def default_out(preset: str, device: str, resume: bool) -> Path:
+    from suite.results import device_label
+
+    base = Path("results") / f"{preset}-{_slug(device_label(device))}-{dt.date.today():%Y%m%d}"
+    if resume or not (base / "results.csv").exists():
+        return base
+    return base.with_name(base.name + f"-{dt.datetime.now():%H%M%S}")
+
+
+def cmd_bench(args, parser) -> int:
+    import torch
+
+    from suite import registry, runner
+
+    device = args.device or runner.default_device()
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    if dev.type not in ("cuda", "cpu"):
+        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
+    preset = args.preset or ("gemma2-2b" if dev.type == "cuda" else "smoke")
+
+    known = registry.names()
+    for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude)):
+        bad = [n for n in names if n not in known]
+        if bad:
+            parser.error(f"{flag}: unknown provider(s) {', '.join(bad)}; known providers: "
+                         f"{', '.join(known)}")
+    providers = [p for p in (args.providers or known) if p not in args.exclude]
+    if not providers:
+        parser.error("--providers/--exclude: no provider left to run")
+    if args.dist and "file" in args.dist and not args.file:
+        parser.error("--dist file needs --file PATH (a .pt or .safetensors with e, c, targets)")
+    if args.file and not Path(args.file).is_file():
+        parser.error(f"--file: no such file {args.file!r}")
+
+    overrides = dict(n=args.n, d=args.d, v=args.v, dtype=args.dtype, dist=args.dist,
+                     softcap=args.softcap, ignore_frac=args.ignore_frac,
+                     bias=[True] if args.bias else None, seed=args.seed)
+    try:
+        cells = runner.preset_cells(preset, file=args.file, **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+    out = Path(args.out) if args.out else default_out(preset, device, args.resume)
+    if dev.type == "cpu":
+        print("NOTE: running on the CPU (Triton kernels under TRITON_INTERPRET=1). Times and "
+              "memory from this run are NOT GPU numbers; it checks that everything runs.")
+    if not args.quiet:
+        print(f"bench: preset {preset}, {len(cells)} cell(s) x {len(providers)} provider(s) on "
+              f"{device} -> {out}")
+    try:
+        runner.run(cells, providers, args.phases or runner.PHASES, out, resume=args.resume,
+                   reps=args.reps, warmup=args.warmup, device=device, isolate=args.isolate,
+                   quiet=args.quiet)
+    except FileExistsError as err:
+        parser.error(f"--out: {err}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = _chosen_command(argv)
+    if chosen in ("bench", "list", *EXTERNAL):
+        _prepare_triton(argv)
+    parser = build_parser(chosen)
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return cmd_list(args)
+    if args.command == "bench":
+        return cmd_bench(args, parser)
+    return int(args._module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""The one measurement path every provider goes through.
+
+For each phase (schema.PHASES) of one provider on one cell:
+1. ``warmup`` untimed calls (compilation, autotuning, allocator warm-up);
+2. one call measured for memory (CUDA: peak over what was allocated just before) whose loss and
+   gradients are checked against the reference (accuracy + non-finite detection);
+3. ``reps`` timed calls: CUDA events around the phase only, L2 flushed and grads cleared
+   outside the timed region; for ``grad`` the forward runs untimed before each backward.
+A failure (OOM, compile error, non-finite output) becomes the row's status; memory is freed so
+the next provider starts clean.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+
+import torch
+
+from suite.reference import loss_rel_err, rel_err
+from suite.schema import PHASE_MATMULS, PHASES
+
+MIB = 2 ** 20
+L2_FLUSH_BYTES = 256 * MIB  # larger than any GPU's L2 (H100: 50 MiB, H200: 60 MiB)
+GRAD_PHASES = ("grad", "loss+grad")
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        "out of memory" in text or "can't allocate memory" in text
+        or isinstance(exc, MemoryError))
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+def time_calls(run, *, device, reps, prepare=None) -> list[float]:
+    """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed."""
+    device = torch.device(device)
+    prepare = prepare or (lambda: None)
+    times = []
+    if device.type == "cuda":
+        flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        events = []
+        for _ in range(reps):
+            state = prepare()
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(state)
+            end.record()
+            events.append((start, end))
+            del state
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) for s, e in events]
+        del flush
+    else:
+        for _ in range(reps):
+            state = prepare()
+            t0 = time.perf_counter()
+            run(state)
+            times.append((time.perf_counter() - t0) * 1e3)
+            del state
+    return times
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0]
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def time_stats(times) -> dict:
+    return {"ms": statistics.median(times), "ms_p20": percentile(times, 0.2),
+            "ms_p80": percentile(times, 0.8), "ms_min": min(times), "reps": len(times)}
+
+
+def measure_floor(e, c, *, reps, warmup) -> dict:
+    """One cuBLAS E @ C.T of the cell's shape and dtype, timed like a provider."""
+    device = e.device
+    with torch.no_grad():
+        for _ in range(warmup):
+            torch.mm(e, c.T)
+        sync(device)
+        return time_stats(time_calls(lambda _: torch.mm(e, c.T), device=device, reps=reps))
+
+
+# ---- one provider ------------------------------------------------------------------------
+
+class _Leaves:
+    """The provider's inputs; leaves that require grad for the autograd phases."""
+
+    def __init__(self, inputs, grad: bool):
+        def leaf(t):
+            return None if t is None else t.detach().requires_grad_(grad)
+
+        self.e, self.c, self.bias = leaf(inputs["e"]), leaf(inputs["c"]), leaf(inputs["bias"])
+        self.targets = inputs["targets"]
+
+    def clear_grads(self):
+        for t in (self.e, self.c, self.bias):
+            if t is not None:
+                t.grad = None
+
+
+def _phase_calls(phase, fn, x: _Leaves, kwargs):
+    """(prepare, run) for ``time_calls``: prepare is untimed, run is the timed phase."""
+    def forward():
+        return fn(x.e, x.c, x.targets, bias=x.bias, **kwargs)
+
+    if phase == "fwd":
+        def run(_):
+            with torch.no_grad():
+                forward()
+        return x.clear_grads, run
+    if phase == "loss":
+        return x.clear_grads, lambda _: forward()
+    if phase == "grad":
+        def prepare():
+            x.clear_grads()
+            return forward()
+        return prepare, lambda loss: loss.backward()
+    if phase == "loss+grad":
+        return x.clear_grads, lambda _: forward().backward()
+    raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+
+
+def _memory_run(phase, fn, x: _Leaves, kwargs, device):
+    """One call of the phase; returns (loss, peak_extra_mib, peak_abs_mib). Grads stay on x."""
+    cuda = device.type == "cuda"
+    x.clear_grads()
+    gc.collect()
+    sync(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    call = lambda: fn(x.e, x.c, x.targets, bias=x.bias, **kwargs)  # noqa: E731
+    if phase == "fwd":
+        with torch.no_grad():
+            loss = call()
+    elif phase == "loss":
+        loss = call()  # kept alive with its graph until the peak is read
+    elif phase == "grad":
+        loss = call()
+        if cuda:
+            sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        loss.backward()
+    else:
+        loss = call()
+        loss.backward()
+    sync(device)
+    if not cuda:
+        return float(loss.detach()), math.nan, math.nan
+    peak = torch.cuda.max_memory_allocated(device)
+    return float(loss.detach()), (peak - before) / MIB, peak / MIB
+
+
+def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, reps, warmup,
+                     floor_ms, n, v, d) -> list[dict]:
+    """One dict of metrics (schema names) per phase for ``provider`` on ``inputs``."""
+    device = inputs["e"].device
+    bias = inputs["bias"] is not None
+    reason = provider.unavailable_reason(device)
+    if reason:
+        return [{"phase": p, "status": "unavailable", "error": reason} for p in phases]
+    reason = provider.unsupported_reason(bias=bias, softcap=softcap)
+    if reason:
+        return [{"phase": p, "status": "unsupported", "error": reason} for p in phases]
+
+    kwargs = {"softcap": softcap, "ignore_index": ignore_index}
+    rows = []
+    for phase in phases:
+        row = {"phase": phase}
+        failure = None
+        x = _Leaves(inputs, grad=phase != "fwd")
+        try:
+            prepare, run = _phase_calls(phase, provider.fn, x, kwargs)
+            for _ in range(warmup):
+                run(prepare())
+            loss, row["peak_extra_mib"], row["peak_abs_mib"] = _memory_run(
+                phase, provider.fn, x, kwargs, device)
+            row["loss_rel_err"] = loss_rel_err(loss, ref["loss"])
+            bad = [] if math.isfinite(loss) else ["loss"]
+            if phase in GRAD_PHASES:
+                for key, got in (("de", x.e.grad), ("dc", x.c.grad), ("dbias", None if x.bias is None else x.bias.grad)):
+                    if ref[key] is None:
+                        continue
+                    row[f"{key}_rel_err"] = err = rel_err(got, ref[key])
+                    if not math.isfinite(err):
+                        bad.append(key if got is not None else f"{key} missing")
+            x.clear_grads()
+            if bad:
+                row.update(status="nan", error="non-finite " + ", ".join(bad))
+            else:
+                stats = time_stats(time_calls(run, device=device, reps=reps, prepare=prepare))
+                row.update(stats)
+                row["status"] = "ok"
+                row["tokens_per_s"] = n / (stats["ms"] / 1e3)
+                row["tflops"] = PHASE_MATMULS[phase] * 2 * n * v * d / (stats["ms"] / 1e3) / 1e12
+                if floor_ms:
+                    row["floor_ms"] = floor_ms
+                    row["floor_ratio"] = stats["ms"] / floor_ms
+        except Exception as exc:  # noqa: BLE001 - a failing provider is data, not a crash
+            failure = ("oom" if is_oom(exc) else "error", one_line(exc))
+        if failure:
+            # Leave the except block first so the traceback (and the tensors its frames hold)
+            # is gone before memory is freed.
+            row = {"phase": phase, "status": failure[0], "error": failure[1]}
+        del x
+        free_memory(device)
+        rows.append(row)
+    return rows

@@ -1,0 +1,187 @@
+"""Results on disk: ``results/<run>/results.csv`` (schema.ROW_FIELDS) and ``env.json``.
+
+Rows are appended, flushed and fsynced after every (cell, provider), so a killed run loses
+nothing it finished; ``done_pairs`` tells ``--resume`` which pairs to skip.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from suite.schema import ROW_FIELDS
+
+CSV_NAME = "results.csv"
+ENV_NAME = "env.json"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout; the GPU machine's copy has no .git, so fall back to
+    CCE_BENCH_COMMIT (set it to the commit the copy was made from)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=root, capture_output=True, text=True, timeout=10,
+                                check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("CCE_BENCH_COMMIT"), None
+
+
+def environment(device: str | None = None) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    env = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "liger_kernel": _version("liger-kernel"),
+        "cut_cross_entropy": _version("cut-cross-entropy"),
+        "cuda": torch.version.cuda,
+        "is_gpu_run": bool(cuda),
+        "device": device,
+        "gpu_name": None,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "compute_capability": None,
+        "driver": None,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "argv": sys.argv,
+    }
+    env["git_commit"], env["git_dirty"] = git_commit()
+    if cuda:
+        index = torch.device(device or "cuda").index or 0
+        env["gpu_name"] = torch.cuda.get_device_name(index)
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+        env["driver"] = _nvidia_driver()
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["cpu_threads"] = torch.get_num_threads()
+    return env
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def device_label(device) -> str:
+    """Short label for a device, used in folder names and the ``device`` column."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device.index or 0)
+    return "cpu"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+class ResultsWriter:
+    """Appends rows to ``run_dir/results.csv``; writes ``env.json`` (``env-<k>.json`` for each
+    later session resuming the same folder, so every row's ``run_id`` has its environment)."""
+
+    def __init__(self, run_dir, env: dict, run_id: str):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / CSV_NAME
+        self.run_id = run_id
+        env = dict(env, run_id=run_id)
+        env_path = self.run_dir / ENV_NAME
+        k = 2
+        while env_path.exists():
+            if json.loads(env_path.read_text()).get("run_id") == run_id:
+                break  # a child of this same session (--isolate)
+            env_path = self.run_dir / f"env-{k}.json"
+            k += 1
+        if not env_path.exists():
+            env_path.write_text(json.dumps(env, indent=2) + "\n")
+        self._repair_torn_tail()
+
+    def _repair_torn_tail(self):
+        """A kill during a write can leave half a line; cut it so the next append is clean."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+
+    def write(self, rows: list[dict]) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with open(self.path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="raise")
+            if new:
+                w.writeheader()
+            w.writerows({k: _cell(r.get(k)) for k in ROW_FIELDS} for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_rows(run_dir) -> list[dict]:
+    """Complete rows of a run, last one winning per (cell_id, provider, phase)."""
+    path = Path(run_dir) / CSV_NAME
+    if not path.exists():
+        return []
+    rows = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if None in r or any(r.get(k) is None for k in ROW_FIELDS) or not r["timestamp"]:
+                continue  # torn line
+            rows[(r["cell_id"], r["provider"], r["phase"])] = r
+    return list(rows.values())
+
+
+def done_pairs(run_dir, phases=None) -> set[tuple[str, str]]:
+    """(cell_id, provider) pairs with a row for every phase in ``phases`` (any row if None)."""
+    seen: dict[tuple[str, str], set] = {}
+    for r in read_rows(run_dir):
+        seen.setdefault((r["cell_id"], r["provider"]), set()).add(r["phase"])
+    return {pair for pair, got in seen.items() if phases is None or set(phases) <= got}
+
+
+def load_dataframe(run_dir):
+    """The run's rows as a pandas DataFrame with numeric columns parsed (for plots/reports)."""
+    import pandas as pd
+
+    df = pd.DataFrame(read_rows(run_dir), columns=ROW_FIELDS)
+    numeric = ["n", "d", "v", "softcap", "ignore_frac", "bias", "seed", "mean_loss", "entropy",
+               "peak_extra_mib", "peak_abs_mib", "ms", "ms_p20", "ms_p80", "ms_min", "reps",
+               "tokens_per_s", "tflops", "floor_ms", "floor_ratio", "loss_rel_err", "de_rel_err",
+               "dc_rel_err", "dbias_rel_err"]
+    for col in numeric:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df

@@ -1,0 +1,315 @@
+"""Cells, presets and the benchmark loop: for each cell make inputs, the reference and the floor,
+then measure every provider and append its rows.
+
+``run(..., isolate=True)`` runs each cell in a child process (``python -m suite.runner RUN_DIR
+--cell CELL_ID``, reading ``plan.json``); if the child dies (segfault, poisoned CUDA context),
+the provider it was running is recorded as ``crashed`` and a new child resumes the cell.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from suite import registry
+from suite.inputs import make_inputs
+from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
+from suite.reference import reference
+from suite.results import ResultsWriter, done_pairs, environment, read_rows
+from suite.schema import PHASES
+
+INFLIGHT = ".inflight"  # (cell_id, provider) being measured, for --isolate crash attribution
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class Cell:
+    dist: str
+    n: int
+    d: int
+    v: int
+    dtype: str
+    softcap: float | None = None
+    ignore_frac: float = 0.0
+    bias: bool = False
+    seed: int = 0
+    file: str | None = None
+
+    @property
+    def cell_id(self) -> str:
+        dist = self.dist if self.file is None else f"file:{Path(self.file).stem}"
+        sc = "none" if self.softcap is None else f"{self.softcap:g}"
+        return (f"{dist}-n{self.n}-d{self.d}-v{self.v}-{self.dtype}-sc{sc}"
+                f"-ig{self.ignore_frac:g}-b{int(self.bias)}-s{self.seed}")
+
+    def fields(self) -> dict:
+        return {"cell_id": self.cell_id, "dist": self.dist, "n": self.n, "d": self.d,
+                "v": self.v, "dtype": self.dtype, "softcap": self.softcap,
+                "ignore_frac": self.ignore_frac, "bias": self.bias, "seed": self.seed}
+
+
+# Each preset is a list of axis products; command-line axes replace the preset's.
+AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed")
+PRESETS = {
+    "smoke": [
+        dict(dist=["uniform", "lm"], n=[64], d=[32], v=[257], dtype=["fp32"], softcap=[None]),
+        # One cell with every option on: fp16, softcap, ignored targets, bias, odd V.
+        dict(dist=["lm"], n=[64], d=[32], v=[100], dtype=["fp16"], softcap=[30.0],
+             ignore_frac=[0.25], bias=[True]),
+    ],
+    "gemma2-2b": [
+        dict(dist=["uniform", "lm"], n=[8192], d=[2304], v=[256000], dtype=["bf16"],
+             softcap=[30.0]),
+    ],
+    "grid": [
+        dict(dist=["uniform", "lm"], n=[2048, 8192, 32768], d=[2304, 4096],
+             v=[20000, 32000, 50257, 128256, 151936, 256000], dtype=["bf16", "fp16", "fp32"]),
+    ],
+}
+DEFAULTS = dict(softcap=[None], ignore_frac=[0.0], bias=[False], seed=[0])
+
+
+def preset_cells(preset: str, file: str | None = None, **overrides) -> list[Cell]:
+    """Cells of ``preset`` with any axis (a list of values) replaced by ``overrides``."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    unknown = set(overrides) - set(AXES)
+    if unknown:
+        raise ValueError(f"unknown axes {sorted(unknown)}; axes are {', '.join(AXES)}")
+    cells = []
+    for product in PRESETS[preset]:
+        axes = {**DEFAULTS, **product, **{k: v for k, v in overrides.items() if v is not None}}
+        for values in itertools.product(*(axes[a] for a in AXES)):
+            kw = dict(zip(AXES, values))
+            if kw["dist"] == "file":
+                from suite.inputs import file_shape
+
+                kw["n"], kw["d"], kw["v"] = file_shape(file)
+                kw["file"] = str(file)
+            cells.append(Cell(**kw))
+    return list(dict.fromkeys(cells))  # drop duplicates, keep order
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_reps(device) -> tuple[int, int]:
+    """(reps, warmup): the protocol on a GPU; fewer on the CPU, whose numbers are smoke only."""
+    return (10, 3) if torch.device(device).type == "cuda" else (3, 1)
+
+
+# ---- one cell --------------------------------------------------------------------------
+
+def _reset_compiled():
+    """Fresh torch.compile caches per cell: otherwise dynamo's recompile limit is reached over
+    a grid and the compiled providers silently fall back to eager."""
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+
+
+def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer, run_id,
+                 progress=None, inflight_path=None) -> None:
+    device = torch.device(device)
+    label = _device_label(device)
+    stamp = lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    base = {**cell.fields(), "device": label, "run_id": run_id}
+
+    def emit(provider_name, metric_rows, extra=None):
+        rows = [{**base, **(extra or {}), "provider": provider_name, **m, "timestamp": stamp()}
+                for m in metric_rows]
+        writer.write(rows)
+        if progress is not None:
+            progress.update(1)
+
+    provs = [registry.get(p) for p in providers]
+    # Providers that cannot run here need no inputs: record them without building any.
+    runnable = []
+    for p in provs:
+        reason = p.unavailable_reason(device)
+        if reason:
+            emit(p.name, [{"phase": ph, "status": "unavailable", "error": reason} for ph in phases])
+        else:
+            runnable.append(p)
+    if not runnable:
+        return
+
+    _reset_compiled()
+    stage = "inputs"
+    try:
+        inputs = make_inputs(cell.dist, cell.n, cell.d, cell.v, cell.dtype, seed=cell.seed,
+                             device=device, softcap=cell.softcap, ignore_frac=cell.ignore_frac,
+                             bias=cell.bias, path=cell.file)
+        stage = "reference"
+        ref = reference(inputs["e"], inputs["c"], inputs["targets"], bias=inputs["bias"],
+                        softcap=cell.softcap)
+        stage = "floor"
+        free_memory(device)
+        floor = measure_floor(inputs["e"], inputs["c"], reps=reps, warmup=warmup)
+    except Exception as exc:  # noqa: BLE001 - recorded for every provider of the cell
+        status, msg = ("oom" if is_oom(exc) else "error"), f"{stage}: {one_line(exc)}"
+        for p in runnable:
+            emit(p.name, [{"phase": ph, "status": status, "error": msg} for ph in phases])
+        inputs = ref = None
+        free_memory(device)
+        return
+    free_memory(device)
+
+    extra = {"mean_loss": ref["mean_loss"], "entropy": ref["entropy"]}
+    for p in runnable:
+        if progress is not None:
+            progress.set_postfix_str(f"{cell.cell_id} {p.name}", refresh=True)
+        if inflight_path is not None:
+            inflight_path.write_text(json.dumps([cell.cell_id, p.name]))
+        metric_rows = measure_provider(
+            p, inputs, ref, phases=phases, softcap=cell.softcap, ignore_index=-100, reps=reps,
+            warmup=warmup, floor_ms=floor["ms"], n=cell.n, v=cell.v, d=cell.d)
+        emit(p.name, metric_rows, extra)
+    if inflight_path is not None and inflight_path.exists():
+        inflight_path.unlink()
+    del inputs, ref
+    free_memory(device)
+
+
+def _device_label(device) -> str:
+    from suite.results import device_label
+
+    return device_label(device)
+
+
+# ---- the run ---------------------------------------------------------------------------
+
+def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
+        warmup=None, device=None, isolate=False, quiet=False) -> Path:
+    """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder."""
+    device = str(device or default_device())
+    d_reps, d_warmup = default_reps(device)
+    reps = d_reps if reps is None else reps
+    warmup = d_warmup if warmup is None else warmup
+    phases = list(phases)
+    for ph in phases:
+        if ph not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {ph!r}")
+    providers = [registry.get(p).name for p in providers]  # validates names
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
+    out = Path(out_dir)
+    if (out / "results.csv").exists() and not resume:
+        raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
+                              f"or choose another --out")
+    done = done_pairs(out, phases) if resume else set()
+    todo = [(c, [p for p in providers if (c.cell_id, p) not in done]) for c in cells]
+    todo = [(c, ps) for c, ps in todo if ps]
+    n_pairs = sum(len(ps) for _, ps in todo)
+    skipped = len(cells) * len(providers) - n_pairs
+    if skipped and not quiet:
+        print(f"resume: {skipped} finished (cell, provider) pairs skipped")
+
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
+            "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
+            "device": device}
+    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    writer = None if isolate else ResultsWriter(out, environment(device), run_id)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n_pairs, unit="pair", desc="bench", disable=quiet or n_pairs == 0,
+               dynamic_ncols=True)
+    t0 = time.time()
+    for cell, pending in todo:
+        if isolate:
+            _run_isolated(out, cell, pending, phases, bar)
+        else:
+            measure_cell(cell, pending, phases, device=device, reps=reps, warmup=warmup,
+                         writer=writer, run_id=run_id, progress=bar)
+    bar.close()
+    if not quiet:
+        from suite.report import summary
+
+        print(summary(read_rows(out), cells=[c.cell_id for c in cells], providers=providers))
+        print(f"\n{n_pairs} (cell, provider) pairs in {time.time() - t0:.0f} s -> {out}/results.csv")
+        if torch.device(device).type == "cpu":
+            print("NOTE: measured on the CPU (Triton kernels interpreted): these are smoke-test "
+                  "numbers, not GPU numbers.")
+    return out
+
+
+def _run_isolated(out: Path, cell: Cell, pending, phases, bar) -> None:
+    """Run one cell in child processes until every pending provider has rows."""
+    inflight = out / INFLIGHT
+    while True:
+        done = done_pairs(out, phases)
+        left = [p for p in pending if (cell.cell_id, p) not in done]
+        if not left:
+            return
+        if inflight.exists():
+            inflight.unlink()
+        before = len(left)
+        cmd = [sys.executable, "-m", "suite.runner", str(out), "--cell", cell.cell_id,
+               "--providers", ",".join(left)]
+        proc = subprocess.run(cmd)
+        done = done_pairs(out, phases)
+        left_after = [p for p in pending if (cell.cell_id, p) not in done]
+        bar.update(before - len(left_after))
+        if proc.returncode == 0 and not left_after:
+            return
+        # The child died. Blame the provider it was measuring, or every pair if it died before
+        # reaching one (inputs, reference); then go on with a fresh child.
+        why = (f"child process died (exit code {proc.returncode})" if proc.returncode >= 0 else
+               f"child process killed by signal {-proc.returncode}")
+        blamed = left_after
+        if inflight.exists():
+            cell_id, prov = json.loads(inflight.read_text())
+            if cell_id == cell.cell_id and prov in left_after:
+                blamed = [prov]
+        plan = json.loads((out / PLAN).read_text())
+        writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+        base = {**cell.fields(), "device": _device_label(plan["device"]), "run_id": plan["run_id"]}
+        stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        for prov in blamed:
+            writer.write([{**base, "provider": prov, "phase": ph, "status": "crashed",
+                           "error": f"{why} while measuring {prov}", "timestamp": stamp}
+                          for ph in phases])
+            bar.update(1)
+        if len(blamed) == len(left_after):
+            return
+
+
+def _child_main(argv=None) -> int:
+    """Entry of an --isolate child: measure one cell of RUN_DIR/plan.json."""
+    ap = argparse.ArgumentParser(prog="python -m suite.runner",
+                                 description="internal: one cell of a planned run (--isolate)")
+    ap.add_argument("run_dir")
+    ap.add_argument("--cell", required=True)
+    ap.add_argument("--providers", required=True)
+    args = ap.parse_args(argv)
+    out = Path(args.run_dir)
+    plan = json.loads((out / PLAN).read_text())
+    cells = {Cell(**c).cell_id: Cell(**c) for c in plan["cells"]}
+    if args.cell not in cells:
+        ap.error(f"--cell {args.cell!r} is not in {out / PLAN}")
+    if plan["device"].startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    measure_cell(cells[args.cell], args.providers.split(","), plan["phases"],
+                 device=plan["device"], reps=plan["reps"], warmup=plan["warmup"], writer=writer,
+                 run_id=plan["run_id"], inflight_path=out / INFLIGHT)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main())
