@@ -3,6 +3,9 @@
 Memory: the gradients themselves (dE, dC, dbias), an fp32 accumulator for dE (N x D), one
 workspace W of N x chunk values in the input dtype (chunk sized from the config's workspace
 budget), and O(N + V) fp32 vectors. Nothing N x V.
+
+Exact mode runs the two GEMMs on cuBLAS where it can accumulate dE in fp32 (addmm with
+out_dtype); the filtered mode runs block-sparse Triton GEMMs that skip masked-out tiles.
 """
 import os
 
@@ -11,13 +14,16 @@ import triton
 
 from own_kernel.configs import config_for
 from own_kernel.dlogits import cce_dlogits_kernel
+from own_kernel.finalize_de import cce_finalize_de_kernel
 from own_kernel.forward import dot_precision
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
 
-# Rows sampled for the mean rows of C and E used by the corrections: any vector keeps the
-# result exact (see dlogits.py); a good estimate of the shared component keeps the residual small.
+# Rows sampled for the plain mean rows of C and E used by the rounding corrections: any vector
+# keeps the result exact (see dlogits.py); a good estimate of the shared component keeps the
+# residual small.
 MEAN_SAMPLE_ROWS = 4096
+_CUBLAS_FP32_ACC: dict = {}
 
 
 def sampled_mean(x: torch.Tensor) -> torch.Tensor:
@@ -27,11 +33,32 @@ def sampled_mean(x: torch.Tensor) -> torch.Tensor:
     return torch.sum(rows, dim=0, dtype=torch.float32) / rows.shape[0]
 
 
+def weighted_mean(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_i weights[i] x[i] / sum_i weights[i] (0 when nothing was weighted)."""
+    total = weights.sum()
+    mean = (weights.to(x.dtype) @ x).float()
+    return torch.where(total != 0, mean / total, 0.0)
+
+
 def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
     bv = cfg["dlogits"]["BLOCK_V"]
     budget = cfg["workspace_mib"] * 2**20
     chunk = budget // max(1, n * elt) // bv * bv
     return int(min(max(chunk, bv), triton.cdiv(v, bv) * bv))
+
+
+def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch.addmm can add a 16-bit product into an fp32 matrix in place on this device."""
+    key = (str(device), dtype)
+    if key not in _CUBLAS_FP32_ACC:
+        try:
+            a = torch.ones(8, 8, device=device, dtype=dtype)
+            acc = torch.ones(8, 8, device=device, dtype=torch.float32)
+            torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+            _CUBLAS_FP32_ACC[key] = bool((acc == 9).all())
+        except (RuntimeError, TypeError):
+            _CUBLAS_FP32_ACC[key] = False
+    return _CUBLAS_FP32_ACC[key]
 
 
 def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, filter_eps):
@@ -40,7 +67,9 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
-    dlog, kde, kdc = cfg["dlogits"], cfg["de"], cfg["dc"]
+    dlog, kde, kdc = dict(cfg["dlogits"]), cfg["de"], cfg["dc"]
+    dlog.setdefault("TILES", 1)
+    dlog.setdefault("FLATTEN", False)
     bn, bv = dlog["BLOCK_N"], dlog["BLOCK_V"]
 
     # Normalise the row weights so d is O(1) in the workspace (a mean over N tokens would push
@@ -57,17 +86,22 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
         row_weight_lse = row_weight_lse / scale
 
     filtered = filter_eps is not None
+    use_cublas = (not filtered and e.device.type == "cuda" and cfg.get("exact_gemm") == "cublas"
+                  and (e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype)))
     chunk = chunk_size(n, v, e.element_size(), cfg)
     num_nb = triton.cdiv(n, bn)
     mask_stride = triton.cdiv(v, bv)
+    f32 = dict(device=e.device, dtype=torch.float32)
     work = torch.empty((n, chunk), device=e.device, dtype=e.dtype)
     mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
-    dc = torch.empty_like(c)  # every row is written by one chunk's grad_c
-    de32 = torch.zeros((n, d), device=e.device, dtype=torch.float32)
-    row_lost = torch.zeros(n, device=e.device, dtype=torch.float32)
-    col_lost = torch.zeros(v, device=e.device, dtype=torch.float32)
-    col_sum = torch.zeros(v, device=e.device, dtype=torch.float32) if bias is not None else col_lost
+    dc = torch.empty_like(c)  # every row is written by one chunk's GEMM
+    de32 = torch.zeros((n, d), **f32)
+    row_round, col_round = torch.zeros(n, **f32), torch.zeros(v, **f32)
+    row_skip, col_skip = (torch.zeros(n, **f32), torch.zeros(v, **f32)) if filtered else (row_round, col_round)
+    row_skip_chunk = torch.zeros(n, **f32) if filtered else row_round
+    col_sum = torch.zeros(v, **f32) if bias is not None else col_round
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
+    e_skip_mean = e_mean
     hungry = None
     if os.environ.get("CCE_OWN_DEGRADE") == "hungry":
         hungry = torch.ones((v // 4, d), device=e.device, dtype=e.dtype)  # deliberate waste, for the gate
@@ -75,28 +109,47 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
 
     for v_start in range(0, v, chunk):
         width = min(chunk, v - v_start)
-        cce_dlogits_kernel[(num_nb * triton.cdiv(width, bv),)](
+        if filtered:
+            row_skip_chunk.zero_()
+        groups = triton.cdiv(triton.cdiv(width, bv), dlog["TILES"])
+        cce_dlogits_kernel[(num_nb * groups,)](
             e, c, bias if bias is not None else e, targets, lse, row_weight,
             row_weight_lse if row_weight_lse is not None else row_weight,
-            work, mask, row_lost, col_lost, col_sum,
+            work, mask, row_round, col_round, row_skip_chunk, col_skip, col_sum,
             n, v, d, v_start, width, mask_stride, work.stride(0),
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            float(softcap or 0.0), float(smooth), float(filter_eps or 0.0),
+            float(softcap or 1.0), float(smooth), float(filter_eps or 0.0),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
             HAS_GRAD_LSE=row_weight_lse is not None, DOT_PRECISION=precision, **dlog)
+        if use_cublas:
+            w_chunk, c_chunk, dc_chunk = work[:, :width], c[v_start:v_start + width], dc[v_start:v_start + width]
+            if e.dtype == torch.float32:
+                de32.addmm_(w_chunk, c_chunk)
+            else:
+                torch.addmm(de32, w_chunk, c_chunk, out_dtype=torch.float32, out=de32)
+            torch.addmm(dc_chunk, w_chunk.t(), e, beta=0, alpha=scale_f, out=dc_chunk)
+            dc_chunk.addr_((col_round[v_start:v_start + width] * scale_f).to(e.dtype), e_mean.to(e.dtype))
+            continue
         cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
             work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
             c.stride(0), c.stride(1), de32.stride(0),
             FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
+        if filtered:
+            e_skip_mean = weighted_mean(row_skip_chunk, e)
+            row_skip += row_skip_chunk
         cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
-            work, e, mask, col_lost, e_mean, dc, scale_f,
+            work, e, mask, col_round, e_mean, col_skip, e_skip_mean, dc, scale_f,
             n, v, d, v_start, width, mask_stride, work.stride(0),
             e.stride(0), e.stride(1), dc.stride(0), dc.stride(1),
             FILTER=filtered, MASK_BN=bn, MASK_BV=bv, DOT_PRECISION=precision, **kdc)
     del work, hungry
-    # dE = scale * (W @ C + (what W's rows missed) x mean(C)), in place to keep one N x D fp32.
-    de32.addr_(row_lost, c_mean).mul_(scale_f)
-    de = de32.to(e.dtype)
+    c_skip_mean = weighted_mean(col_skip, c) if filtered else c_mean
+    de = torch.empty_like(e)
+    block_d = min(128, triton.next_power_of_2(max(d, 16)))
+    cce_finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, block_d))](
+        de32, row_round, c_mean, row_skip, c_skip_mean, de, n, d,
+        de32.stride(0), de.stride(0), de.stride(1), scale_f,
+        FILTER=filtered, BLOCK_N=32, BLOCK_D=block_d)
     if bias is not None:
         dbias.copy_(col_sum * scale_f)
     return de, dc, dbias

@@ -1,62 +1,60 @@
 """Forward: per-row log-sum-exp of softcap(E @ C.T + b) without materialising N x V.
 
-Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V
-tiles and keeps an online log-sum-exp in fp32 (running max m, running sum s), plus the target's
-logit and, for label smoothing, the sum of logits. Row blocks vary fastest in the program id, so
-the programs resident at one time read the same C tiles and share them through L2. The splits'
-partial (m, s) are combined on the host side in O(splits * N).
+Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V tiles
+and keeps an online log-sum-exp in fp32, base 2 (running max m2, running sum s). Row blocks vary
+fastest in the program id, so the programs resident at one time read the same C tiles and share
+them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
+first loads overlap this tile's epilogue). The splits' partial (m2, s) are combined in O(splits*N).
+The target logit comes from target.py; the sum of logits (label smoothing) from this loop.
 """
 import torch
 import triton
 import triton.language as tl
 
-from own_kernel.tile import logit_tile
+from own_kernel.target import cce_target_logit_kernel
+from own_kernel.tile import LOG2E, logit_tile, logits_base2
 
 
 @triton.jit
-def cce_fwd_kernel(E, C, Bias, Targets, Part,
+def cce_fwd_kernel(E, C, Bias, Part,
                    N, V, D, v_per_split, plane,
                    stride_en, stride_ed, stride_cv, stride_cd,
                    softcap,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb = pid % num_nb
     split = pid // num_nb
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1)
     v_start = split * v_per_split
     v_end = tl.minimum(v_start + v_per_split, V)
 
-    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z_tgt = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for v0 in range(v_start, v_end, BLOCK_V):
+    z2_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         v_mask = offs_v < v_end
-        z = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
-                       stride_en, stride_ed, stride_cv, stride_cd, softcap,
-                       HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+        x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+                       stride_en, stride_ed, stride_cv, stride_cd,
+                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+        z2 = logits_base2(x, softcap, HAS_SOFTCAP)
         # Online log-sum-exp: rescale the running sum to the new running max.
-        z_inf = tl.where(v_mask[None, :], z, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z_inf, axis=1))
-        s = s * tl.exp2((m - m_new) * 1.4426950408889634) \
-            + tl.sum(tl.exp2((z_inf - m_new[:, None]) * 1.4426950408889634), axis=1)
-        m = m_new
-        z_tgt += tl.sum(tl.where(offs_v[None, :] == tgt[:, None], z, 0.0), axis=1)
+        z2 = tl.where(v_mask[None, :], z2, float("-inf"))
+        m2_new = tl.maximum(m2, tl.max(z2, axis=1))
+        s = s * tl.exp2(m2 - m2_new) + tl.sum(tl.exp2(z2 - m2_new[:, None]), axis=1)
+        m2 = m2_new
         if NEED_ZSUM:
-            z_sum += tl.sum(tl.where(v_mask[None, :], z, 0.0), axis=1)
+            z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
 
     base = Part + split.to(tl.int64) * N + offs_n
-    tl.store(base, m, mask=n_mask)
+    tl.store(base, m2, mask=n_mask)
     tl.store(base + plane, s, mask=n_mask)
-    tl.store(base + 2 * plane, z_tgt, mask=n_mask)
     if NEED_ZSUM:
-        tl.store(base + 3 * plane, z_sum, mask=n_mask)
+        tl.store(base + 2 * plane, z2_sum, mask=n_mask)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -70,29 +68,43 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
+def target_logit(e, c, bias, targets, softcap):
+    n, d = e.shape
+    out = torch.empty(n, device=e.device, dtype=torch.float32)
+    if n:
+        block_n = 16
+        cce_target_logit_kernel[(triton.cdiv(n, block_n),)](
+            e, c, bias if bias is not None else e, targets, out, n, c.shape[0], d,
+            e.stride(0), e.stride(1), c.stride(0), c.stride(1), float(softcap or 1.0),
+            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+            BLOCK_N=block_n, BLOCK_D=min(128, triton.next_power_of_2(max(d, 16))))
+    return out
+
+
 def forward(e, c, bias, targets, softcap, need_zsum, cfg):
-    """Returns (lse, z_target, z_sum or None), each (N,) fp32. `targets` outside [0, V) give
-    z_target 0 (the caller masks those rows)."""
+    """Returns (lse, z_target, z_sum or None), each (N,) fp32, natural log units. Rows whose
+    target is outside [0, V) get z_target 0 (the caller masks them)."""
     n, d = e.shape
     v = c.shape[0]
-    k = cfg["fwd"]
+    k = dict(cfg["fwd"])
     bn, bv = k["BLOCK_N"], k["BLOCK_V"]
+    k.setdefault("FLATTEN", False)
     num_nb = triton.cdiv(n, bn)
     # Enough splits to fill the GPU `waves` times, each a whole number of tiles.
     splits = max(1, min(triton.cdiv(cfg["waves"] * num_sms(e.device), num_nb), triton.cdiv(v, bv)))
     v_per_split = triton.cdiv(triton.cdiv(v, splits), bv) * bv
     splits = triton.cdiv(v, v_per_split)
-    part = torch.empty((4 if need_zsum else 3, splits, n), device=e.device, dtype=torch.float32)
+    part = torch.empty((3 if need_zsum else 2, splits, n), device=e.device, dtype=torch.float32)
     if n > 0:
         cce_fwd_kernel[(num_nb * splits,)](
-            e, c, bias if bias is not None else e, targets, part,
+            e, c, bias if bias is not None else e, part,
             n, v, d, v_per_split, splits * n,
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            float(softcap or 0.0),
+            float(softcap or 1.0),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, NEED_ZSUM=need_zsum,
             DOT_PRECISION=dot_precision(e.dtype), **k)
-    m, s, z_tgt = part[0], part[1], part[2]
-    m_max = m.max(dim=0).values
-    lse = m_max + torch.log((s * torch.exp(m - m_max)).sum(dim=0))
-    z_sum = part[3].sum(dim=0) if need_zsum else None
-    return lse, z_tgt.sum(dim=0), z_sum
+    m2, s = part[0], part[1]
+    m2_max = m2.max(dim=0).values
+    lse = (m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))) / LOG2E
+    z_sum = part[2].sum(dim=0) / LOG2E if need_zsum else None
+    return lse, target_logit(e, c, bias, targets, softcap), z_sum

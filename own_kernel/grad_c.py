@@ -10,7 +10,7 @@ import triton.language as tl
 
 
 @triton.jit
-def cce_grad_c_kernel(W, E, Mask, ColLost, EMean, DC, out_scale,
+def cce_grad_c_kernel(W, E, Mask, ColRound, EMean, ColSkip, ESkipMean, DC, out_scale,
                       N, V, D, v_start, chunk, mask_stride, stride_wn,
                       stride_en, stride_ed, stride_cv, stride_cd,
                       FILTER: tl.constexpr, MASK_BN: tl.constexpr, MASK_BV: tl.constexpr,
@@ -41,8 +41,12 @@ def cce_grad_c_kernel(W, E, Mask, ColLost, EMean, DC, out_scale,
             acc = tl.dot(tl.trans(w), e, acc, input_precision=DOT_PRECISION)
         w_ptrs += BLOCK_K * stride_wn
         e_ptrs += BLOCK_K * stride_en
-    lost = tl.load(ColLost + offs_v, mask=m_mask, other=0.0)
-    acc += lost[:, None] * tl.load(EMean + offs_d, mask=d_mask, other=0.0)[None, :]
+    # What W's columns miss (see dlogits.py), added back through mean rows of E.
+    col_round = tl.load(ColRound + offs_v, mask=m_mask, other=0.0)
+    acc += col_round[:, None] * tl.load(EMean + offs_d, mask=d_mask, other=0.0)[None, :]
+    if FILTER:
+        col_skip = tl.load(ColSkip + offs_v, mask=m_mask, other=0.0)
+        acc += col_skip[:, None] * tl.load(ESkipMean + offs_d, mask=d_mask, other=0.0)[None, :]
     acc = acc * out_scale
     c_ptrs = DC + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
     tl.store(c_ptrs, acc.to(DC.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])

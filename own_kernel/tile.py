@@ -1,22 +1,19 @@
-"""The one piece of math both passes share: a (BLOCK_N x BLOCK_V) tile of softcapped logits."""
+"""The math both passes share: a (BLOCK_N x BLOCK_V) tile of logits, and the softcap.
+
+Logits are handled in base 2 (z2 = z * log2(e)) so every exponential is one exp2.
+"""
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def tanh(x):
-    # tanh(x) = 1 - 2 / (exp(2x) + 1), via exp2: libdevice is unavailable under the interpreter.
-    # Saturates correctly: exp2 -> inf gives 1, exp2 -> 0 gives -1.
-    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
-               stride_en, stride_ed, stride_cv, stride_cd, softcap,
-               HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
-    # z[n, v] = softcap(sum_d E[n, d] C[v, d] + bias[v]), accumulated in fp32 over D.
+               stride_en, stride_ed, stride_cv, stride_cd,
+               HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # x[n, v] = sum_d E[n, d] C[v, d] + bias[v], accumulated in fp32 over D.
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     # 64-bit row offsets: N*D and V*D can pass 2^31 elements.
@@ -31,6 +28,20 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
         c_ptrs += BLOCK_D * stride_cd
     if HAS_BIAS:
         acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-    if HAS_SOFTCAP:
-        acc = softcap * tanh(acc / softcap)
     return acc
+
+
+@triton.jit
+def softcap_tanh(x, softcap):
+    # tanh(x / s) = 1 - 2 / (exp(2x / s) + 1), via exp2 (libdevice is unavailable under the
+    # interpreter). Saturates correctly: exp2 -> inf gives 1, exp2 -> 0 gives -1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E / softcap)) + 1.0)
+
+
+@triton.jit
+def logits_base2(x, softcap, HAS_SOFTCAP: tl.constexpr):
+    # z2 = softcap(x) * log2(e)
+    if HAS_SOFTCAP:
+        return (softcap * LOG2E) * softcap_tanh(x, softcap)
+    else:
+        return x * LOG2E

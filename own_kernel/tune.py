@@ -18,20 +18,20 @@ from own_kernel.configs import config_for
 from own_kernel.forward import forward
 
 FWD = [
-    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3),
-    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4),
-    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=4, num_stages=4),
-    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=3),
-    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=4),
+    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=True),
+    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False),
+    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=4, FLATTEN=True),
+    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, FLATTEN=True),
+    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=True),
+    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=128, num_warps=8, num_stages=2, FLATTEN=True),
 ]
 BWD = [
     {},
-    {"de": dict(BLOCK_D=128), "dc": dict(BLOCK_D=128)},
-    {"de": dict(num_stages=4), "dc": dict(num_stages=4)},
-    {"dlogits": dict(BLOCK_V=256, num_stages=3)},
-    {"dlogits": dict(num_warps=4)},
+    {"exact_gemm": "triton"},
+    {"dlogits": dict(TILES=1, FLATTEN=False)},
+    {"dlogits": dict(TILES=8)},
+    {"dlogits": dict(BLOCK_V=256, num_stages=3, TILES=2)},
     {"workspace_mib": 80},
-    {"waves": 4},
 ]
 
 
@@ -85,8 +85,11 @@ def main(argv=None):
         except Exception as ex:
             say(f"fwd+bwd {k}: FAILED {type(ex).__name__}: {str(ex).splitlines()[0][:200]}")
     os.environ.pop("CCE_OWN_CONFIG")
-    ms = bench(lambda: fwd_bwd("auto"))
-    say(f"fwd+bwd filter auto (uniform inputs): {ms:.3f} ms = {ms/floor:.3f} floors")
+    for k in [{}, {"de": dict(num_stages=3), "dc": dict(num_stages=3)}]:
+        os.environ["CCE_OWN_CONFIG"] = json.dumps(k)
+        ms = bench(lambda: fwd_bwd("auto"))
+        say(f"fwd+bwd filter auto (uniform inputs) {k}: {ms:.3f} ms = {ms/floor:.3f} floors")
+    os.environ.pop("CCE_OWN_CONFIG")
 
     # Memory at the default config.
     e.grad = c.grad = None

@@ -1,0 +1,24 @@
+"""Backward, last step: dE = scale * (dE32 + row_round x mean(C) + row_skip x skip-weighted mean(C)),
+cast to the input dtype in one pass (no N x D temporary)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, DE, N, D,
+                           stride_gn, stride_en, stride_ed, out_scale,
+                           FILTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    n_mask = offs_n < N
+    d_mask = offs_d < D
+    m = n_mask[:, None] & d_mask[None, :]
+    g = tl.load(DE32 + offs_n[:, None].to(tl.int64) * stride_gn + offs_d[None, :], mask=m, other=0.0)
+    g += tl.load(RowRound + offs_n, mask=n_mask, other=0.0)[:, None] \
+        * tl.load(CMean + offs_d, mask=d_mask, other=0.0)[None, :]
+    if FILTER:
+        g += tl.load(RowSkip + offs_n, mask=n_mask, other=0.0)[:, None] \
+            * tl.load(CSkipMean + offs_d, mask=d_mask, other=0.0)[None, :]
+    g = g * out_scale
+    tl.store(DE + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed,
+             g.to(DE.dtype.element_ty), mask=m)

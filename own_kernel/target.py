@@ -1,0 +1,33 @@
+"""The target's logit per row: z[n, t_n] = softcap(e_n . c_{t_n} + bias[t_n]) (0 where t_n is out of
+range, e.g. ignore_index). One gathered row of C per token: O(N * D), no N x V work, and it keeps
+the forward's inner loop free of a per-element compare-and-select."""
+import triton
+import triton.language as tl
+
+from own_kernel.tile import softcap_tanh
+
+
+@triton.jit
+def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
+                            stride_en, stride_ed, stride_cv, stride_cd, softcap,
+                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1)
+    valid = n_mask & (tgt >= 0) & (tgt < V)
+    tgt = tl.where(valid, tgt, 0)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        m = valid[:, None] & (offs_d[None, :] < D - d0)
+        e = tl.load(E + offs_n[:, None].to(tl.int64) * stride_en + (d0 + offs_d)[None, :] * stride_ed,
+                    mask=m, other=0.0).to(tl.float32)
+        c = tl.load(C + tgt[:, None].to(tl.int64) * stride_cv + (d0 + offs_d)[None, :] * stride_cd,
+                    mask=m, other=0.0).to(tl.float32)
+        acc += tl.sum(e * c, axis=1)
+    if HAS_BIAS:
+        acc += tl.load(Bias + tgt, mask=valid, other=0.0).to(tl.float32)
+    if HAS_SOFTCAP:
+        acc = softcap * softcap_tanh(acc, softcap)
+    tl.store(Out + offs_n, tl.where(valid, acc, 0.0), mask=n_mask)
