@@ -18,6 +18,7 @@ with its status, never silently dropped.
 """
 from __future__ import annotations
 
+import csv
 import math
 import re
 from collections import defaultdict
@@ -31,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from suite import model_configs  # noqa: E402
@@ -124,8 +125,11 @@ def provider_order(names) -> list[str]:
 # ---- reading results ------------------------------------------------------------------------
 
 def load_results(results_dir: str | Path) -> pd.DataFrame:
-    """All rows of every ``results.csv`` under ``results_dir``; a (device, cell, provider, phase)
-    measured more than once (a resumed or repeated run) keeps its latest row."""
+    """All rows of every ``results.csv`` under ``results_dir`` (torn lines dropped, last row
+    per (cell, provider, phase) of a run); a (device, cell, provider, phase) measured by several
+    runs keeps the latest row."""
+    from suite.results import read_rows
+
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"--results: {root} is not a directory")
@@ -134,10 +138,12 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
         raise FileNotFoundError(f"--results: no results.csv under {root}")
     frames = []
     for path in paths:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-        missing = [c for c in ROW_FIELDS if c not in frame.columns]
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+        missing = [c for c in ROW_FIELDS if c not in header]
         if missing:
             raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
+        frame = pd.DataFrame(read_rows(path.parent), columns=ROW_FIELDS)
         frame["run"] = path.parent.relative_to(root).as_posix()
         frames.append(frame)
     df = pd.concat(frames, ignore_index=True)
@@ -158,8 +164,8 @@ def _slug(text: str) -> str:
 
 
 def _family_stem(key: dict) -> str:
-    """File-name part naming a shape family: n, d and the options that are not the default."""
-    parts = [f"n{int(key['n'])}", f"d{int(key['d'])}"]
+    """File-name part naming a family: D and the options that are not the default."""
+    parts = [f"d{int(key['d'])}"]
     if key["softcap_label"] != "none":
         parts.append(f"softcap{key['softcap_label']}")
     if key["ignore_frac"]:
@@ -170,7 +176,7 @@ def _family_stem(key: dict) -> str:
 
 
 def _family_title(key: dict) -> str:
-    bits = [f"N={int(key['n'])}", f"D={int(key['d'])}", key["dtype"]]
+    bits = [f"D={int(key['d'])}", key["dtype"]]
     if key["softcap_label"] != "none":
         bits.append(f"softcap {key['softcap_label']}")
     if key["ignore_frac"]:
@@ -236,18 +242,16 @@ def _failures_of(rows: pd.DataFrame, x_col: str) -> list:
     return [(r[x_col], r["provider"], r["status"]) for _, r in bad.iterrows()]
 
 
-def _panel_grid(n_panels: int, *, ncols: int, width: float = 2.3, height: float = 2.0,
-                legend_rows: int = 2):
-    ncols = max(1, min(ncols, n_panels))
-    nrows = math.ceil(n_panels / ncols)
+def _panel_matrix(nrows: int, ncols: int, *, width: float = 2.3, height: float = 2.0,
+                  legend_rows: int = 2):
+    """A figure of nrows x ncols panels with room for a legend below; axes as a 2-D array."""
     legend_h = 0.22 * legend_rows + 0.2
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.4, height * nrows + legend_h + 0.35),
-                             squeeze=False)
-    for ax in axes.flat[n_panels:]:
-        ax.set_visible(False)
-    fig.subplots_adjust(left=0.09 if ncols > 1 else 0.2, right=0.97, top=1 - 0.45 / fig.get_figheight(),
-                        bottom=(legend_h + 0.35) / fig.get_figheight(), wspace=0.35, hspace=0.5)
-    return fig, list(axes.flat[:n_panels])
+    fig_h = height * nrows + legend_h + 0.45
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.5, fig_h), squeeze=False)
+    fig.subplots_adjust(left=0.45 / (width * ncols + 0.5) + 0.04, right=0.98,
+                        top=1 - 0.45 / fig_h, bottom=(legend_h + 0.4) / fig_h,
+                        wspace=0.35, hspace=0.55)
+    return fig, axes
 
 
 def _log_axis(axis) -> None:
@@ -255,7 +259,10 @@ def _log_axis(axis) -> None:
     powers of ten over long ones; no minor labels."""
     lo, hi = sorted(axis.get_view_interval())
     decades = math.log10(hi / lo) if lo > 0 else 99
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)))
+    if decades < 1.2:  # too short for 1-2-5 ticks: a few evenly spaced round numbers
+        axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)))
     axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     axis.set_minor_formatter(NullFormatter())
 
@@ -271,7 +278,8 @@ def _headroom(ax, failures) -> None:
 def _vocab_axis(ax, vocabs) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(vocabs))
-    ax.set_xticklabels([_vocab_label(v) for v in sorted(vocabs)])
+    ax.set_xticklabels([_vocab_label(v) for v in sorted(vocabs)],
+                       rotation=45 if len(vocabs) > 4 else 0)
     ax.minorticks_off()
     ax.set_xlabel("vocabulary size V")
 
@@ -282,15 +290,18 @@ def _legend_rows(n_handles: int) -> int:
 
 # ---- 1 and 2: memory and time vs V ----------------------------------------------------------
 
-FAMILY_KEYS = ["device", "dtype", "n", "d", "softcap_label", "ignore_frac", "bias"]
+# A family: rows of one device, dtype, D and options; a file per family, a row of panels per N.
+FAMILY_KEYS = ["device", "dtype", "d", "softcap_label", "ignore_frac", "bias"]
 
 
-def _families(df: pd.DataFrame, keys) -> list[tuple[dict, pd.DataFrame]]:
-    """Groups of rows sharing ``keys`` that have at least two vocabulary sizes."""
+def _families(df: pd.DataFrame, keys) -> list[tuple[dict, pd.DataFrame, list]]:
+    """(key, rows, Ns): groups of rows sharing ``keys``, with the token counts N that have at
+    least two vocabulary sizes (a line needs two points)."""
     out = []
     for values, rows in df.groupby(keys, sort=True, dropna=False):
-        if rows["v"].nunique() >= 2:
-            out.append((dict(zip(keys, values)), rows))
+        ns = sorted(n for n, at_n in rows.groupby("n") if at_n["v"].nunique() >= 2)
+        if ns:
+            out.append((dict(zip(keys, values)), rows[rows["n"].isin(ns)], ns))
     return out
 
 
@@ -298,87 +309,93 @@ def _device_prefix(df: pd.DataFrame, device: str) -> str:
     return f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
 
 
-def plot_memory_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Peak extra memory vs V; memory does not depend on the input distribution, so each family
-    is drawn from one distribution (uniform when present)."""
-    written = []
-    for key, rows in _families(df, FAMILY_KEYS):
-        dists = sorted(rows["dist"].unique(), key=lambda d: (d != "uniform", d))
-        rows = rows[rows["dist"] == dists[0]]
-        phases = [p for p in PHASES if p in set(rows["phase"])]
-        providers = sorted(rows["provider"].unique())
-        handles = _legend_handles(providers, with_failure=(rows["status"] != "ok").any(),
-                                  extra=[Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
-                                                label="lower bound dE + dC")])
-        fig, axes = _panel_grid(len(phases), ncols=4, legend_rows=_legend_rows(len(handles)))
-        clipped = False
-        for ax, phase in zip(axes, phases):
-            at_phase = rows[rows["phase"] == phase]
+def _vs_v_figure(key, rows, ns, *, value_col, ylabel, title, reference_handle, draw_reference,
+                 clip_below=None):
+    """Rows of panels (one per N) by columns (one per phase): ``value_col`` vs V per provider,
+    failed cells marked; returns the figure."""
+    phases = [p for p in PHASES if p in set(rows["phase"])]
+    providers = sorted(rows["provider"].unique())
+    handles = _legend_handles(providers, with_failure=(rows["status"] != "ok").any(),
+                              extra=[reference_handle])
+    fig, axes = _panel_matrix(len(ns), len(phases), legend_rows=_legend_rows(len(handles)))
+    clipped = False
+    for i, n in enumerate(ns):
+        at_n = rows[rows["n"] == n]
+        for j, phase in enumerate(phases):
+            ax = axes[i, j]
+            at_phase = at_n[at_n["phase"] == phase]
+            draw_reference(ax, n, phase, at_phase)
             for provider in provider_order(providers):
                 ok = at_phase[(at_phase["provider"] == provider) & (at_phase["status"] == "ok")]
-                ok = ok.dropna(subset=["peak_extra_mib"]).sort_values("v")
+                ok = ok.dropna(subset=[value_col]).sort_values("v")
                 if ok.empty:
                     continue
-                y = ok["peak_extra_mib"].clip(lower=MEMORY_FLOOR_MIB)
-                clipped |= bool((ok["peak_extra_mib"] < MEMORY_FLOOR_MIB).any())
+                y = ok[value_col]
+                if clip_below is not None:
+                    clipped |= bool((y < clip_below).any())
+                    y = y.clip(lower=clip_below)
                 ax.plot(ok["v"], y, **style_of(provider))
-            if "grad" in phase:
-                vs = np.array(sorted(rows["v"].unique()))
-                ax.plot(vs, _lower_bound_mib(key["n"], key["d"], vs, key["dtype"]),
-                        color=REFERENCE_COLOR, linestyle=":", zorder=0)
             failures = _failures_of(at_phase, "v")
             ax.set_yscale("log")
             _headroom(ax, failures)
             _log_axis(ax.yaxis)
             _mark_failures(ax, failures)
-            _vocab_axis(ax, rows["v"].unique())
-            ax.set_title(phase)
-        axes[0].set_ylabel("peak extra memory (MiB)")
-        note = f"; values < {MEMORY_FLOOR_MIB:g} MiB drawn at {MEMORY_FLOOR_MIB:g}" if clipped else ""
-        fig.suptitle(f"Peak extra memory vs vocabulary — {_family_title(key)} "
-                     f"({dists[0]} inputs){note}", fontsize=8)
-        _figure_legend(fig, handles)
+            _vocab_axis(ax, at_n["v"].unique())
+            ax.set_title(f"{phase}, N={int(n)}")
+        axes[i, 0].set_ylabel(ylabel)
+    note = f" (values < {clip_below:g} drawn at {clip_below:g})" if clipped else ""
+    fig.suptitle(title + note, fontsize=8)
+    _figure_legend(fig, handles)
+    return fig
+
+
+def plot_memory_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Peak extra memory vs V, the lower bound dE + dC dotted in the gradient phases. Memory does
+    not depend on the input distribution, so each family is drawn from one (uniform if there)."""
+    written = []
+    for key, rows, ns in _families(df, FAMILY_KEYS):
+        dist = sorted(rows["dist"].unique(), key=lambda d: (d != "uniform", d))[0]
+        rows = rows[rows["dist"] == dist]
+
+        def lower_bound(ax, n, phase, at_phase):
+            if "grad" in phase and not at_phase.empty:
+                vs = np.array(sorted(at_phase["v"].unique()))
+                ax.plot(vs, _lower_bound_mib(n, key["d"], vs, key["dtype"]),
+                        color=REFERENCE_COLOR, linestyle=":", zorder=0)
+
+        fig = _vs_v_figure(
+            key, rows, [n for n in ns if n in set(rows["n"])], value_col="peak_extra_mib",
+            ylabel="peak extra memory (MiB)", clip_below=MEMORY_FLOOR_MIB,
+            title=f"Peak extra memory vs vocabulary: {_family_title(key)}, {dist} inputs",
+            reference_handle=Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
+                                    label="lower bound dE + dC"),
+            draw_reference=lower_bound)
         stem = f"{_device_prefix(df, key['device'])}memory_vs_v_{key['dtype']}_{_family_stem(key)}"
         written += save(fig, out_dir, stem)
     return written
 
 
 def plot_time_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Median time vs V per phase; the dashed line is the phase's matmul floor:
-    PHASE_MATMULS[phase] x one cuBLAS E @ C.T of the same shape, measured in the same run."""
+    """Median time vs V; the dashed line is the phase's matmul floor: PHASE_MATMULS[phase] x one
+    cuBLAS E @ C.T of the same shape, measured in the same run."""
     written = []
-    for key, rows in _families(df, FAMILY_KEYS + ["dist"]):
-        phases = [p for p in PHASES if p in set(rows["phase"])]
-        providers = sorted(rows["provider"].unique())
-        handles = _legend_handles(providers, with_failure=(rows["status"] != "ok").any(),
-                                  extra=[Line2D([], [], color=REFERENCE_COLOR, linestyle="--",
-                                                label="matmul floor (k x E@C.T)")])
-        fig, axes = _panel_grid(len(phases), ncols=4, legend_rows=_legend_rows(len(handles)))
-        for ax, phase in zip(axes, phases):
-            at_phase = rows[rows["phase"] == phase]
+    for key, rows, ns in _families(df, FAMILY_KEYS + ["dist"]):
+
+        def floor_line(ax, n, phase, at_phase):
             floor = at_phase.dropna(subset=["floor_ms"]).groupby("v")["floor_ms"].median()
-            if not floor.empty:
-                k = PHASE_MATMULS[phase]
-                ax.plot(floor.index, k * floor.values, color=REFERENCE_COLOR, linestyle="--",
-                        zorder=0)
-                ax.annotate(f"{k}x floor", (floor.index[0], k * floor.values[0]),
-                            xytext=(2, -9), textcoords="offset points", ha="left", fontsize=6,
-                            color=REFERENCE_COLOR)
-            for provider in provider_order(providers):
-                ok = at_phase[(at_phase["provider"] == provider) & (at_phase["status"] == "ok")]
-                ok = ok.dropna(subset=["ms"]).sort_values("v")
-                if not ok.empty:
-                    ax.plot(ok["v"], ok["ms"], **style_of(provider))
-            failures = _failures_of(at_phase, "v")
-            ax.set_yscale("log")
-            _headroom(ax, failures)
-            _log_axis(ax.yaxis)
-            _mark_failures(ax, failures)
-            _vocab_axis(ax, rows["v"].unique())
-            ax.set_title(phase)
-        axes[0].set_ylabel("median time (ms)")
-        fig.suptitle(f"Time vs vocabulary — {_family_title(key)}", fontsize=8)
-        _figure_legend(fig, handles)
+            if floor.empty:
+                return
+            k = PHASE_MATMULS[phase]
+            ax.plot(floor.index, k * floor.values, color=REFERENCE_COLOR, linestyle="--", zorder=0)
+            ax.annotate(f"{k}x floor", (floor.index[0], k * floor.values[0]), xytext=(2, -9),
+                        textcoords="offset points", ha="left", fontsize=6, color=REFERENCE_COLOR)
+
+        fig = _vs_v_figure(
+            key, rows, ns, value_col="ms", ylabel="median time (ms)",
+            title=f"Time vs vocabulary: {_family_title(key)}",
+            reference_handle=Line2D([], [], color=REFERENCE_COLOR, linestyle="--",
+                                    label="matmul floor (k x E@C.T)"),
+            draw_reference=floor_line)
         stem = (f"{_device_prefix(df, key['device'])}time_vs_v_{key['dtype']}_{key['dist']}_"
                 f"{_family_stem(key)}")
         written += save(fig, out_dir, stem)
@@ -400,58 +417,74 @@ def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, fl
 
 
 def plot_pareto(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Memory vs time at loss+grad: a file per family and inputs, a panel per (N, V)."""
     written = []
     at_phase = df[df["phase"] == PARETO_PHASE]
-    for (device, dtype, dist), rows in at_phase.groupby(["device", "dtype", "dist"], sort=True):
-        shapes = list(rows.groupby(["n", "d", "v", "softcap_label", "ignore_frac", "bias"],
-                                   sort=True, dropna=False))
+    keys = FAMILY_KEYS + ["dist"]
+    for values, rows in at_phase.groupby(keys, sort=True, dropna=False):
+        key = dict(zip(keys, values))
+        ns, vs = sorted(rows["n"].unique()), sorted(rows["v"].unique())
         providers = sorted(rows["provider"].unique())
         handles = _legend_handles(providers, with_failure=False,
                                   extra=[Line2D([], [], color=REFERENCE_COLOR, label="Pareto front"),
                                          Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
                                                 label="lower bound dE + dC")])
-        fig, axes = _panel_grid(len(shapes), ncols=3, width=2.6, height=2.3,
-                                legend_rows=_legend_rows(len(handles)))
-        for ax, ((n, d, v, sc, ig, bias), shape_rows) in zip(axes, shapes):
-            ok = shape_rows[(shape_rows["status"] == "ok")].dropna(subset=["ms", "peak_extra_mib"])
-            points = [(r["ms"], max(r["peak_extra_mib"], MEMORY_FLOOR_MIB), r["provider"])
-                      for _, r in ok.iterrows()]
-            for t, m, provider in points:
-                st = style_of(provider)
-                ax.plot([t], [m], marker=st["marker"], color=st["color"], linestyle="none",
-                        markersize=5)
-            front = pareto_front(points)
-            if front:
-                ax.plot([p[0] for p in front], [p[1] for p in front], color=REFERENCE_COLOR,
-                        drawstyle="steps-post", zorder=0, linewidth=1.0)
-            ax.axhline(_lower_bound_mib(n, d, v, dtype), color=REFERENCE_COLOR, linestyle=":",
-                       zorder=0, linewidth=0.8)
-            failed = shape_rows[shape_rows["status"] != "ok"]
-            if not failed.empty:
-                text = "did not run:\n" + "\n".join(
-                    f"x {r['provider']} ({r['status']})" for _, r in failed.iterrows())
-                ax.text(0.98, 0.98, text, transform=ax.transAxes, ha="right", va="top",
-                        fontsize=5.5, color="#444444")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            _log_axis(ax.xaxis)
-            _log_axis(ax.yaxis)
-            ax.set_xlabel(f"{PARETO_PHASE} median time (ms)")
-            ax.set_ylabel("peak extra memory (MiB)")
-            title = f"N={int(n)} D={int(d)} V={_vocab_label(v)}"
-            if sc != "none":
-                title += f" sc{sc}"
-            if ig:
-                title += f" ign{ig:g}"
-            if bias:
-                title += " bias"
-            ax.set_title(title)
-        fig.suptitle(f"Memory vs time ({PARETO_PHASE}), {dtype}, {dist} inputs: lower left is "
-                     f"better", fontsize=8)
+        fig, axes = _panel_matrix(len(ns), len(vs), width=2.4, height=2.2,
+                                  legend_rows=_legend_rows(len(handles)))
+        for i, n in enumerate(ns):
+            for j, v in enumerate(vs):
+                ax = axes[i, j]
+                shape_rows = rows[(rows["n"] == n) & (rows["v"] == v)]
+                if shape_rows.empty:
+                    ax.set_visible(False)
+                    continue
+                _pareto_panel(ax, shape_rows, n, key["d"], v, key["dtype"])
+                ax.set_title(f"N={int(n)}, V={_vocab_label(v)}")
+                if j == 0:
+                    ax.set_ylabel("peak extra memory (MiB)")
+                if i == len(ns) - 1:
+                    ax.set_xlabel(f"{PARETO_PHASE} time (ms)")
+        fig.suptitle(f"Memory vs time ({PARETO_PHASE}), lower left is better: "
+                     f"{_family_title(key)}", fontsize=8)
         _figure_legend(fig, handles)
-        prefix = f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
-        written += save(fig, out_dir, f"{prefix}pareto_{dtype}_{dist}")
+        stem = (f"{_device_prefix(df, key['device'])}pareto_{key['dtype']}_{key['dist']}_"
+                f"{_family_stem(key)}")
+        written += save(fig, out_dir, stem)
     return written
+
+
+def _pareto_panel(ax, shape_rows, n, d, v, dtype) -> None:
+    ok = shape_rows[shape_rows["status"] == "ok"].dropna(subset=["ms", "peak_extra_mib"])
+    points = [(r["ms"], max(r["peak_extra_mib"], MEMORY_FLOOR_MIB), r["provider"])
+              for _, r in ok.iterrows()]
+    for t, m, provider in points:
+        st = style_of(provider)
+        ax.plot([t], [m], marker=st["marker"], color=st["color"], linestyle="none", markersize=5)
+    front = pareto_front(points)
+    if len(front) > 1:
+        ax.plot([p[0] for p in front], [p[1] for p in front], color=REFERENCE_COLOR,
+                drawstyle="steps-post", zorder=0, linewidth=1.0)
+    for t, m, _ in front:  # ring the front's members
+        ax.plot([t], [m], marker="o", markersize=9, fillstyle="none", color=REFERENCE_COLOR,
+                linestyle="none", markeredgewidth=0.8, zorder=0)
+    ax.axhline(_lower_bound_mib(n, d, v, dtype), color=REFERENCE_COLOR, linestyle=":", zorder=0,
+               linewidth=0.8)
+    failed = shape_rows[shape_rows["status"] != "ok"]
+    if not failed.empty:
+        text = "did not run:\n" + "\n".join(f"x {r['provider']} ({r['status']})"
+                                            for _, r in failed.iterrows())
+        ax.text(0.98, 0.98, text, transform=ax.transAxes, ha="right", va="top", fontsize=5.5,
+                color="#444444")
+    if not points:
+        ax.text(0.5, 0.5, "nothing ran", transform=ax.transAxes, ha="center", fontsize=7)
+        return
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if not failed.empty:  # room for the note above the points
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, hi * (hi / lo) ** (0.12 * (1 + len(failed))))
+    _log_axis(ax.xaxis)
+    _log_axis(ax.yaxis)
 
 
 # ---- 4: gradient error ----------------------------------------------------------------------

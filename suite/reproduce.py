@@ -100,15 +100,20 @@ def num(x):
 
 
 def read_rows(results_dir) -> list[dict]:
+    """Rows of a run folder (suite.results.read_rows: torn lines dropped, last row per
+    (cell, provider, phase)); a clear error when the folder holds no results in our schema."""
+    from suite.results import read_rows as read_run
+    from suite.schema import ROW_FIELDS
+
     path = Path(results_dir) / "results.csv"
     if not path.is_file():
         raise FileNotFoundError(f"--from-results: no results.csv in {results_dir}")
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for col in ("cell_id", "dist", "n", "d", "v", "dtype", "provider", "phase", "status"):
-        if rows and col not in rows[0]:
-            raise ValueError(f"{path}: not in the suite.schema layout, no column {col!r}")
-    return rows
+        header = next(csv.reader(f), [])
+    missing = [c for c in ROW_FIELDS if c not in header]
+    if missing:
+        raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
+    return read_run(results_dir)
 
 
 def table1_rows(rows: list[dict]) -> list[dict]:
@@ -126,11 +131,11 @@ def lookup(rows: list[dict], provider: str, dist: str, phase: str) -> dict | Non
     return found[-1] if found else None
 
 
-def read_env(results_dir) -> dict:
-    path = Path(results_dir) / "env.json"
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text())
+def read_envs(results_dir) -> list[dict]:
+    """env.json, then env-2.json, env-3.json, ... (one per session that resumed the run)."""
+    root = Path(results_dir)
+    paths = [root / "env.json"] + sorted(root.glob("env-*.json"), key=lambda p: (len(p.name), p.name))
+    return [json.loads(p.read_text()) for p in paths if p.is_file()]
 
 
 # ---- formatting -----------------------------------------------------------------------------
@@ -310,22 +315,41 @@ def claim_checks(rows: list[dict], methods=CCE_METHODS, dists=DISTS) -> list[Che
 
 # ---- table1.md ------------------------------------------------------------------------------
 
-def _env_lines(env: dict, devices: list[str]) -> list[str]:
-    lines = [f"- measured on: {', '.join(devices) if devices else 'unknown device'}"]
-    for key in sorted(env):
-        value = env[key]
-        if isinstance(value, dict):
-            inner = ", ".join(f"{k} {v}" for k, v in sorted(value.items())
-                              if not isinstance(v, (dict, list)))
-            lines.append(f"- {key}: {inner}")
-        elif isinstance(value, list):
-            lines.append(f"- {key}: {', '.join(map(str, value))}")
-        else:
-            lines.append(f"- {key}: {value}")
+# env.json fields shown in the report (suite.results.environment), in this order.
+ENV_FIELDS = [("gpu_name", "GPU"), ("gpu_count", "GPUs visible"),
+              ("compute_capability", "compute capability"), ("driver", "NVIDIA driver"),
+              ("cuda", "CUDA (torch build)"), ("torch", "torch"), ("triton", "triton"),
+              ("cut_cross_entropy", "cut-cross-entropy (Apple CCE)"),
+              ("liger_kernel", "liger-kernel"), ("python", "python"), ("platform", "platform"),
+              ("cpu", "CPU"), ("triton_interpret", "TRITON_INTERPRET"), ("git_commit", "git commit"),
+              ("git_dirty", "uncommitted changes"), ("date", "date"), ("run_id", "run id")]
+
+
+def _env_lines(envs: list[dict], devices: list[str]) -> list[str]:
+    lines = [f"- rows measured on: {', '.join(devices) if devices else 'unknown device'}"]
+    if not envs:
+        return lines + ["- env.json: missing"]
+    known = {k for k, _ in ENV_FIELDS}
+    for i, env in enumerate(envs):
+        if i:
+            lines.append(f"- resumed in session {i + 1} (env-{i + 1}.json):")
+        prefix = "  " if i else ""
+        for key, label in ENV_FIELDS:
+            if env.get(key) not in (None, ""):
+                lines.append(f"{prefix}- {label}: {env[key]}")
+        for key in sorted(set(env) - known - {"argv", "hostname", "device", "is_gpu_run"}):
+            value = env[key]
+            if not isinstance(value, (dict, list)) and value not in (None, ""):
+                lines.append(f"{prefix}- {key}: {value}")
     return lines
 
 
-def render_table1(rows: list[dict], env: dict, source: str) -> tuple[str, list[Check]]:
+def _reps_text(rows) -> str:
+    reps = sorted({int(num(r.get("reps"))) for r in rows if num(r.get("reps"))})
+    return "/".join(map(str, reps)) if reps else "the runner's default number of"
+
+
+def render_table1(rows: list[dict], envs: list[dict], source: str) -> tuple[str, list[Check]]:
     """``rows``: the whole run; returns (markdown, checks)."""
     t1 = table1_rows(rows)
     dists = [d for d in DISTS if any(r["dist"] == d for r in t1)] or list(DISTS)
@@ -346,7 +370,7 @@ def render_table1(rows: list[dict], env: dict, source: str) -> tuple[str, list[C
         "",
         "## Hardware and software",
         "",
-        *_env_lines(env, devices),
+        *_env_lines(envs, devices),
         "",
         "## Differences from the paper's setup",
         "",
@@ -363,7 +387,10 @@ def render_table1(rows: list[dict], env: dict, source: str) -> tuple[str, list[C
         "- Methods: the paper's CCE is Apple's kernel as published (with vocabulary sorting); "
         "here Apple CCE is the PyPI package named in the environment, and the own kernel "
         "(own_kernel/) is compared with the paper's CCE rows (exact with 'no gradient filter', "
-        "filtered with 'CCE'). The paper's Liger row is an older Liger release.",
+        "filtered with 'CCE'). The paper's Liger row was measured with the Liger release of its "
+        "time; here liger-kernel is the version above.",
+        f"- Timing here: median of {_reps_text(t1)} timed calls after warm-up (suite.measure); "
+        "memory from torch.cuda.max_memory_allocated.",
         "",
     ]
     for dist in dists:
@@ -425,7 +452,7 @@ def render_table1(rows: list[dict], env: dict, source: str) -> tuple[str, list[C
 def write_table1(results_dir, out_path=None) -> tuple[Path, list[Check]]:
     results_dir = Path(results_dir)
     rows = read_rows(results_dir)
-    text, checks = render_table1(rows, read_env(results_dir), results_dir.as_posix() + "/results.csv")
+    text, checks = render_table1(rows, read_envs(results_dir), results_dir.as_posix() + "/results.csv")
     out_path = Path(out_path) if out_path else results_dir / "table1.md"
     out_path.write_text(text)
     return out_path, checks
@@ -438,12 +465,8 @@ def run_protocol(args) -> None:
     from suite import runner
 
     cells = runner.preset_cells(PRESET)
-    kwargs = dict(resume=args.resume, device=args.device)
-    if args.reps is not None:
-        kwargs["reps"] = args.reps
-    if args.warmup is not None:
-        kwargs["warmup"] = args.warmup
-    runner.run(cells, MEASURED, list(TABLE1_PHASES), args.out, **kwargs)
+    runner.run(cells, MEASURED, list(TABLE1_PHASES), args.out, resume=args.resume,
+               reps=args.reps, warmup=args.warmup, device=args.device, isolate=args.isolate)
 
 
 def add_arguments(parser) -> None:
@@ -455,6 +478,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (runner default)")
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction,
                         default=True, help="skip (cell, provider) pairs already in --out (default on)")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                        help="each cell in a child process, so a crashing kernel is recorded as "
+                             "'crashed' and the run goes on (default on)")
     parser.add_argument("--from-results", metavar="DIR", default=None,
                         help="do not measure: rewrite DIR/table1.md from DIR/results.csv")
 
@@ -469,7 +495,7 @@ def main(args) -> int:
             run_protocol(args)
             source = args.out
         path, checks = write_table1(source)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"reproduce: {err}")
         return 1
     for c in checks:

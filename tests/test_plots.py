@@ -1,0 +1,192 @@
+"""suite.plots and suite.model_configs, on the synthetic fixture run (tests/fixtures/)."""
+import argparse
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from suite import model_configs, plots
+from suite.schema import ROW_FIELDS
+
+FIXTURE = Path(__file__).parent / "fixtures"
+FIXTURE_RUN = FIXTURE / "synthetic_run"
+
+# What the fixture's shapes must produce (see tests/fixtures/make_fixture.py).
+EXPECTED_STEMS = {
+    "memory_breakdown",
+    "memory_vs_v_bf16_d2304_softcap30", "memory_vs_v_bf16_d4096", "memory_vs_v_fp32_d2304",
+    "time_vs_v_bf16_uniform_d2304_softcap30", "time_vs_v_bf16_lm_d2304_softcap30",
+    "time_vs_v_bf16_uniform_d4096", "time_vs_v_bf16_lm_d4096", "time_vs_v_fp32_uniform_d2304",
+    "pareto_bf16_uniform_d2304_softcap30", "pareto_bf16_lm_d2304_softcap30",
+    "pareto_bf16_uniform_d4096", "pareto_bf16_lm_d4096", "pareto_fp32_uniform_d2304",
+    "grad_error_bf16", "grad_error_fp32",
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every figure of the fixture, built once; the failure markers drawn are recorded."""
+    out = tmp_path_factory.mktemp("plots")
+    marked = []
+    real = plots._mark_failures
+
+    def recording(ax, failures):
+        marked.extend(failures)
+        real(ax, failures)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots, "_mark_failures", recording)
+        written = plots.build_all(FIXTURE, out)
+    return out, written, marked
+
+
+def test_every_figure_is_written_as_png_and_pdf(built):
+    out, written, _ = built
+    stems = {p.stem for p in written}
+    assert stems == EXPECTED_STEMS
+    for stem in EXPECTED_STEMS:
+        png, pdf = out / f"{stem}.png", out / f"{stem}.pdf"
+        assert png.stat().st_size > 10_000, stem
+        with Image.open(png) as im:
+            im.verify()  # raises on a broken file
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.width > 300 and im.height > 200
+            # not a blank canvas: some pixels are far from white
+            assert min(im.convert("L").getextrema()) < 100, stem
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:], stem
+        assert b"/CreationDate" not in data  # no timestamp: rebuilds are byte-identical
+
+
+def test_failed_cells_are_marked_not_dropped(built):
+    _, _, marked = built
+    # Every failed cell of the fixture's V-sweeps is drawn as a marker with its status.
+    assert (256000, "naive", "oom") in marked
+    assert (128256, "apple_cce", "error") in marked
+    assert (32000, "liger_flce", "unavailable") in marked
+    assert all(status != "ok" for _, _, status in marked)
+
+
+def _fp32_subset(results_dir: Path) -> None:
+    """A results folder holding only the fixture's fp32 rows."""
+    (results_dir / "synthetic").mkdir(parents=True)
+    shutil.copy(FIXTURE_RUN / "env.json", results_dir / "synthetic" / "env.json")
+    with open(FIXTURE_RUN / "results.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["dtype"] == "fp32"]
+    with open(results_dir / "synthetic" / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_cli_rebuild_is_byte_identical(built, tmp_path, capsys):
+    """A second build (through main, from the fp32 rows only) writes the same bytes as the
+    first build did for those figures."""
+    out, _, _ = built
+    parser = argparse.ArgumentParser()
+    plots.add_arguments(parser)
+    _fp32_subset(tmp_path / "results")
+    rc = plots.main(parser.parse_args(["--results", str(tmp_path / "results"),
+                                       "--out", str(tmp_path / "again")]))
+    assert rc == 0
+    again = sorted((tmp_path / "again").iterdir())
+    assert {p.stem for p in again} == {"memory_breakdown", "memory_vs_v_fp32_d2304",
+                                       "time_vs_v_fp32_uniform_d2304", "pareto_fp32_uniform_d2304",
+                                       "grad_error_fp32"}
+    for path in again:
+        assert path.read_bytes() == (out / path.name).read_bytes(), path.name
+
+
+def test_cli_fails_clearly_without_results(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    plots.add_arguments(parser)
+    rc = plots.main(parser.parse_args(["--results", str(tmp_path / "nope"),
+                                       "--out", str(tmp_path / "out")]))
+    assert rc == 1
+    assert "not a directory" in capsys.readouterr().out
+
+
+def test_pareto_front():
+    pts = [(10.0, 5.0, "a"), (5.0, 20.0, "b"), (20.0, 1.0, "c"), (12.0, 6.0, "d"), (5.0, 30.0, "e")]
+    assert plots.pareto_front(pts) == [(5.0, 20.0, "b"), (10.0, 5.0, "a"), (20.0, 1.0, "c")]
+    assert plots.pareto_front([]) == []
+
+
+def test_one_fixed_colour_blind_safe_style_per_provider():
+    palette = set(plots.OKABE_ITO.values())
+    combos = set()
+    for name, style in plots.PROVIDER_STYLE.items():
+        assert style["color"] in palette, name
+        combos.add((style["color"], style["marker"], style["linestyle"]))
+        assert plots.style_of(name) == style  # looked up, not generated
+    assert len(combos) == len(plots.PROVIDER_STYLE)  # no two providers look the same
+    with open(FIXTURE_RUN / "results.csv") as f:
+        fixture_providers = {r["provider"] for r in csv.DictReader(f)}
+    assert fixture_providers <= set(plots.PROVIDER_STYLE)
+    assert plots.style_of("someone_new") == plots.style_of("someone_new")
+
+
+def test_load_results_keeps_latest_duplicate_and_rejects_bad_input(tmp_path):
+    old = tmp_path / "a_old"
+    new = tmp_path / "b_new"
+    for run, stamp, ms in ((old, "2001-01-01T00:00:00", "1.0"), (new, "2002-01-01T00:00:00", "2.0")):
+        run.mkdir()
+        with open(FIXTURE_RUN / "results.csv") as f:
+            row = next(csv.DictReader(f))
+        row.update(timestamp=stamp, ms=ms)
+        with open(run / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+            w.writeheader()
+            w.writerow(row)
+    df = plots.load_results(tmp_path)
+    assert len(df) == 1 and df["ms"].iloc[0] == 2.0
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.csv").write_text("cell_id,provider\nx,naive\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        plots.load_results(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        plots.load_results(tmp_path / "a_old" / "empty")
+    (tmp_path / "a_old" / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no results.csv"):
+        plots.load_results(tmp_path / "a_old" / "empty")
+
+
+# ---- model_configs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", model_configs.MODELS, ids=lambda m: m.name)
+def test_param_count_matches_the_model_card(model):
+    assert model.param_count() == pytest.approx(model.published_params, rel=0.01)
+
+
+def test_logits_dominate_for_the_small_model():
+    gemma = next(m for m in model_configs.MODELS if m.name.startswith("Gemma 2"))
+    parts = model_configs.memory_breakdown(gemma, gpus=16)
+    others = {k: v for k, v in parts.items() if k != "loss logits"}
+    assert parts["loss logits"] > max(others.values())
+    assert parts["loss logits"] > sum(others.values())
+    # The paper's baseline at Gemma 2 (2B): 28000 MiB of loss+gradient for 8192 tokens.
+    assert parts["loss logits"] / 2**20 == pytest.approx(28000, rel=1e-9)
+    share = {m.name: model_configs.memory_breakdown(m, gpus=16)["loss logits"]
+             / sum(model_configs.memory_breakdown(m, gpus=16).values())
+             for m in model_configs.MODELS}
+    assert max(share, key=share.get) == gemma.name
+
+
+def test_cce_removes_the_logits_and_nothing_else():
+    for m in model_configs.MODELS:
+        base = model_configs.memory_breakdown(m, gpus=1)
+        cce = model_configs.memory_breakdown(m, gpus=1, cce=True)
+        assert cce["loss logits"] < 1e-3 * base["loss logits"]
+        assert {k: v for k, v in cce.items() if k != "loss logits"} == \
+            {k: v for k, v in base.items() if k != "loss logits"}
+
+
+def test_memory_breakdown_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="gpus"):
+        model_configs.memory_breakdown(model_configs.MODELS[0], gpus=0)
+    with pytest.raises(ValueError, match="tokens"):
+        model_configs.memory_breakdown(model_configs.MODELS[0], tokens=-1)
