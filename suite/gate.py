@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -265,7 +266,7 @@ def run_benchmarks(pytest_args: list[str], env: dict) -> tuple[int, str]:
     terminal summary; its traceback says nothing the table does not, so it is cut to one line.
     """
     cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR)] + pytest_args
-    print("gate: " + " ".join(cmd), flush=True)
+    print("gate: " + shlex.join(cmd), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     out, held = [], None
@@ -417,15 +418,16 @@ def _main(args) -> int:
 
     if rc == 5:
         raise GateError(f"no benchmark selected (pytest exit status 5){' by -k ' + args.keyword if args.keyword else ''}")
-    if now is None or not now.get("benchmarks"):
-        skipped = sorted({o for o in outcomes.values()})
+    failed = sorted(n for n, o in outcomes.items() if o in ("failed", "error"))
+    now = now or {"benchmarks": []}
+    if not now.get("benchmarks") and not failed:
+        seen = sorted(set(outcomes.values()))
         raise GateError(f"no benchmark produced a measurement (pytest exit status {rc}, outcomes "
-                        f"{skipped or 'none'}); see the pytest output above")
+                        f"{seen or 'none'}); see the pytest output above")
     if gpu_name_of(now) and gpu_slug(gpu_name_of(now)) != gpu_slug(gpu):
         raise GateError(f"benchmarks ran on {gpu_name_of(now)} but the gate saw {gpu}; "
                         f"set CUDA_VISIBLE_DEVICES to one GPU model")
 
-    failed = sorted(n for n, o in outcomes.items() if o in ("failed", "error"))
     if args.save:
         return _save(path, baseline, now, failed, gpu)
 
@@ -463,7 +465,8 @@ def _save(path: Path, old: dict | None, now: dict, failed: list[str], gpu: str) 
     now = dict(now)
     now["benchmarks"] = [b for b in now["benchmarks"] if b["name"] not in failed]
     if not now["benchmarks"]:
-        raise GateError("every benchmark failed; no baseline written")
+        print(f"gate: every benchmark test failed ({', '.join(failed)}); no baseline written")
+        return 1
     merged = merge_baseline(old, now)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=2, allow_nan=True) + "\n")
@@ -481,3 +484,11 @@ def _save(path: Path, old: dict | None, now: dict, failed: list[str], gpu: str) 
         print(f"gate: {len(failed)} benchmark test(s) FAILED and were left out: {', '.join(failed)}")
         return 1
     return 0
+
+
+if __name__ == "__main__":  # python -m suite.gate, same as python -m suite gate
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="python -m suite.gate", description=__doc__.split("\n")[0])
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

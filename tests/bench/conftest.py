@@ -2,13 +2,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from importlib import metadata
-from pathlib import Path
-
-# test_bench_loss imports bench_reference from this folder, whatever pytest's import mode.
-if str(Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).parent))
 
 LIBRARIES = ("torch", "triton", "liger-kernel", "cut-cross-entropy", "pytest-benchmark")
 

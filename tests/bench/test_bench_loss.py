@@ -3,7 +3,7 @@
 One test = one provider at one shape and phase, bf16, ``lm`` inputs. pytest-benchmark times it
 (``benchmark.pedantic``: grads cleared in an untimed setup, CUDA synchronised inside the timed
 call, warm-up rounds not timed). One more untimed call afterwards gives the peak extra memory
-and the errors against an fp32 reference; they go into ``extra_info``.
+and the errors against the fp32 reference (suite/reference.py); they go into ``extra_info``.
 
 Run them through the gate, or directly with ``pytest tests/bench --benchmark-only``. Without
 ``--benchmark-only`` they skip, so a plain ``pytest`` on a GPU machine does not spend minutes
@@ -18,7 +18,6 @@ import os
 import pytest
 import torch
 
-from bench_reference import fp32_reference, rel_err
 from suite import registry
 
 pytestmark = pytest.mark.gpu
@@ -55,18 +54,22 @@ def case(request):
     if not request.config.getoption("benchmark_only"):
         pytest.skip("GPU benchmark: run with --benchmark-only (python -m suite gate does)")
     from suite.inputs import make_inputs
+    from suite.reference import reference
 
     n, d, v, softcap = SHAPES[request.param]
     inputs = make_inputs(DIST, n, d, v, DTYPE, seed=SEED, device="cuda", softcap=softcap)
-    loss, de, dc, _ = fp32_reference(inputs["e"], inputs["c"], inputs["targets"], softcap=softcap)
+    # fp32 (TF32 off) on the GPU, chunked; the reference gradients are kept on the CPU.
+    ref = reference(inputs["e"], inputs["c"], inputs["targets"], softcap=softcap)
     yield {"shape": request.param, "n": n, "d": d, "v": v, "softcap": softcap, **inputs,
-           "ref_loss": loss.item(), "ref_de": de, "ref_dc": dc}
+           "ref_loss": ref["loss"], "ref_de": ref["de"], "ref_dc": ref["dc"]}
     torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("case, provider", cases(), indirect=["case"])
 def test_loss(benchmark, case, provider, phase):
+    from suite.reference import loss_rel_err, rel_err
+
     prov = registry.get(provider)
     reason = prov.unavailable_reason("cuda") or prov.unsupported_reason(bias=False,
                                                                          softcap=case["softcap"])
@@ -108,7 +111,7 @@ def test_loss(benchmark, case, provider, phase):
                 seed=SEED, n=case["n"], d=case["d"], v=case["v"], softcap=case["softcap"],
                 exact=prov.exact, peak_extra_mib=(peak - before) / 2**20, peak_abs_mib=peak / 2**20)
     loss_value = loss.item()
-    info["loss_rel_err"] = abs(loss_value - case["ref_loss"]) / abs(case["ref_loss"])
+    info["loss_rel_err"] = loss_rel_err(loss_value, case["ref_loss"])
     if grad:
         info["de_rel_err"] = rel_err(e.grad, case["ref_de"])
         info["dc_rel_err"] = rel_err(c.grad, case["ref_dc"])
