@@ -60,9 +60,8 @@ def case(request):
     inputs = make_inputs(DIST, n, d, v, DTYPE, seed=SEED, device="cuda", softcap=softcap)
     # fp32 (TF32 off) on the GPU, chunked; the reference gradients are kept on the CPU.
     ref = reference(inputs["e"], inputs["c"], inputs["targets"], softcap=softcap)
-    yield {"shape": request.param, "n": n, "d": d, "v": v, "softcap": softcap, **inputs,
-           "ref_loss": ref["loss"], "ref_de": ref["de"], "ref_dc": ref["dc"]}
-    torch.cuda.empty_cache()
+    return {"shape": request.param, "n": n, "d": d, "v": v, "softcap": softcap, **inputs,
+            "ref_loss": ref["loss"], "ref_de": ref["de"], "ref_dc": ref["dc"]}
 
 
 @pytest.mark.parametrize("phase", PHASES)
