@@ -168,7 +168,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Parameter(torch.empty(cfg.vocab, cfg.d_model))  # C, untied
         for name, p in self.named_parameters():
-            if p.dim() < 2:
+            if p.dim() < 2 or p.is_meta:  # meta: counted only (param_counts), nothing to fill
                 continue  # LayerNorm weights/biases keep their (1, 0) init
             std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith("proj.weight") else 0.02
             nn.init.normal_(p, mean=0.0, std=std)
@@ -314,16 +314,21 @@ def markov_chain(vocab: int, *, branching: int = 8, zipf: float = 1.1, seed: int
     return MarkovChain(succ.view(vocab, branching), cum, prior)
 
 
-def sample_tokens(chain: MarkovChain, n_seq: int, length: int, *, seed: int) -> torch.Tensor:
-    """(n_seq, length) int64 token ids, deterministic in ``seed`` (CPU generator)."""
+def sample_tokens(chain: MarkovChain, n_seq: int, length: int, *, seed: int,
+                  device="cpu") -> torch.Tensor:
+    """(n_seq, length) int64 token ids on ``device``. The random numbers come from a CPU
+    generator seeded with ``seed`` and the walk only compares them with the chain's
+    probabilities, so the tokens are the same on every device."""
     gen = torch.Generator().manual_seed(seed)
-    out = torch.empty(n_seq, length, dtype=torch.long)
-    cur = torch.multinomial(chain.start, n_seq, replacement=True, generator=gen)
+    first = torch.multinomial(chain.start, n_seq, replacement=True, generator=gen)
+    u = torch.rand(n_seq, length, generator=gen, dtype=torch.float64).to(device)
+    succ, cum = chain.succ.to(device), chain.cum_prob.to(device)
+    out = torch.empty(n_seq, length, dtype=torch.long, device=device)
+    cur = first.to(device)
     out[:, 0] = cur
-    u = torch.rand(n_seq, length, generator=gen, dtype=torch.float64)
-    for t in range(1, length):
-        j = (chain.cum_prob[cur] < u[:, t:t + 1]).sum(1).clamp_max(chain.succ.shape[1] - 1)
-        cur = chain.succ[cur, j]
+    for t in range(1, length):  # one vectorised step of every sequence's walk
+        j = (cum[cur] < u[:, t:t + 1]).sum(1).clamp_max(succ.shape[1] - 1)
+        cur = succ[cur, j]
         out[:, t] = cur
     return out
 
@@ -338,8 +343,9 @@ def instruction_batch(tokens: torch.Tensor, *, prompt_frac=(0.5, 0.7), seed: int
     idx, targets = tokens[:, :-1], tokens[:, 1:].clone()
     b, t = idx.shape
     gen = torch.Generator().manual_seed(seed)
-    prompt_len = ((lo + (hi - lo) * torch.rand(b, generator=gen)) * t).long()
-    targets[torch.arange(t).unsqueeze(0) < prompt_len.unsqueeze(1)] = ignore_index
+    prompt_len = ((lo + (hi - lo) * torch.rand(b, generator=gen)) * t).long().to(tokens.device)
+    positions = torch.arange(t, device=tokens.device)
+    targets[positions.unsqueeze(0) < prompt_len.unsqueeze(1)] = ignore_index
     return idx.contiguous(), targets
 
 
@@ -498,10 +504,9 @@ def bench_job(job: dict) -> dict:
     n_max = max(job["max_batch"] if job.get("search") else 0,
                 job["batch"] if isinstance(job.get("batch"), int) else 0, 1)
     chain = markov_chain(cfg.vocab, seed=job["seed"])
-    idx_all, tgt_all = instruction_batch(sample_tokens(chain, n_max, cfg.seq_len + 1,
-                                                       seed=job["seed"] + 1),
-                                         prompt_frac=tuple(job["prompt_frac"]), seed=job["seed"] + 2)
-    idx_all, tgt_all = idx_all.to(dev), tgt_all.to(dev)
+    idx_all, tgt_all = instruction_batch(
+        sample_tokens(chain, n_max, cfg.seq_len + 1, seed=job["seed"] + 1, device=dev),
+        prompt_frac=tuple(job["prompt_frac"]), seed=job["seed"] + 2)
 
     def step(b):
         return train_step(model, opt, idx_all[:b], tgt_all[:b], loss_fn, amp=amp, softcap=softcap)
@@ -584,9 +589,8 @@ def converge_job(job: dict) -> dict:
     steps, batch = job["steps"], job["batch"]
     chain = markov_chain(cfg.vocab, seed=job["seed"])
     idx_all, tgt_all = instruction_batch(
-        sample_tokens(chain, steps * batch, cfg.seq_len + 1, seed=job["seed"] + 1),
+        sample_tokens(chain, steps * batch, cfg.seq_len + 1, seed=job["seed"] + 1, device=dev),
         prompt_frac=tuple(job["prompt_frac"]), seed=job["seed"] + 2)
-    idx_all, tgt_all = idx_all.to(dev), tgt_all.to(dev)
     torch.manual_seed(job["seed"])
     with dev:
         model = GPT(cfg)
@@ -1168,7 +1172,9 @@ def plot_train_bench(rows: list[dict], out: Path) -> list[Path]:
                               fontsize=6, color=plots.REFERENCE_COLOR)
                 if r["tokens_per_s"]:
                     tps = _float(r["tokens_per_s"]) / 1e3
-                    ax_t.bar(i, tps, color=plots.style_of(name)["color"], width=0.7)
+                    style = plots.style_of(name)
+                    ax_t.bar(i, tps, color=style["color"], width=0.7, edgecolor="white",
+                             hatch=None if style["linestyle"] == "-" else "//")
                     ax_t.text(i, tps, f" max B {r['max_batch'] or '-'}", ha="center", va="bottom",
                               fontsize=5.5, rotation=90)
             for ax in (ax_m, ax_t):
