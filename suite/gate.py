@@ -453,8 +453,11 @@ def _main(args) -> int:
         print("gate: FAIL: pytest reported a failure that the table does not show; see its output")
         return 1
     if bad:
-        kinds = sorted({r["metric"] for r in bad})
-        print(f"gate: FAIL: {len(bad)} regression(s) in {', '.join(kinds)}")
+        counts = {}
+        for r in bad:
+            counts[r["metric"]] = counts.get(r["metric"], 0) + 1
+        what = ", ".join(f"{metric} x{k}" for metric, k in sorted(counts.items()))
+        print(f"gate: FAIL: {len(bad)} failing check(s): {what} (failing test: metric 'test')")
         return 1
     print(f"gate: PASS ({len(now['benchmarks'])} benchmarks, {len(rows)} checks)")
     return 0

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prove the regression gate on a GPU, in one call (from the repository root):
+# Prove the regression gate on a GPU, in one call (from the repository root, liger-kernel and
+# cut-cross-entropy importable, e.g. from carried wheels on PYTHONPATH):
 #   1. python -m suite gate --save                 creates this GPU's baseline     (expect exit 0)
 #   2. python -m suite gate                        same code again                 (expect exit 0: PASS)
 #   3. CCE_OWN_DEGRADE=slow   python -m suite gate -k own   tiny forward tiles     (expect exit 1: FAIL, time)
@@ -11,10 +12,12 @@ set -u
 : "${OUT:?set OUT to the folder that receives the outputs}"
 G="$OUT/gate"
 mkdir -p "$G"
-if python -m suite gate --help >/dev/null 2>&1; then
-    GATE=(python -m suite gate)
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if "$PY" -m suite gate --help >/dev/null 2>&1; then
+    GATE=("$PY" -m suite gate)
 else
-    GATE=(python -m suite.gate)  # the CLI has no gate subcommand yet; same entry point
+    GATE=("$PY" -m suite.gate)  # same entry point, without the CLI
 fi
 
 step() {  # step <name> <expected exit> [VAR=value ...] -- <gate args>
