@@ -15,9 +15,10 @@ import triton
 from own_kernel.configs import config_for
 from own_kernel.dlogits import cce_dlogits_kernel
 from own_kernel.finalize_de import cce_finalize_de_kernel
-from own_kernel.forward import dot_precision
+from own_kernel.forward import LAST_COMPILED, dot_precision
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
+from own_kernel.tile import softcap_scalars
 
 # Rows sampled for the plain mean rows of C and E used by the rounding corrections: any vector
 # keeps the result exact (see dlogits.py); a good estimate of the shared component keeps the
@@ -112,13 +113,13 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
         if filtered:
             row_skip_chunk.zero_()
         groups = triton.cdiv(triton.cdiv(width, bv), dlog["TILES"])
-        cce_dlogits_kernel[(num_nb * groups,)](
+        LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(num_nb * groups,)](
             e, c, bias if bias is not None else e, targets, lse, row_weight,
             row_weight_lse if row_weight_lse is not None else row_weight,
             work, mask, row_round, col_round, row_skip_chunk, col_skip, col_sum,
             n, v, d, v_start, width, mask_stride, work.stride(0),
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            float(softcap or 1.0), float(smooth), float(filter_eps or 0.0),
+            *softcap_scalars(softcap), float(smooth), float(filter_eps or 0.0),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
             HAS_GRAD_LSE=row_weight_lse is not None, DOT_PRECISION=precision, **dlog)
         if use_cublas:
@@ -130,14 +131,14 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
             torch.addmm(dc_chunk, w_chunk.t(), e, beta=0, alpha=scale_f, out=dc_chunk)
             dc_chunk.addr_((col_round[v_start:v_start + width] * scale_f).to(e.dtype), e_mean.to(e.dtype))
             continue
-        cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
+        LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
             work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
             c.stride(0), c.stride(1), de32.stride(0),
             FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
         if filtered:
             e_skip_mean = weighted_mean(row_skip_chunk, e)
             row_skip += row_skip_chunk
-        cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
+        LAST_COMPILED["grad_c"] = cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
             work, e, mask, col_round, e_mean, col_skip, e_skip_mean, dc, scale_f,
             n, v, d, v_start, width, mask_stride, work.stride(0),
             e.stride(0), e.stride(1), dc.stride(0), dc.stride(1),

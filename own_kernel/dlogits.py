@@ -29,7 +29,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
                        RowRound, ColRound, RowSkip, ColSkip, ColSum,
                        N, V, D, v_start, chunk, mask_stride, stride_wn,
                        stride_en, stride_ed, stride_cv, stride_cd,
-                       softcap, smooth, eps,
+                       tanh_scale, softcap_log2e, smooth, eps,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                        HAS_GRAD_LSE: tl.constexpr, TILES: tl.constexpr, FLATTEN: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -60,8 +60,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
         if HAS_SOFTCAP:
-            th = softcap_tanh(x, softcap)
-            p = tl.exp2((softcap * LOG2E) * th - lse2[:, None])
+            th = softcap_tanh(x, tanh_scale)
+            p = tl.exp2(th * softcap_log2e - lse2[:, None])
         else:
             p = tl.exp2(x * LOG2E - lse2[:, None])
         y = smooth / V + tl.where(offs_v[None, :] == tgt[:, None], 1.0 - smooth, 0.0)

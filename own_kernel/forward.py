@@ -12,14 +12,14 @@ import triton
 import triton.language as tl
 
 from own_kernel.target import cce_target_logit_kernel
-from own_kernel.tile import LOG2E, logit_tile, logits_base2
+from own_kernel.tile import LOG2E_F, logit_tile, logits_base2, softcap_scalars
 
 
 @triton.jit
 def cce_fwd_kernel(E, C, Bias, Part,
                    N, V, D, v_per_split, plane,
                    stride_en, stride_ed, stride_cv, stride_cd,
-                   softcap,
+                   tanh_scale, softcap_log2e,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -41,7 +41,7 @@ def cce_fwd_kernel(E, C, Bias, Part,
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        z2 = logits_base2(x, softcap, HAS_SOFTCAP)
+        z2 = logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP)
         # Online log-sum-exp: rescale the running sum to the new running max.
         z2 = tl.where(v_mask[None, :], z2, float("-inf"))
         m2_new = tl.maximum(m2, tl.max(z2, axis=1))
@@ -55,6 +55,10 @@ def cce_fwd_kernel(E, C, Bias, Part,
     tl.store(base + plane, s, mask=n_mask)
     if NEED_ZSUM:
         tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+
+
+# The last compiled kernel of each launch site, for own_kernel.tune's resource report.
+LAST_COMPILED: dict = {}
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -75,7 +79,8 @@ def target_logit(e, c, bias, targets, softcap):
         block_n = 16
         cce_target_logit_kernel[(triton.cdiv(n, block_n),)](
             e, c, bias if bias is not None else e, targets, out, n, c.shape[0], d,
-            e.stride(0), e.stride(1), c.stride(0), c.stride(1), float(softcap or 1.0),
+            e.stride(0), e.stride(1), c.stride(0), c.stride(1),
+            float(softcap or 1.0), softcap_scalars(softcap)[0],
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
             BLOCK_N=block_n, BLOCK_D=min(128, triton.next_power_of_2(max(d, 16))))
     return out
@@ -96,15 +101,15 @@ def forward(e, c, bias, targets, softcap, need_zsum, cfg):
     splits = triton.cdiv(v, v_per_split)
     part = torch.empty((3 if need_zsum else 2, splits, n), device=e.device, dtype=torch.float32)
     if n > 0:
-        cce_fwd_kernel[(num_nb * splits,)](
+        LAST_COMPILED["fwd"] = cce_fwd_kernel[(num_nb * splits,)](
             e, c, bias if bias is not None else e, part,
             n, v, d, v_per_split, splits * n,
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            float(softcap or 1.0),
+            *softcap_scalars(softcap),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, NEED_ZSUM=need_zsum,
             DOT_PRECISION=dot_precision(e.dtype), **k)
     m2, s = part[0], part[1]
     m2_max = m2.max(dim=0).values
-    lse = (m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))) / LOG2E
-    z_sum = part[2].sum(dim=0) / LOG2E if need_zsum else None
+    lse = (m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))) / LOG2E_F
+    z_sum = part[2].sum(dim=0) / LOG2E_F if need_zsum else None
     return lse, target_logit(e, c, bias, targets, softcap), z_sum

@@ -9,7 +9,7 @@ from own_kernel.tile import softcap_tanh
 
 @triton.jit
 def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
-                            stride_en, stride_ed, stride_cv, stride_cd, softcap,
+                            stride_en, stride_ed, stride_cv, stride_cd, softcap, tanh_scale,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -29,5 +29,5 @@ def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
     if HAS_BIAS:
         acc += tl.load(Bias + tgt, mask=valid, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
-        acc = softcap * softcap_tanh(acc, softcap)
+        acc = softcap_tanh(acc, tanh_scale) * softcap
     tl.store(Out + offs_n, tl.where(valid, acc, 0.0), mask=n_mask)

@@ -5,7 +5,8 @@ Logits are handled in base 2 (z2 = z * log2(e)) so every exponential is one exp2
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E_F = 1.4426950408889634
+LOG2E = tl.constexpr(LOG2E_F)  # a global read inside @triton.jit must be a constexpr
 
 
 @triton.jit
@@ -31,17 +32,25 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
     return acc
 
 
-@triton.jit
-def softcap_tanh(x, softcap):
-    # tanh(x / s) = 1 - 2 / (exp(2x / s) + 1), via exp2 (libdevice is unavailable under the
-    # interpreter). Saturates correctly: exp2 -> inf gives 1, exp2 -> 0 gives -1.
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E / softcap)) + 1.0)
+def softcap_scalars(softcap):
+    """Host-side constants of the softcap: (2 log2(e) / s, s log2(e)); (1, 1) for no softcap."""
+    if softcap is None:
+        return 1.0, 1.0
+    return 2.0 * LOG2E_F / softcap, softcap * LOG2E_F
 
 
 @triton.jit
-def logits_base2(x, softcap, HAS_SOFTCAP: tl.constexpr):
-    # z2 = softcap(x) * log2(e)
+def softcap_tanh(x, tanh_scale):
+    # tanh(x / s) = 1 - 2 / (exp(2x / s) + 1), via exp2 with tanh_scale = 2 log2(e) / s
+    # (libdevice is unavailable under the interpreter). Saturates correctly: exp2 -> inf
+    # gives 1, exp2 -> 0 gives -1.
+    return 1.0 - 2.0 / (tl.exp2(x * tanh_scale) + 1.0)
+
+
+@triton.jit
+def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
+    # z2 = softcap(x) * log2(e), softcap_log2e = s log2(e)
     if HAS_SOFTCAP:
-        return (softcap * LOG2E) * softcap_tanh(x, softcap)
+        return softcap_tanh(x, tanh_scale) * softcap_log2e
     else:
         return x * LOG2E

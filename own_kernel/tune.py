@@ -111,6 +111,11 @@ def main(argv=None):
             fwd_bwd()
         torch.cuda.synchronize()
     say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    from own_kernel.forward import LAST_COMPILED
+    fwd_bwd("auto")
+    for name, k in LAST_COMPILED.items():
+        say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
+            f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}, stages {k.metadata.num_stages}")
     say(f"config: {json.dumps(base)}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
