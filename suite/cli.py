@@ -117,7 +117,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--softcap", type=softcap_list, help="softcap values or none, e.g. 30,none")
     p.add_argument("--ignore-frac", type=fraction_list,
                    help="fractions of targets set to ignore_index, e.g. 0,0.5")
-    p.add_argument("--bias", action="store_true", help="give the classifier a bias")
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+                   help="give the classifier a bias (--no-bias: none; default: the preset's)")
     p.add_argument("--seed", type=int_list, help="input seeds (default 0)")
     p.add_argument("--phases", type=choice_list(("fwd", "loss", "grad", "loss+grad")),
                    help="phases to measure (default: fwd,loss,grad,loss+grad)")
@@ -129,6 +130,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="one subprocess per cell; a crashing provider is recorded as 'crashed'")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first, so the providers it registers can be measured "
+                        "(e.g. your own kernel; repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
 
@@ -226,6 +230,11 @@ def cmd_bench(args, parser) -> int:
         parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
     preset = args.preset or ("gemma2-2b" if dev.type == "cuda" else "smoke")
 
+    for module in args.plugin:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            parser.error(f"--plugin: cannot import {module!r} ({err})")
     known = registry.names()
     for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude)):
         bad = [n for n in names if n not in known]
@@ -242,7 +251,7 @@ def cmd_bench(args, parser) -> int:
 
     overrides = dict(n=args.n, d=args.d, v=args.v, dtype=args.dtype, dist=args.dist,
                      softcap=args.softcap, ignore_frac=args.ignore_frac,
-                     bias=[True] if args.bias else None, seed=args.seed)
+                     bias=None if args.bias is None else [args.bias], seed=args.seed)
     try:
         cells = runner.preset_cells(preset, file=args.file, **overrides)
     except ValueError as err:
@@ -257,7 +266,7 @@ def cmd_bench(args, parser) -> int:
     try:
         runner.run(cells, providers, args.phases or runner.PHASES, out, resume=args.resume,
                    reps=args.reps, warmup=args.warmup, device=device, isolate=args.isolate,
-                   quiet=args.quiet)
+                   quiet=args.quiet, plugins=args.plugin)
     except FileExistsError as err:
         parser.error(f"--out: {err}")
     return 0

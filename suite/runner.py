@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import importlib
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -192,7 +192,7 @@ def _device_label(device) -> str:
 # ---- the run ---------------------------------------------------------------------------
 
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
-        warmup=None, device=None, isolate=False, quiet=False) -> Path:
+        warmup=None, device=None, isolate=False, quiet=False, plugins=()) -> Path:
     """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder."""
     device = str(device or default_device())
     d_reps, d_warmup = default_reps(device)
@@ -221,7 +221,7 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     out.mkdir(parents=True, exist_ok=True)
     plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
             "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
-            "device": device}
+            "device": device, "plugins": list(plugins)}
     (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
     writer = None if isolate else ResultsWriter(out, environment(device), run_id)
 
@@ -299,6 +299,8 @@ def _child_main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.run_dir)
     plan = json.loads((out / PLAN).read_text())
+    for module in plan.get("plugins", []):
+        importlib.import_module(module)  # providers registered outside suite/providers
     cells = {Cell(**c).cell_id: Cell(**c) for c in plan["cells"]}
     if args.cell not in cells:
         ap.error(f"--cell {args.cell!r} is not in {out / PLAN}")

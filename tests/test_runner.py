@@ -1,0 +1,190 @@
+"""The runner: failures are data, a killed run resumes without losing or duplicating rows."""
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from suite import runner
+from suite.providers.naive import naive
+from suite.results import CSV_NAME, ResultsWriter, done_pairs, read_rows
+from suite.schema import PHASES, ROW_FIELDS
+
+ROOT = Path(__file__).resolve().parent.parent
+CELL = runner.Cell(dist="lm", n=32, d=16, v=60, dtype="fp32")
+CELL_SC = runner.Cell(dist="uniform", n=32, d=16, v=60, dtype="fp32", softcap=30.0)
+
+
+def _raw_rows(out):
+    with open(Path(out) / CSV_NAME, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _run(cells, providers, out, **kw):
+    return runner.run(cells, providers, PHASES, out, device="cpu", reps=1, warmup=0, quiet=True,
+                      **kw)
+
+
+def test_injected_oom_is_recorded_and_the_run_goes_on(tmp_path, temp_providers):
+    def oom(e, c, targets, **kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    def broken(e, c, targets, **kw):
+        raise ValueError("no kernel for this shape\nsecond line of the message")
+
+    def nan_loss(e, c, targets, **kw):
+        return naive(e, c, targets, **kw) * float("nan")
+
+    temp_providers("fake_oom", oom)
+    temp_providers("fake_error", broken)
+    temp_providers("fake_nan", nan_loss)
+    temp_providers("fake_nosoftcap", naive, features=())
+    temp_providers("fake_gpu_only", naive, requires=lambda device: "needs a CUDA device")
+    names = ["fake_oom", "naive", "fake_error", "fake_nan", "fake_nosoftcap", "fake_gpu_only",
+             "chunked"]
+    _run([CELL_SC], names, tmp_path)
+
+    rows = read_rows(tmp_path)
+    status = {(r["provider"], r["phase"]): r for r in rows}
+    assert len(rows) == len(names) * len(PHASES)
+    for ph in PHASES:
+        assert status["fake_oom", ph]["status"] == "oom"
+        assert "out of memory" in status["fake_oom", ph]["error"]
+        assert status["fake_error", ph]["status"] == "error"
+        assert status["fake_error", ph]["error"] == "ValueError: no kernel for this shape"
+        assert status["fake_nan", ph]["status"] == "nan"
+        assert status["fake_nosoftcap", ph]["status"] == "unsupported"
+        assert "softcap" in status["fake_nosoftcap", ph]["error"]
+        assert status["fake_gpu_only", ph]["status"] == "unavailable"
+        assert status["fake_gpu_only", ph]["error"] == "needs a CUDA device"
+        # The providers after each failure ran normally.
+        for good in ("naive", "chunked"):
+            r = status[good, ph]
+            assert r["status"] == "ok", r
+            assert float(r["loss_rel_err"]) < 1e-5
+            assert float(r["ms"]) > 0 and int(r["reps"]) == 1
+            assert float(r["floor_ratio"]) == pytest.approx(float(r["ms"]) / float(r["floor_ms"]))
+    for good in ("naive", "chunked"):
+        assert float(status[good, "loss+grad"]["de_rel_err"]) < 1e-5
+        assert float(status[good, "grad"]["dc_rel_err"]) < 1e-5
+        assert status[good, "fwd"]["de_rel_err"] == ""  # no gradient in a forward
+    # Every row has the cell's reference statistics once inputs were built.
+    assert float(status["naive", "fwd"]["entropy"]) > 0
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(tmp_path, temp_providers):
+    calls = Counter()
+
+    def counted(e, c, targets, **kw):
+        calls["counted"] += 1
+        return naive(e, c, targets, **kw)
+
+    def killer(e, c, targets, **kw):
+        raise KeyboardInterrupt  # not an Exception: stops the run like a kill would
+
+    temp_providers("fake_counted", counted)
+    temp_providers("fake_killer", killer)
+    cells = [CELL, runner.Cell(dist="uniform", n=32, d=16, v=60, dtype="fp32")]
+    with pytest.raises(KeyboardInterrupt):
+        _run(cells, ["fake_counted", "chunked", "fake_killer", "naive"], tmp_path)
+    before = _raw_rows(tmp_path)
+    assert {(r["provider"]) for r in before} == {"fake_counted", "chunked"}
+    assert len(before) == 2 * len(PHASES)  # the two pairs finished before the kill
+    # A kill in the middle of a write leaves half a line.
+    with open(tmp_path / CSV_NAME, "a") as f:
+        f.write(",".join(ROW_FIELDS[:5]).replace("cell_id", CELL.cell_id))
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        _run(cells, ["naive"], tmp_path)
+    calls.clear()
+    _run(cells, ["fake_counted", "chunked", "naive"], tmp_path, resume=True)
+    after = _raw_rows(tmp_path)
+    keys = [(r["cell_id"], r["provider"], r["phase"]) for r in after]
+    assert len(keys) == len(set(keys)), "duplicate rows after resume"
+    assert len(after) == 2 * 3 * len(PHASES)
+    assert after[:len(before)] == before  # rows written before the kill are untouched
+    # Only the second cell's fake_counted ran again (warm-up 0 + memory + 1 timed per phase).
+    assert calls["counted"] == 2 * len(PHASES)
+    assert done_pairs(tmp_path, PHASES) == {(c.cell_id, p) for c in cells
+                                            for p in ("fake_counted", "chunked", "naive")}
+    env = [p.name for p in tmp_path.glob("env*.json")]
+    assert sorted(env) == ["env-2.json", "env.json"]  # one per session
+    run_ids = {json.loads((tmp_path / n).read_text())["run_id"] for n in env}
+    assert {r["run_id"] for r in after} == run_ids
+
+
+def test_torn_tail_is_repaired_before_appending(tmp_path):
+    w = ResultsWriter(tmp_path, {"x": 1}, "r1")
+    w.write([{"cell_id": "a", "provider": "p", "phase": "fwd", "status": "ok", "timestamp": "t"}])
+    with open(tmp_path / CSV_NAME, "a") as f:
+        f.write("a,half")
+    w2 = ResultsWriter(tmp_path, {"x": 1}, "r2")
+    w2.write([{"cell_id": "b", "provider": "p", "phase": "fwd", "status": "ok", "timestamp": "t"}])
+    rows = _raw_rows(tmp_path)
+    assert [r["cell_id"] for r in rows] == ["a", "b"]
+    assert all(None not in r for r in rows)
+
+
+def test_preset_cells_and_overrides():
+    gemma = runner.preset_cells("gemma2-2b")
+    assert [(c.dist, c.n, c.d, c.v, c.dtype, c.softcap) for c in gemma] == [
+        ("uniform", 8192, 2304, 256000, "bf16", 30.0), ("lm", 8192, 2304, 256000, "bf16", 30.0)]
+    grid = runner.preset_cells("grid")
+    assert len(grid) == 6 * 3 * 2 * 3 * 2
+    small = runner.preset_cells("grid", n=[2048], v=[32000], dtype=["bf16"])
+    assert len(small) == 2 * 2  # d x dist
+    assert len({c.cell_id for c in grid}) == len(grid)
+    with pytest.raises(ValueError, match="preset must be one of"):
+        runner.preset_cells("huge")
+    with pytest.raises(ValueError, match="unknown axes"):
+        runner.preset_cells("smoke", vocab=[5])
+
+
+def test_isolate_records_a_crashing_provider_and_goes_on(tmp_path):
+    """A provider that kills its process (as a segfault would) is recorded as ``crashed``;
+    the providers after it in the same cell are still measured by a fresh child."""
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "crashing_provider.py").write_text(textwrap.dedent("""
+        import os, signal
+        from suite.registry import register
+
+        @register("fake_segv", summary="kills its own process")
+        def fake_segv(e, c, targets, **kw):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+           "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
+           "--softcap", "none", "--ignore-frac", "0", "--no-bias",
+           "--providers", "naive,fake_segv,chunked", "--plugin", "crashing_provider",
+           "--reps", "1", "--warmup", "0", "--isolate", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{plugin}{os.pathsep}{ROOT}"}
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_rows(out)
+    status = {(r["provider"], r["phase"]): r["status"] for r in rows}
+    assert len(rows) == 3 * len(PHASES)
+    for ph in PHASES:
+        assert status["naive", ph] == "ok"
+        assert status["fake_segv", ph] == "crashed"
+        assert status["chunked", ph] == "ok"
+    err = next(r["error"] for r in rows if r["provider"] == "fake_segv")
+    assert "signal 9" in err and "fake_segv" in err
+
+
+def test_numbers_are_consistent():
+    from suite.measure import percentile, time_stats
+
+    s = time_stats([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s["ms"] == 3.0 and s["ms_min"] == 1.0 and s["reps"] == 5
+    assert s["ms_p20"] == pytest.approx(1.8) and s["ms_p80"] == pytest.approx(4.2)
+    assert percentile([7.0], 0.2) == 7.0
+    assert not math.isnan(s["ms_p80"])
