@@ -17,6 +17,9 @@ drawn from a Zipf(1.1) prior (so token frequencies are Zipfian and the next toke
 predictable), in the instruction-tuning layout of seed 000: the first 50-70 % of every sequence
 (uniform per sequence) is "prompt", labelled ``ignore_index``.
 
+Backends: any registry provider, and ``selective+X`` = provider X on only the rows whose target
+is not ignore_index (seed 000's final setup is ``selective+liger_ce``).
+
 Training step: bf16 autocast for the trunk, loss on bf16 E and C, ``loss.backward()``, gradient
 clipping at 1.0, AdamW (fused where available), ``zero_grad(set_to_none=True)``.
 
@@ -24,7 +27,8 @@ Mode ``bench`` (per vocab, per backend; one row of ``train_bench.csv`` each):
 - largest batch that fits: exponential search 1, 2, 4, ... then bisection, each try one full
   step on the same model (Adam states allocated beforehand, so one step is the steady state),
   OOM caught, cleanup (gc, empty_cache) between tries; capped at ``--max-batch``;
-- at a common batch (``--batch``, default: the largest batch the naive baseline fits): whole-
+- at a common batch (``--batch``; default: the largest power of two the naive baseline fits,
+  a margin below the edge of memory, measured on every backend at that same batch): whole-
   step peak memory and tokens/s (CUDA events; ``--warmup`` steps excluded, median of
   ``--timed-steps``), and the peak's breakdown (method below).
 Mode ``convergence``: the same model (``--conv-*`` shape) trained ``--steps`` steps from the same
@@ -88,6 +92,7 @@ import subprocess
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -99,8 +104,9 @@ from suite import registry
 
 MiB = 2**20
 IGNORE_INDEX = -100
-DEFAULT_BACKENDS = ("naive", "chunked", "liger_ce", "liger_flce", "apple_cce", "selective", "own",
-                    "own_filter")
+DEFAULT_BACKENDS = ("naive", "chunked", "liger_ce", "selective", "selective+liger_ce", "liger_flce",
+                    "apple_cce", "own", "own_filter")
+SELECTIVE_PREFIX = "selective+"  # "selective+X": drop ignore_index rows of E, then provider X
 DEFAULT_CONV_BACKENDS = ("naive", "own", "own_filter", "apple_cce", "liger_flce")
 RERUN_LABEL = "naive_rerun"  # naive trained twice: the run-to-run noise floor of the GPU
 
@@ -442,8 +448,22 @@ def _fatal(err: BaseException, dev) -> bool:
     return False
 
 
+def get_backend(name: str) -> registry.Provider:
+    """A registry provider, or ``selective+X``: provider X on the rows whose target is not
+    ignore_index only (seed 000's last step: selective hidden states + LigerCrossEntropyLoss)."""
+    if not name.startswith(SELECTIVE_PREFIX):
+        return registry.get(name)
+    base = registry.get(name[len(SELECTIVE_PREFIX):])
+
+    def fn(e, c, targets, *, ignore_index=IGNORE_INDEX, **kw):
+        keep = targets != ignore_index
+        return base.fn(e[keep], c, targets[keep], ignore_index=ignore_index, **kw)
+
+    return dataclasses.replace(base, name=name, fn=fn, summary=f"selective rows, then {base.summary}")
+
+
 def _provider_problem(name, device, softcap):
-    provider = registry.get(name)
+    provider = get_backend(name)
     reason = provider.unavailable_reason(device)
     if reason:
         return provider, "unavailable", reason
@@ -481,7 +501,8 @@ def _quantile(xs, q):
 
 def bench_job(job: dict) -> dict:
     """Search the largest batch (``job['search']``) and/or measure one batch (``job['batch']``:
-    an int, or "max" for the batch just found) for one backend and vocab."""
+    an int, "max" for the batch just found, or "pow2" for the largest power of two up to it)
+    for one backend and vocab."""
     dev = torch.device(job["device"])
     cfg = GPTConfig(**job["model"])
     amp = job["dtype"] == "bf16"
@@ -544,7 +565,9 @@ def bench_job(job: dict) -> dict:
             if best == 0:
                 return {**row, "status": "oom", "error": "batch 1 does not fit"}
     batch = job.get("batch")
-    if batch == "max":
+    if batch == "pow2" and row.get("max_batch"):  # a margin below the edge of memory
+        batch = 2 ** int(math.log2(row["max_batch"]))
+    elif batch in ("max", "pow2"):
         batch = row.get("max_batch")
     if not batch:
         return row
@@ -933,7 +956,7 @@ def run_bench(args, runner, out: Path, deadline: float, common: dict) -> list[di
                            dtype=args.dtype, softcap=args.softcap, seed=args.seed, lr=1e-4,
                            prompt_frac=args.prompt_frac, search=not args.no_search,
                            max_batch=args.max_batch, warmup=args.warmup,
-                           timed_steps=args.timed_steps, batch=batch or "max")
+                           timed_steps=args.timed_steps, batch=batch or "pow2")
                 t0 = time.monotonic()
                 res = runner.run(job, timeout_s=min(args.job_timeout_s, left))
                 res["wall_s"] = time.monotonic() - t0
@@ -990,9 +1013,10 @@ def _int_list(text):
 def _name_list(text):
     names = [x.strip() for x in text.split(",") if x.strip()]
     known = registry.names()
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in known]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown backend(s) {bad or text!r}; known: {', '.join(known)}")
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {bad or text!r}; known: {', '.join(known)}, "
+                                         f"and {SELECTIVE_PREFIX}<known>")
     return names
 
 
@@ -1024,7 +1048,7 @@ def add_arguments(parser) -> None:
       help="range of the prompt fraction per sequence, labelled ignore_index (default: 0.5,0.7)")
     a("--seed", type=int, default=0)
     a("--batch", type=int, default=None,
-      help="common bench batch (sequences); default: the largest batch naive fits")
+      help="common bench batch (sequences); default: the largest power of two naive fits")
     a("--max-batch", type=int, default=512, help="cap of the batch search (default: 512)")
     a("--no-search", action="store_true", help="skip the largest-batch search")
     a("--warmup", type=int, default=2, help="untimed steps before timing (default: 2)")

@@ -28,7 +28,7 @@ def tiny_data(n_seq, seed=0, cfg=TINY):
 
 
 def train_losses(backend, steps=25, batch=8, lr=3e-3, cfg=TINY):
-    provider = registry.get(backend)
+    provider = tr.get_backend(backend)
     idx, tgt = tiny_data(steps * batch, cfg=cfg)
     torch.manual_seed(0)
     model = tr.GPT(cfg)
@@ -80,7 +80,7 @@ def test_backends_agree_on_the_same_step():
     """Same init and data: the exact backends give the same first losses (the wiring is the
     same), and the training step is deterministic on the CPU."""
     ref = train_losses("naive", steps=3)
-    for backend in ("chunked", "selective"):
+    for backend in ("chunked", "selective", "selective+chunked"):
         np.testing.assert_allclose(train_losses(backend, steps=3), ref, rtol=1e-5)
     assert train_losses("naive", steps=3) == ref
 
@@ -326,10 +326,26 @@ def test_cli_end_to_end_cpu(tmp_path):
     assert env["train_args"]["steps"] == 30
 
 
+def test_selective_composition():
+    backend = tr.get_backend("selective+naive")
+    assert backend.name == "selective+naive" and backend.exact
+    e, c = torch.randn(12, 8, requires_grad=True), torch.randn(30, 8)
+    t = torch.randint(0, 30, (12,))
+    t[:5] = tr.IGNORE_INDEX
+    loss = backend.fn(e, c, t, ignore_index=tr.IGNORE_INDEX)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(e @ c.T, t))
+    loss.backward()
+    assert torch.all(e.grad[:5] == 0) and torch.any(e.grad[5:] != 0)
+    assert tr.get_backend("selective+apple_cce").unavailable_reason("cpu")
+    assert parse(["--backends", "naive,selective+liger_ce"]).backends == ["naive", "selective+liger_ce"]
+
+
 def test_cli_rejects_bad_input(capsys):
     with pytest.raises(SystemExit):
         parse(["--backends", "naive,nonsense"])
     assert "nonsense" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--backends", "selective+nonsense"])
     with pytest.raises(SystemExit):
         parse(["--vocab", "32k"])
     with pytest.raises(SystemExit):
