@@ -21,7 +21,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # addmm's out_dtype), "triton" on this package's kernels (always used by the filtered mode).
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
-    "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),
+    "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
     "de": dict(BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "dc": dict(BLOCK_M=16, BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "waves": 2,
@@ -31,9 +31,12 @@ _INTERPRETER = {
 
 # Hopper (sm90), 16-bit inputs.
 _SM90_16BIT = {
-    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=True),
-    "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, TILES=4,
-                    FLATTEN=True),
+    # Measured on an H200 (own_kernel/tune.py, notes in own_kernel/TUNING.md): flattening the
+    # nested tile loops and several tiles per dlogits program were slower (and the latter does
+    # not compile with the filter on triton 3.6).
+    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False),
+    "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, TILES=1,
+                    FLATTEN=False),
     "de": dict(BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
     "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
     "waves": 2,
