@@ -211,16 +211,20 @@ def _mark_failures(ax, failures) -> None:
     by_x = defaultdict(list)
     for x, provider, status in failures:
         by_x[x].append((provider, status))
+    rightmost = max(by_x, default=None)
     for x in sorted(by_x):
         order = provider_order(p for p, _ in by_x[x])
         items = sorted(set(by_x[x]), key=lambda it: (order.index(it[0]), it[1]))
+        # the label goes left of the last x, so it stays inside the panel
+        side = dict(xytext=(-4, 0), ha="right") if x == rightmost and len(by_x) > 1 else \
+            dict(xytext=(3, 0), ha="left")
         for i, (provider, status) in enumerate(items):
             y = 0.95 - 0.07 * i
             color = style_of(provider)["color"]
             ax.plot([x], [y], marker=FAIL_MARKER, color=color, markersize=5, markeredgewidth=1.4,
                     linestyle="none", transform=trans, clip_on=False, zorder=5)
-            ax.annotate(status, (x, y), xycoords=trans, xytext=(3, 0),
-                        textcoords="offset points", fontsize=5.5, va="center", color=color)
+            ax.annotate(status, (x, y), xycoords=trans, textcoords="offset points",
+                        fontsize=5.5, va="center", color=color, **side)
 
 
 def _legend_handles(providers, *, with_failure: bool, extra=()) -> list:
