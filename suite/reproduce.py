@@ -63,7 +63,9 @@ PAPER_TABLE1 = {
 BASELINE_LOSS_MIB = 24000
 BASELINE_LOSS_GRAD_MIB = 28000
 BASELINE_REL_TOL = 0.05
-CCE_LOSS_MAX_MIB = 1.0
+# "1 MB": the paper's Table 1 rounds to the closest MB, so a loss that rounds to 1 MiB or less
+# (below 1.5 MiB) meets the claim.
+CCE_LOSS_MAX_MIB = 1.5
 CCE_LOSS_GRAD_MAX_OVER_LOWER_BOUND = 1.1
 GRAD_ERR_MAX_OVER_NAIVE = 1.5
 NOT_RUN_STATUSES = ("unavailable", "unsupported")
@@ -214,6 +216,13 @@ def _not_ok(row, what: str):
     return f"{what}: {row['status']} ({row.get('error', '')[:80]})", "FAIL"
 
 
+def _mib_verdict(mib, passes):
+    """(measured, verdict) of a memory figure; a run without memory numbers (CPU) is NOT RUN."""
+    if mib is None:
+        return "no memory recorded (not a CUDA run?)", "NOT RUN"
+    return f"{mib:.4g} MiB", "PASS" if passes(mib) else "FAIL"
+
+
 def _grad_errors(rows, provider, dist):
     """(row, dE error, dC error) of the first of loss+grad / grad that carries the errors."""
     for phase in ("loss+grad", "grad"):
@@ -233,7 +242,8 @@ CLAIM_GRAD = "gradients agree with the fp32 reference"
 def claim_checks(rows: list[dict], methods=CCE_METHODS, dists=DISTS) -> list[Check]:
     """PASS / FAIL of the paper's headline claims on the Table 1 rows (``table1_rows``).
 
-    - loss memory: baseline ``loss`` within 5 % of 24000 MiB; each CCE ``loss`` <= 1 MiB.
+    - loss memory: baseline ``loss`` within 5 % of 24000 MiB; each CCE ``loss`` rounds to at
+      most 1 MiB (< 1.5 MiB; the paper rounds its table to the closest MB).
     - classifier head: baseline ``loss+grad`` within 5 % of 28000 MiB; each CCE ``loss+grad``
       <= 1.1 x the lower bound (dE + dC).
     - speed: each CCE ``loss+grad`` median time <= torch.compile's on the same inputs.
@@ -254,21 +264,20 @@ def claim_checks(rows: list[dict], methods=CCE_METHODS, dists=DISTS) -> list[Che
                 measured, verdict = _not_ok(row, "naive")
             else:
                 mib = num(row["peak_extra_mib"])
-                measured = f"{fmt_mib(mib)} MiB"
-                verdict = "PASS" if mib is not None and lo <= mib <= hi else "FAIL"
+                measured, verdict = _mib_verdict(mib, lambda m: lo <= m <= hi)
             checks.append(Check(claim, dist, "naive", measured, tol, verdict))
             for method in methods:
                 row = lookup(rows, method, dist, phase)
                 limit = CCE_LOSS_MAX_MIB if phase == "loss" else CCE_LOSS_GRAD_MAX_OVER_LOWER_BOUND * lb
-                tol = (f"<= {CCE_LOSS_MAX_MIB:g} MiB" if phase == "loss" else
+                tol = (f"rounds to <= 1 MiB (< {CCE_LOSS_MAX_MIB:g} MiB)" if phase == "loss" else
                        f"<= {CCE_LOSS_GRAD_MAX_OVER_LOWER_BOUND:g} x lower bound {lb:.0f} MiB "
                        f"= {limit:.0f} MiB")
                 if row is None or row["status"] != "ok":
                     measured, verdict = _not_ok(row, method)
                 else:
                     mib = num(row["peak_extra_mib"])
-                    measured = f"{fmt_mib(mib)} MiB"
-                    verdict = "PASS" if mib is not None and mib <= limit else "FAIL"
+                    measured, verdict = _mib_verdict(
+                        mib, (lambda m: m < limit) if phase == "loss" else (lambda m: m <= limit))
                 checks.append(Check(claim, dist, method, measured, tol, verdict))
 
         ref = lookup(rows, "torch_compile", dist, "loss+grad")
@@ -285,8 +294,11 @@ def claim_checks(rows: list[dict], methods=CCE_METHODS, dists=DISTS) -> list[Che
                 measured, verdict = _not_ok(row, method)
             else:
                 ms = num(row["ms"])
-                measured = f"{fmt_ms(ms)} ms ({ms / ref_ms:.2f}x torch.compile)"
-                verdict = "PASS" if ms <= ref_ms else "FAIL"
+                if ms is None:
+                    measured, verdict = "no time recorded", "NOT RUN"
+                else:
+                    measured = f"{fmt_ms(ms)} ms ({ms / ref_ms:.2f}x torch.compile)"
+                    verdict = "PASS" if ms <= ref_ms else "FAIL"
             checks.append(Check(CLAIM_SPEED, dist, method, measured, tol, verdict))
 
         naive_row, naive_de, naive_dc = _grad_errors(rows, "naive", dist)
@@ -434,7 +446,8 @@ def render_table1(rows: list[dict], envs: list[dict], source: str) -> tuple[str,
         "## Claim checks", "",
         "The paper's headline claims, checked on this run for Apple CCE and the own kernel. A FAIL "
         "is a finding, reported as measured. Tolerances: the baseline must land within 5 % of the "
-        "paper's 24000 / 28000 MiB; a CCE loss within 1 MiB; a CCE loss+gradient within 1.1 x the "
+        "paper's 24000 / 28000 MiB; a CCE loss that rounds to at most 1 MiB (below 1.5 MiB: the paper "
+        "rounds its table to the closest MB); a CCE loss+gradient within 1.1 x the "
         f"lower bound (dE + dC = {lower_bound_mib('loss+grad'):.0f} MiB); a CCE loss+gradient no "
         "slower than torch.compile on the same inputs; dE and dC relative errors against an fp32 "
         f"reference at most {GRAD_ERR_MAX_OVER_NAIVE:g} x the naive baseline's (bf16 logits, "

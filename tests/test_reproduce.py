@@ -148,7 +148,7 @@ def test_baseline_loss_memory_tolerance(tmp_path, mib, expected):
     assert verdict(checks, reproduce.CLAIM_LOSS, "naive") == expected
 
 
-@pytest.mark.parametrize("mib, expected", [(1.0, "PASS"), (1.01, "FAIL")])
+@pytest.mark.parametrize("mib, expected", [(1.0, "PASS"), (1.49, "PASS"), (1.5, "FAIL"), (3, "FAIL")])
 def test_cce_loss_memory_limit(tmp_path, mib, expected):
     checks = checks_of(variant(tmp_path, "own", "loss", peak_extra_mib=mib))
     assert verdict(checks, reproduce.CLAIM_LOSS, "own") == expected
@@ -241,3 +241,11 @@ def test_preset_matches_table1_setting():
     for c in cells:
         assert (c.n, c.d, c.v, c.dtype, c.softcap) == tuple(reproduce.GEMMA2_2B.values())
         assert not c.bias and not c.ignore_frac
+
+
+def test_rows_without_memory_or_time_are_not_run(tmp_path):
+    """A CPU run records no CUDA memory: no verdict can be drawn from it."""
+    checks = checks_of(variant(tmp_path, "own", "loss", peak_extra_mib=""))
+    assert verdict(checks, reproduce.CLAIM_LOSS, "own") == "NOT RUN"
+    checks = checks_of(variant(tmp_path / "b", "own", "loss+grad", ms=""))
+    assert verdict(checks, reproduce.CLAIM_SPEED, "own") == "NOT RUN"
