@@ -251,8 +251,11 @@ def _panel_matrix(nrows: int, ncols: int, *, width: float = 2.3, height: float =
     """A figure of nrows x ncols panels with room for a legend below; axes as a 2-D array."""
     legend_h = 0.22 * legend_rows + 0.2
     fig_h = height * nrows + legend_h + 0.45
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.5, fig_h), squeeze=False)
-    fig.subplots_adjust(left=0.45 / (width * ncols + 0.5) + 0.04, right=0.98,
+    # at least 6.5 in wide, so the title and the legend fit above and below a single panel
+    fig_w = max(width * ncols + 0.5, 6.5)
+    side = (fig_w - width * ncols) / 2 / fig_w  # centre narrow grids
+    fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), squeeze=False)
+    fig.subplots_adjust(left=max(0.6 / fig_w, side), right=min(0.98, 1 - side + 0.6 / fig_w),
                         top=1 - 0.45 / fig_h, bottom=(legend_h + 0.4) / fig_h,
                         wspace=0.35, hspace=0.55)
     return fig, axes
