@@ -120,7 +120,7 @@ def lm_hidden_and_classifier(n, d, v, *, gen, device, softcap, target_entropy, b
     u = torch.randn(d, generator=gen)
     u = u / u.norm()
     g = torch.randn(v, d, generator=gen) / math.sqrt(d)
-    g -= torch.outer(g @ u, u)  # token identities orthogonal to the shared direction
+    g.addr_(g @ u, u, alpha=-1.0)  # token identities orthogonal to the shared direction
     rank = torch.randperm(v, generator=gen)
     lp = -ZIPF_EXPONENT * torch.log(rank.double() + 1.0)
     lp = (lp - lp.mean()).float()

@@ -55,7 +55,8 @@ def test_provider_matches_reference(name, case):
         if name.startswith("liger") and softcap is not None and interpreted \
                 and "InterpreterError" in type(exc).__name__:
             pytest.skip(f"liger's softcap path does not run under the Triton interpreter "
-                        f"({type(exc).__name__}: {str(exc)[:120]}); covered on the GPU")
+                        f"({type(exc).__name__}: {str(exc)[:120]}); on a GPU, python -m suite bench "
+                        f"measures it against the reference")
         raise
 
     tol = EXACT_TOL if p.exact else FILTER_TOL
