@@ -1126,9 +1126,13 @@ def main(args) -> int:
     except Exception as err:  # noqa: BLE001  (the CSVs are the results; a plot can be redrawn)
         print(f"train-bench: plotting failed ({err!r}); redraw with --replot")
     print(f"train-bench: done in {time.monotonic() - t0:.0f} s; results in {out}")
-    failed = [r["run"] for r in conv_rows if r.get("verdict") not in ("pass", "reference")]
+    not_run = [r["run"] for r in conv_rows if r.get("verdict") in ("unavailable", "unsupported", "skipped")]
+    failed = [r["run"] for r in conv_rows
+              if r.get("verdict") not in ("pass", "reference") and r["run"] not in not_run]
+    if not_run:
+        print(f"train-bench: convergence not run for: {', '.join(not_run)}")
     if failed:
-        print(f"train-bench: convergence parity not passed by: {', '.join(failed)}")
+        print(f"train-bench: convergence parity FAILED for: {', '.join(failed)}")
     return 1 if (args.strict and failed) else 0
 
 
