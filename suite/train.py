@@ -31,6 +31,9 @@ Mode ``bench`` (per vocab, per backend; one row of ``train_bench.csv`` each):
   a margin below the edge of memory, measured on every backend at that same batch): whole-
   step peak memory and tokens/s (CUDA events; ``--warmup`` steps excluded, median of
   ``--timed-steps``), and the peak's breakdown (method below).
+  Caveat: the bench starts from the random init, where the softmax is nearly flat, so gradient
+  filtering (apple_cce, own_filter) skips more of the backward than it would in a trained model;
+  the convergence run's tokens/s (second half of training, peaked softmax) is the fairer number.
 Mode ``convergence``: the same model (``--conv-*`` shape) trained ``--steps`` steps from the same
 seed on the same batches with each of ``--conv-backends``; loss curves to ``train_curves.csv``,
 verdicts to ``train_convergence.csv``. Mode ``all`` runs convergence first (fixed cost), then
@@ -807,10 +810,10 @@ def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int) -> dict:
 
 # ---- orchestration --------------------------------------------------------------------------
 
-def _environment():
+def _environment(device):
     try:
         from suite.results import environment
-        return environment()
+        return environment(device)
     except Exception as err:  # noqa: BLE001  (suite.results may not exist yet)
         env = {"torch": torch.__version__, "python": sys.version.split()[0],
                "note": f"suite.results.environment unavailable: {err!r}"}
@@ -1106,7 +1109,8 @@ def main(args) -> int:
     common = {"run_id": out.name, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "device": _device_name(dev)}
     (out / "env.json").write_text(json.dumps(
-        {**_environment(), "train_args": {k: v for k, v in vars(args).items() if k != "func"}},
+        {**_environment(args.device),
+         "train_args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}},
         indent=2, default=str))
     est = estimate_seconds(args)
     n_params, n_nonemb = param_counts(GPTConfig(32000, args.seq_len, args.d_model, args.n_layer, args.n_head))
