@@ -91,6 +91,9 @@ def forward(e, c, bias, targets, softcap, need_zsum, cfg):
     target is outside [0, V) get z_target 0 (the caller masks them)."""
     n, d = e.shape
     v = c.shape[0]
+    if n == 0:
+        empty = torch.empty(0, device=e.device, dtype=torch.float32)
+        return empty, empty, (empty if need_zsum else None)
     k = dict(cfg["fwd"])
     bn, bv = k["BLOCK_N"], k["BLOCK_V"]
     k.setdefault("FLATTEN", False)
