@@ -663,8 +663,15 @@ def converge_job(job: dict) -> dict:
     return out
 
 
+def env_job(job: dict) -> dict:
+    """The environment, taken in the worker: the parent never touches CUDA (a context there
+    would take GPU memory from the measured process)."""
+    return {"status": "ok", "env": _environment(job["device"]),
+            "device_name": _device_name(torch.device(job["device"]))}
+
+
 def run_job(job: dict) -> dict:
-    kinds = {"bench": bench_job, "converge": converge_job}
+    kinds = {"bench": bench_job, "converge": converge_job, "env": env_job}
     try:
         result = kinds[job["kind"]](job)
     except Exception as err:  # noqa: BLE001  (a failing job is data)
@@ -1105,11 +1112,14 @@ def main(args) -> int:
         return 0
     _check_args(args)
     out.mkdir(parents=True, exist_ok=True)
-    dev = torch.device(args.device)
+    t0 = time.monotonic()
+    deadline = t0 + args.budget_s
+    runner = InProcessRunner() if args.in_process else IsolatedRunner()
+    env = runner.run({"kind": "env", "device": args.device}, timeout_s=120)
     common = {"run_id": out.name, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "device": _device_name(dev)}
+              "device": env.get("device_name", "unknown")}
     (out / "env.json").write_text(json.dumps(
-        {**_environment(args.device),
+        {**env.get("env", {"error": env.get("error")}),
          "train_args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}},
         indent=2, default=str))
     est = estimate_seconds(args)
@@ -1119,9 +1129,6 @@ def main(args) -> int:
     print(f"train-bench: expected ~{est['convergence'] / 60:.1f} min convergence + "
           f"~{est['bench'] / 60:.1f} min bench on an H100 (rough); budget {args.budget_s:.0f} s",
           flush=True)
-    t0 = time.monotonic()
-    deadline = t0 + args.budget_s
-    runner = InProcessRunner() if args.in_process else IsolatedRunner()
     conv_rows = []
     try:
         if args.mode in ("convergence", "all"):
