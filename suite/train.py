@@ -108,8 +108,10 @@ from suite import registry
 
 MiB = 2**20
 IGNORE_INDEX = -100
-DEFAULT_BACKENDS = ("naive", "chunked", "liger_ce", "selective", "selective+liger_ce", "liger_flce",
-                    "apple_cce", "own", "own_filter")
+# Run in this order (naive first: it sets the common batch); if --budget-s runs out, the last
+# ones of the last vocab are recorded as skipped.
+DEFAULT_BACKENDS = ("naive", "own", "apple_cce", "liger_flce", "liger_ce", "selective+liger_ce",
+                    "selective", "chunked", "own_filter")
 SELECTIVE_PREFIX = "selective+"  # "selective+X": drop ignore_index rows of E, then provider X
 DEFAULT_CONV_BACKENDS = ("naive", "own", "own_filter", "apple_cce", "liger_flce")
 RERUN_LABEL = "naive_rerun"  # naive trained twice: the run-to-run noise floor of the GPU
@@ -859,22 +861,37 @@ def _fmt(x):
     return x
 
 
-def estimate_seconds(args) -> dict:
-    """Rough wall time, assuming ~150 TFLOP/s on the model's matmuls, 15 ms per step of
-    overhead, and (bench) ~12 full-batch steps per backend for the search and timing."""
+def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dict:
+    """Rough wall time on an H100, for the user (no measurement depends on it). Assumes ~150
+    TFLOP/s on the model, 15 ms per step of overhead, 40 * D bytes of saved activations per
+    token and layer, 14 bytes per logit for the backends that materialise the logits (scaled
+    by the labelled fraction for selective ones), and a search costing ~6 steps at the largest
+    batch, plus the timed steps at the common batch and ~5 s of start-up per job."""
     def step_s(cfg, tokens):
         n_params, _ = param_counts(cfg)
         flops = tokens * (6 * n_params + 6 * cfg.n_layer * cfg.seq_len * cfg.d_model)
-        return flops / 150e12 + 0.015
+        return flops / tflops + 0.015
 
     conv_cfg = GPTConfig(args.conv_vocab, args.conv_seq_len, args.d_model, args.n_layer, args.n_head)
     n_conv = len(args.conv_backends) + (0 if args.no_rerun else 1)
-    conv = n_conv * (args.steps * step_s(conv_cfg, args.conv_batch * args.conv_seq_len) + 4)
+    conv = n_conv * (args.steps * step_s(conv_cfg, args.conv_batch * args.conv_seq_len) + 5)
     bench = 0.0
+    labelled = 1 - sum(args.prompt_frac) / 2
     for v in args.vocab:
         cfg = GPTConfig(v, args.seq_len, args.d_model, args.n_layer, args.n_head)
-        per_backend = 12 * step_s(cfg, min(args.max_batch, 256) * args.seq_len) + 5
-        bench += len(args.backends) * per_backend
+        n_params, _ = param_counts(cfg)
+        free = gpu_gib * 2**30 - 16 * n_params
+        act = 40 * args.d_model * args.n_layer
+        batches = {}
+        for b in args.backends:
+            logits = 14 * v if b in ("naive", "chunked", "liger_ce", "torch_compile") else 0
+            logits = 14 * v * labelled if b in ("selective", "selective+naive", "selective+liger_ce") else logits
+            batches[b] = max(1, min(args.max_batch, int(free / ((act + logits) * args.seq_len))))
+        common = args.batch or 2 ** int(math.log2(batches.get("naive", min(batches.values()))))
+        for b, biggest in batches.items():
+            search = 0 if args.no_search else 6 * step_s(cfg, biggest * args.seq_len)
+            timed = (args.warmup + args.timed_steps + 1) * step_s(cfg, common * args.seq_len)
+            bench += search + timed + 5
     return {"convergence": conv, "bench": bench}
 
 
@@ -949,7 +966,7 @@ def _pct(x):
 def run_bench(args, runner, out: Path, deadline: float, common: dict) -> list[dict]:
     table = CsvAppender(out / "train_bench.csv", BENCH_FIELDS)
     rows = []
-    order = sorted(args.backends, key=lambda b: b != "naive")  # naive first: it sets the batch
+    order = sorted(args.backends, key=lambda b: b != "naive")  # naive first: it sets the batch (stable)
     for vocab in args.vocab:
         cfg = GPTConfig(vocab, args.seq_len, args.d_model, args.n_layer, args.n_head)
         n_params, n_nonemb = param_counts(cfg)
@@ -1080,8 +1097,9 @@ def add_arguments(parser) -> None:
     a("--conv-warmup", type=int, default=30, help="lr warm-up steps (default: 30)")
     a("--tol", type=float, default=0.01, help="parity tolerance, relative (default: 0.01)")
     a("--smooth", type=int, default=20, help="moving-average window of the parity check (default: 20)")
-    a("--budget-s", type=float, default=480,
-      help="wall-time budget; jobs not started within it are recorded as skipped (default: 480)")
+    a("--budget-s", type=float, default=510,
+      help="wall-time budget; a job still running at its end is killed, later ones are recorded "
+           "as skipped (default: 510)")
     a("--job-timeout-s", type=float, default=240, help="a job running longer is killed (default: 240)")
     a("--in-process", action="store_true", help="run jobs in this process (no crash isolation)")
     a("--strict", action="store_true", help="exit 1 when a convergence parity check fails")
