@@ -885,7 +885,8 @@ def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dic
         batches = {}
         for b in args.backends:
             logits = 14 * v if b in ("naive", "chunked", "liger_ce", "torch_compile") else 0
-            logits = 14 * v * labelled if b in ("selective", "selective+naive", "selective+liger_ce") else logits
+            if b == "selective" or b.startswith(SELECTIVE_PREFIX):
+                logits = 14 * v * labelled
             batches[b] = max(1, min(args.max_batch, int(free / ((act + logits) * args.seq_len))))
         common = args.batch or 2 ** int(math.log2(batches.get("naive", min(batches.values()))))
         for b, biggest in batches.items():
@@ -943,7 +944,8 @@ def run_convergence(args, runner, out: Path, deadline: float, common: dict) -> l
         if res.get("status") != "ok" and not loss:
             row["verdict"] = res.get("status", "error")
         elif label == "naive":
-            row.update(verdict="reference", first_loss=loss[0], final_loss=statistics.fmean(loss[-args.smooth:]))
+            row.update(verdict="reference", first_loss=loss[0],
+                       final_loss=statistics.fmean(loss[-args.smooth:]))
         elif not ref:
             row["verdict"] = "no reference"
             row["error"] = row["error"] or "the naive run has no curve"
@@ -1110,7 +1112,8 @@ def _check_args(args):
     for name in ("d_model", "n_layer", "n_head", "seq_len", "max_batch", "timed_steps", "steps",
                  "conv_seq_len", "conv_batch", "conv_vocab", "smooth"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"train-bench: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(f"train-bench: {flag} must be >= 1, got {getattr(args, name)}")
     if args.batch is not None and args.batch < 1:
         raise SystemExit(f"train-bench: --batch must be >= 1, got {args.batch}")
     if args.d_model % args.n_head:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from suite import registry
 from suite import train as tr
 
 TINY = tr.GPTConfig(vocab=97, seq_len=16, d_model=32, n_layer=2, n_head=2)
