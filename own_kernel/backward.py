@@ -42,9 +42,12 @@ def weighted_mean(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
+    """Vocabulary columns per chunk: the workspace budget's worth, but at least min_chunk (the
+    GEMMs' reduction / row count; with many tokens a fixed budget makes them too thin to run
+    near peak, and each chunk also re-reads and re-writes the fp32 dE accumulator)."""
     bv = cfg["dlogits"]["BLOCK_V"]
     budget = cfg["workspace_mib"] * 2**20
-    chunk = budget // max(1, n * elt) // bv * bv
+    chunk = max(budget // max(1, n * elt), cfg.get("min_chunk", 0)) // bv * bv
     return int(min(max(chunk, bv), triton.cdiv(v, bv) * bv))
 
 
@@ -62,9 +65,11 @@ def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     return _CUBLAS_FP32_ACC[key]
 
 
-def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, filter_eps):
+def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
+             filter_eps, filter_min_p_max=0.0):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
-    row_weight is already 0 on ignored rows."""
+    row_weight is already 0 on ignored rows. With filter_eps, rows whose largest probability
+    p_max is below filter_min_p_max are never skipped (their threshold is 0)."""
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
@@ -87,14 +92,19 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
         row_weight_lse = row_weight_lse / scale
 
     filtered = filter_eps is not None
-    use_cublas = (not filtered and e.device.type == "cuda" and cfg.get("exact_gemm") == "cublas"
-                  and (e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype)))
+    # Exact mode may hand its GEMMs to cuBLAS: dC = W^T @ E always can (bf16 out, one chunk per
+    # row block of dC); dE += W @ C only where addmm accumulates a 16-bit product into fp32.
+    cublas_dc = (not filtered and e.device.type == "cuda" and cfg.get("exact_gemm") == "cublas")
+    cublas_de = (cublas_dc and cfg.get("exact_de", "cublas") == "cublas"
+                 and (e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype)))
     chunk = chunk_size(n, v, e.element_size(), cfg)
     num_nb = triton.cdiv(n, bn)
     mask_stride = triton.cdiv(v, bv)
     f32 = dict(device=e.device, dtype=torch.float32)
     work = torch.empty((n, chunk), device=e.device, dtype=e.dtype)
     mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
+    row_eps = (torch.where(p_max >= filter_min_p_max, float(filter_eps), 0.0) if filtered
+               else row_weight)
     dc = torch.empty_like(c)  # every row is written by one chunk's GEMM
     de32 = torch.zeros((n, d), **f32)
     row_round, col_round = torch.zeros(n, **f32), torch.zeros(v, **f32)
@@ -116,25 +126,28 @@ def backward(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smoo
         LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(num_nb * groups,)](
             e, c, bias if bias is not None else e, targets, lse, row_weight,
             row_weight_lse if row_weight_lse is not None else row_weight,
-            work, mask, row_round, col_round, row_skip_chunk, col_skip, col_sum,
+            work, mask, row_eps, row_round, col_round, row_skip_chunk, col_skip, col_sum,
             n, v, d, v_start, width, mask_stride, work.stride(0),
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            *softcap_scalars(softcap), float(smooth), float(filter_eps or 0.0),
+            *softcap_scalars(softcap), float(smooth),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
             HAS_GRAD_LSE=row_weight_lse is not None, DOT_PRECISION=precision, **dlog)
-        if use_cublas:
-            w_chunk, c_chunk, dc_chunk = work[:, :width], c[v_start:v_start + width], dc[v_start:v_start + width]
+        if cublas_de:
+            w_chunk, c_chunk = work[:, :width], c[v_start:v_start + width]
             if e.dtype == torch.float32:
                 de32.addmm_(w_chunk, c_chunk)
             else:
                 torch.addmm(de32, w_chunk, c_chunk, out_dtype=torch.float32, out=de32)
-            torch.addmm(dc_chunk, w_chunk.t(), e, beta=0, alpha=scale_f, out=dc_chunk)
+        else:
+            LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
+                work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
+                c.stride(0), c.stride(1), de32.stride(0),
+                FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
+        if cublas_dc:
+            dc_chunk = dc[v_start:v_start + width]
+            torch.addmm(dc_chunk, work[:, :width].t(), e, beta=0, alpha=scale_f, out=dc_chunk)
             dc_chunk.addr_((col_round[v_start:v_start + width] * scale_f).to(e.dtype), e_mean.to(e.dtype))
             continue
-        LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
-            work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
-            c.stride(0), c.stride(1), de32.stride(0),
-            FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
         if filtered:
             e_skip_mean = weighted_mean(row_skip_chunk, e)
             row_skip += row_skip_chunk

@@ -10,8 +10,8 @@ Each program handles TILES consecutive vocabulary tiles of one row block.
 
 What the GEMMs will miss is summed per row and per column, in fp32:
 - rounding (kept tiles): exact d minus d rounded to the input dtype;
-- skipping (filter_eps): a tile whose every |d| <= eps is not written, its mask bit is 0, the
-  GEMMs skip it, and its d is summed instead.
+- skipping (filter_eps): a tile whose every |d[n, v]| <= eps[n] is not written, its mask bit is
+  0, the GEMMs skip it, and its d is summed instead (eps[n] = 0 keeps row n exact).
 backward.py adds these sums back through a mean row of C (for dE) and of E (for dC): the
 rounding sums through the plain means, the skipped sums through means weighted by the skipped
 mass (a rank-1 model of the skipped tiles). So neither rounding nor skipping leaks into the
@@ -25,11 +25,11 @@ from own_kernel.tile import LOG2E, logit_tile, softcap_tanh
 
 
 @triton.jit
-def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mask,
+def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mask, RowEps,
                        RowRound, ColRound, RowSkip, ColSkip, ColSum,
                        N, V, D, v_start, chunk, mask_stride, stride_wn,
                        stride_en, stride_ed, stride_cv, stride_cd,
-                       tanh_scale, softcap_log2e, smooth, eps,
+                       tanh_scale, softcap_log2e, smooth,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                        HAS_GRAD_LSE: tl.constexpr, TILES: tl.constexpr, FLATTEN: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -50,6 +50,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
     tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
     row_skip = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if FILTER:
+        eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
 
     vb_end = tl.minimum(group * TILES + TILES, num_vb)
     for vb in tl.range(group * TILES, vb_end, flatten=FLATTEN):
@@ -75,7 +77,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
 
         keep = True
         if FILTER:
-            keep = tl.max(tl.abs(d)) > eps
+            keep = tl.max(tl.abs(d) - eps[:, None]) > 0
             tl.store(Mask + nb * mask_stride + (v_start // BLOCK_V) + vb, keep.to(tl.int8))
         if keep:
             d_used = d.to(W.dtype.element_ty)

@@ -87,13 +87,15 @@ def target_logit(e, c, bias, targets, softcap):
 
 
 def forward(e, c, bias, targets, softcap, need_zsum, cfg):
-    """Returns (lse, z_target, z_sum or None), each (N,) fp32, natural log units. Rows whose
+    """Returns (lse, z_target, z_sum or None, p_max), each (N,) fp32, natural log units; p_max is
+    each row's largest softmax probability (the gradient filter's flatness test). Rows whose
     target is outside [0, V) get z_target 0 (the caller masks them)."""
     n, d = e.shape
     v = c.shape[0]
     if n == 0:
-        empty = torch.empty(0, device=e.device, dtype=torch.float32)
-        return empty, empty, (empty if need_zsum else None)
+        def empty():  # distinct tensors: a custom op's outputs may not alias each other
+            return torch.empty(0, device=e.device, dtype=torch.float32)
+        return empty(), empty(), (empty() if need_zsum else None), empty()
     k = dict(cfg["fwd"])
     bn, bv = k["BLOCK_N"], k["BLOCK_V"]
     k.setdefault("FLATTEN", False)
@@ -113,6 +115,6 @@ def forward(e, c, bias, targets, softcap, need_zsum, cfg):
             DOT_PRECISION=dot_precision(e.dtype), **k)
     m2, s = part[0], part[1]
     m2_max = m2.max(dim=0).values
-    lse = (m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))) / LOG2E_F
+    lse2 = m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))
     z_sum = part[2].sum(dim=0) / LOG2E_F if need_zsum else None
-    return lse, target_logit(e, c, bias, targets, softcap), z_sum
+    return lse2 / LOG2E_F, target_logit(e, c, bias, targets, softcap), z_sum, torch.exp2(m2_max - lse2)

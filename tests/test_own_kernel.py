@@ -104,6 +104,34 @@ def test_filter_skips_tiles_and_stays_close():
     assert 0 < err_filtered < 0.05
 
 
+def test_auto_filter_keeps_flat_rows_exact(monkeypatch):
+    # "auto" filters only rows whose largest probability reaches AUTO_FLAT_P_MAX. Rows 0-15 (one
+    # row block of the interpreter's tiles) are peaked (a large target logit), the rest flat
+    # (p ~ 1/V < AUTO_FLAT_P_MAX); an eps above every flat entry would skip all of their tiles
+    # without the guard.
+    from own_kernel import api
+
+    g = torch.Generator().manual_seed(5)
+    n, v = 32, 1024
+    e = 0.01 * torch.randn(n, 16, generator=g)
+    c = torch.randn(v, 16, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    e[:16] = 3.0 * c[t[:16]] / c[t[:16]].norm(dim=1, keepdim=True)  # p(target) >> 1/V
+    e.requires_grad_(), c.requires_grad_()
+
+    def grad_e(filter_eps):
+        e.grad = c.grad = None
+        linear_cross_entropy(e, c, t, filter_eps=filter_eps).backward()
+        return e.grad.clone()
+
+    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
+    exact, auto = grad_e(None), grad_e("auto")
+    assert rel(auto[16:], exact[16:].double()) < 1e-6, "flat rows must not be filtered"
+    assert rel(auto[:16], exact[:16].double()) > 1e-6, "peaked rows must be filtered"
+    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.0)  # no guard: the flat rows lose their tail
+    assert rel(grad_e("auto")[16:], exact[16:].double()) > 1e-3
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_all_ignored_and_empty(reduction):
     e = torch.randn(5, 8).requires_grad_()
