@@ -17,8 +17,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Mask granularity of the gradient filter = the dlogits kernel's tile (BLOCK_N x BLOCK_V).
 # dE's BLOCK_M must equal BLOCK_N, dC's BLOCK_M must divide BLOCK_V, and the GEMMs' BLOCK_K
 # must divide the mask tile along their reduction axis.
-# exact_gemm: "cublas" runs exact mode's dE/dC GEMMs on cuBLAS (dE accumulated in fp32 via
-# addmm's out_dtype), "triton" on this package's kernels (always used by the filtered mode).
+# exact_gemm: "cublas" runs exact mode's dC GEMM on cuBLAS, "triton" on this package's kernels
+# (always used by the filtered mode); exact_de picks dE's: "cublas" (addmm into the fp32
+# accumulator with out_dtype) or "triton" (grad_e.py, accumulates in place).
+# workspace_mib sizes the chunk of d held between the kernels, min_chunk its least width.
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
@@ -41,7 +43,9 @@ _SM90_16BIT = {
     "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
     "waves": 2,
     "workspace_mib": 40,
+    "min_chunk": 1024,
     "exact_gemm": "cublas",
+    "exact_de": "cublas",
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).
@@ -52,7 +56,9 @@ _GENERIC = {
     "dc": dict(BLOCK_M=64, BLOCK_D=128, BLOCK_K=32, num_warps=4, num_stages=3),
     "waves": 2,
     "workspace_mib": 48,
+    "min_chunk": 1024,
     "exact_gemm": "cublas",
+    "exact_de": "cublas",
 }
 
 

@@ -41,9 +41,10 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--d", type=int, default=2304)
     ap.add_argument("--v", type=int, default=256000)
-    ap.add_argument("--softcap", type=float, default=30.0)
+    ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.softcap = args.softcap or None
     dev = torch.device("cuda")
     from suite.inputs import make_inputs  # the suite's input distributions (lm: peaked softmax)
 
