@@ -91,28 +91,35 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     if row_weight_lse is not None:
         row_weight_lse = row_weight_lse / scale
 
+    row_eps = None
+    if filter_eps is not None:
+        row_eps = torch.where(p_max >= filter_min_p_max, float(filter_eps), 0.0)
+        # No row may skip anything (all flat, or eps 0): the exact path is the same result, faster.
+        if not bool((row_eps > 0).any()):
+            filter_eps = None
     filtered = filter_eps is not None
     # Exact mode may hand its GEMMs to cuBLAS: dC = W^T @ E always can (bf16 out, one chunk per
     # row block of dC); dE += W @ C only where addmm accumulates a 16-bit product into fp32.
     cublas_dc = (not filtered and e.device.type == "cuda" and cfg.get("exact_gemm") == "cublas")
     cublas_de = (cublas_dc and cfg.get("exact_de", "cublas") == "cublas"
                  and (e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype)))
+    # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
+    # peak that dC, the dE accumulator and the workspace make together.
+    e_mean, c_mean = sampled_mean(e), sampled_mean(c)
+    e_skip_mean = e_mean
     chunk = chunk_size(n, v, e.element_size(), cfg)
     num_nb = triton.cdiv(n, bn)
     mask_stride = triton.cdiv(v, bv)
     f32 = dict(device=e.device, dtype=torch.float32)
     work = torch.empty((n, chunk), device=e.device, dtype=e.dtype)
     mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
-    row_eps = (torch.where(p_max >= filter_min_p_max, float(filter_eps), 0.0) if filtered
-               else row_weight)
+    row_eps = row_eps if filtered else row_weight  # (unused without the filter)
     dc = torch.empty_like(c)  # every row is written by one chunk's GEMM
     de32 = torch.zeros((n, d), **f32)
     row_round, col_round = torch.zeros(n, **f32), torch.zeros(v, **f32)
     row_skip, col_skip = (torch.zeros(n, **f32), torch.zeros(v, **f32)) if filtered else (row_round, col_round)
     row_skip_chunk = torch.zeros(n, **f32) if filtered else row_round
     col_sum = torch.zeros(v, **f32) if bias is not None else col_round
-    e_mean, c_mean = sampled_mean(e), sampled_mean(c)
-    e_skip_mean = e_mean
     hungry = None
     if os.environ.get("CCE_OWN_DEGRADE") == "hungry":
         hungry = torch.ones((v // 4, d), device=e.device, dtype=e.dtype)  # deliberate waste, for the gate
