@@ -127,6 +127,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run folder (default results/<preset>-<gpu or cpu>-<date>)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out, skipping finished (cell, provider) pairs")
+    p.add_argument("--rerun", type=name_list, default=[], metavar="PROVIDERS",
+                   help="with --resume: measure these providers again where rows exist (e.g. "
+                        "after a kernel change); readers keep the latest rows")
     p.add_argument("--isolate", action="store_true",
                    help="one subprocess per cell; a crashing provider is recorded as 'crashed'")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
@@ -236,7 +239,8 @@ def cmd_bench(args, parser) -> int:
         except ImportError as err:
             parser.error(f"--plugin: cannot import {module!r} ({err})")
     known = registry.names()
-    for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude)):
+    for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude),
+                        ("--rerun", args.rerun)):
         bad = [n for n in names if n not in known]
         if bad:
             parser.error(f"{flag}: unknown provider(s) {', '.join(bad)}; known providers: "
@@ -266,9 +270,11 @@ def cmd_bench(args, parser) -> int:
     try:
         runner.run(cells, providers, args.phases or runner.PHASES, out, resume=args.resume,
                    reps=args.reps, warmup=args.warmup, device=device, isolate=args.isolate,
-                   quiet=args.quiet, plugins=args.plugin)
+                   quiet=args.quiet, plugins=args.plugin, rerun=args.rerun)
     except FileExistsError as err:
         parser.error(f"--out: {err}")
+    except ValueError as err:
+        parser.error(f"--rerun: {err}" if args.rerun else str(err))
     return 0
 
 

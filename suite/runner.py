@@ -192,8 +192,12 @@ def _device_label(device) -> str:
 # ---- the run ---------------------------------------------------------------------------
 
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
-        warmup=None, device=None, isolate=False, quiet=False, plugins=()) -> Path:
-    """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder."""
+        warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=()) -> Path:
+    """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder.
+
+    ``rerun`` (with ``resume``): providers measured again where rows exist, e.g. after a kernel
+    change; the new rows are appended and every reader keeps the latest row of a (cell,
+    provider, phase)."""
     device = str(device or default_device())
     d_reps, d_warmup = default_reps(device)
     reps = d_reps if reps is None else reps
@@ -209,7 +213,11 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if (out / "results.csv").exists() and not resume:
         raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
                               f"or choose another --out")
-    done = done_pairs(out, phases) if resume else set()
+    rerun = {registry.get(p).name for p in rerun}
+    if rerun and (not resume or isolate):
+        raise ValueError("rerun needs resume (it re-measures providers of an existing run) "
+                         "and cannot be combined with isolate")
+    done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
     todo = [(c, [p for p in providers if (c.cell_id, p) not in done]) for c in cells]
     todo = [(c, ps) for c, ps in todo if ps]
     n_pairs = sum(len(ps) for _, ps in todo)

@@ -188,3 +188,16 @@ def test_numbers_are_consistent():
     assert s["ms_p20"] == pytest.approx(1.8) and s["ms_p80"] == pytest.approx(4.2)
     assert percentile([7.0], 0.2) == 7.0
     assert not math.isnan(s["ms_p80"])
+
+
+def test_rerun_measures_again_and_keeps_the_old_rows(tmp_path):
+    _run([CELL], ["naive", "chunked"], tmp_path)
+    first = _raw_rows(tmp_path)
+    with pytest.raises(ValueError, match="resume"):
+        _run([CELL], ["naive"], tmp_path / "other", rerun=["naive"])
+    _run([CELL], ["naive", "chunked"], tmp_path, resume=True, rerun=["naive"])
+    after = _raw_rows(tmp_path)
+    assert after[:len(first)] == first  # nothing measured is dropped
+    new = after[len(first):]
+    assert {r["provider"] for r in new} == {"naive"} and len(new) == len(PHASES)
+    assert new[0]["run_id"] != first[0]["run_id"]
