@@ -148,7 +148,9 @@ def aggregate_table(rows: list[dict], providers=None) -> str:
 def summary(rows: list[dict], cells=None, providers=None) -> str:
     """Per-cell tables for small runs, one aggregate table for large ones."""
     cells = list(dict.fromkeys(cells or [r["cell_id"] for r in rows]))
-    rows = [r for r in rows if r["cell_id"] in set(cells)]
+    # The latest row of each (cell, provider, phase): a --rerun appends newer measurements.
+    latest = {(r["cell_id"], r["provider"], r["phase"]): r for r in rows if r["cell_id"] in set(cells)}
+    rows = list(latest.values())
     if not rows:
         return "(no results)"
     if len(cells) > MAX_CELL_TABLES:
