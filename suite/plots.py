@@ -1,4 +1,5 @@
-"""Every figure of cce-bench, drawn from ``results/**/results.csv`` (columns: suite.schema).
+"""Every figure of cce-bench, drawn from ``results/**/results.csv`` (columns: suite.schema) and
+the training-step CSVs of ``results/train*/`` (suite.train).
 
     python -m suite plots [--results results/] [--out plots/]
 
@@ -12,6 +13,9 @@ Figures:
 3. ``pareto_*``: memory vs time at loss+grad, one panel per shape, Pareto front of the providers.
 4. ``grad_error_*``: relative error of dE and dC vs an fp32 reference, per provider and inputs.
 5. ``memory_breakdown``: training memory of five LMs, paper Figure 1 style (suite.model_configs).
+6. ``train_bench``: the training-step benchmark (suite.train) of every ``results/train*/``
+   folder: whole-step peak memory by component and tokens/s per backend, a row per vocabulary.
+7. ``train_convergence``: loss curves per backend and their deviation from naive CE's.
 
 A cell that did not run (status != ok) is drawn as an ``x`` at the top of its panel, labelled
 with its status, never silently dropped.
@@ -35,7 +39,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from suite import model_configs  # noqa: E402
+from suite import model_configs, results  # noqa: E402
 from suite.schema import PHASE_MATMULS, PHASES, ROW_FIELDS  # noqa: E402
 
 # ---- one style ------------------------------------------------------------------------------
@@ -79,6 +83,8 @@ PROVIDER_STYLE = {
     "torch_native":       dict(color=OKABE_ITO["reddish purple"], marker="<", linestyle="-"),
     "liger_flce":         dict(color=OKABE_ITO["bluish green"], marker="D", linestyle="-"),
     "liger_ce":           dict(color=OKABE_ITO["bluish green"], marker="d", linestyle="--"),
+    # suite.train's seed-000 setup: selective rows, then Liger CE (a Liger variant)
+    "selective+liger_ce": dict(color=OKABE_ITO["bluish green"], marker="v", linestyle=":"),
     "apple_cce":          dict(color=OKABE_ITO["blue"], marker="P", linestyle="-"),
     "apple_cce_nofilter": dict(color=OKABE_ITO["blue"], marker="p", linestyle="--"),
     "apple_torch_compile": dict(color=OKABE_ITO["blue"], marker="h", linestyle=":"),
@@ -111,6 +117,9 @@ def style_of(provider: str) -> dict:
     """Colour, marker and line style of ``provider`` (unknown providers: grey, stable marker)."""
     if provider in PROVIDER_STYLE:
         return dict(PROVIDER_STYLE[provider])
+    base = provider.removeprefix("selective+")
+    if base != provider and base in PROVIDER_STYLE:  # selective rows, then X: X's colour
+        return dict(color=PROVIDER_STYLE[base]["color"], marker="v", linestyle=":")
     marker = _FALLBACK_MARKERS[sum(map(ord, provider)) % len(_FALLBACK_MARKERS)]
     return dict(color=REFERENCE_COLOR, marker=marker, linestyle="-.")
 
@@ -613,14 +622,179 @@ def _lower_bound_mib(n, d, v, dtype):
     return gradient_lower_bound_mib(n, d, v, dtype)
 
 
+# ---- 6 and 7: the training step (suite.train) ----------------------------------------------
+
+TRAIN_COMPONENTS = [("weights_mib", "weights"), ("grads_mib", "gradients"),
+                    ("optim_mib", "Adam states"), ("act_mib", "activations"),
+                    ("loss_mib", "loss logits")]
+TRAIN_SETTING = [k for k in results.TRAIN_BENCH_KEY if k != "backend"]
+
+
+def _float(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _max_batch_label(row: dict) -> str:
+    if not row.get("max_batch"):
+        return "-"
+    return f">={row['max_batch']}" if row.get("max_batch_capped") == "1" else row["max_batch"]
+
+
+def _train_settings(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped by setting (device, shape, dtype, vocab), by device then vocabulary."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in TRAIN_SETTING), []).append(r)
+    order = sorted(groups, key=lambda k: (k[0], _float(k[1]), k[2:]))
+    return [groups[k] for k in order]
+
+
+def plot_train_bench(rows: list[dict], out_dir: Path) -> list[Path]:
+    """Per setting (a row of panels per vocabulary): stacked whole-step peak memory at the common
+    batch (weights, gradients, Adam, activations, loss) and tokens/s, each backend's largest
+    batch written on its bar. ``rows``: train_bench.csv rows, one per setting and backend."""
+    settings = _train_settings(rows)
+    if not settings:
+        return []
+    several_devices = len({r["device"] for r in rows}) > 1
+    fig, axes = plt.subplots(len(settings), 2, figsize=(7.2, 2.5 * len(settings) + 0.9),
+                             squeeze=False)
+    for (ax_m, ax_t), group in zip(axes, settings):
+        by_backend = {r["backend"]: r for r in group}
+        names = provider_order(by_backend)
+        for i, name in enumerate(names):
+            r = by_backend[name]
+            style = style_of(name)
+            if r["status"] != "ok":
+                for ax in (ax_m, ax_t):
+                    ax.text(i, 0, f" {r['status']}", rotation=90, ha="center", va="bottom",
+                            fontsize=6, color=style["color"])
+                continue
+            if r["peak_mib"]:
+                bottom = 0.0
+                for col, comp in TRAIN_COMPONENTS:
+                    gib = _float(r[col]) / 1024
+                    ax_m.bar(i, gib, bottom=bottom, color=COMPONENT_COLOR[comp], width=0.7)
+                    bottom += gib
+                ax_m.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=6)
+            else:
+                ax_m.text(i, 0, " no CUDA memory stats", rotation=90, ha="center", va="bottom",
+                          fontsize=6, color=REFERENCE_COLOR)
+            if r["tokens_per_s"]:
+                k_tps = _float(r["tokens_per_s"]) / 1e3
+                ax_t.bar(i, k_tps, color=style["color"], width=0.7, edgecolor="white",
+                         hatch=None if style["linestyle"] == "-" else "//")
+                ax_t.text(i, k_tps, f" max B {_max_batch_label(r)}", ha="center", va="bottom",
+                          fontsize=5.5, rotation=90)
+        for ax in (ax_m, ax_t):
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, rotation=30, ha="right")
+            ax.set_xlim(-0.6, len(names) - 0.4)
+            ax.grid(axis="x", visible=False)
+        first = group[0]
+        batches = sorted({r["batch"] for r in group if r["status"] == "ok" and r["batch"]},
+                         key=_float)
+        batch = batches[0] if len(batches) == 1 else "/".join(batches) or "?"
+        where = f"{first['device']}, " if several_devices else ""
+        ax_m.set_ylabel("GiB")
+        ax_m.set_ylim(0, ax_m.get_ylim()[1] * 1.12)
+        ax_m.set_title(f"{where}V={first['vocab']}: whole-step peak, batch {batch} x "
+                       f"{first['seq_len']}")
+        ax_t.set_ylabel("k tokens/s")
+        ax_t.set_ylim(0, ax_t.get_ylim()[1] * 1.6)  # room for the rotated batch labels
+        ax_t.set_title(f"{where}V={first['vocab']}: throughput (text: largest batch)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COMPONENT_COLOR[c], label=c)
+               for _, c in TRAIN_COMPONENTS]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
+               bbox_to_anchor=(0.5, 0.02))
+    devices = ", ".join(sorted({r["device"] for r in rows}))
+    dtypes = sorted({r["dtype"] for r in rows})
+    dtype = "bf16 autocast" if dtypes == ["bf16"] else ", ".join(dtypes)
+    sources = ", ".join(sorted({r["source"] for r in rows}))
+    fig.suptitle(f"Training step per loss backend ({devices}, {dtype}, AdamW); loss measured, "
+                 f"activations = the rest\nper backend: the latest complete row of {sources}",
+                 fontsize=7)
+    fig_h = fig.get_figheight()
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.55 / fig_h, bottom=0.95 / fig_h,
+                        hspace=0.9, wspace=0.25)
+    return save(fig, out_dir, "train_bench")
+
+
+def plot_train_convergence(summary: list[dict], curves: dict, out_dir: Path) -> list[Path]:
+    """Smoothed loss per run (top) and its relative deviation from naive's of the same run
+    folder (bottom, with the tolerance band and the warm-up shaded). ``summary``: verdict rows
+    (train_convergence.csv); ``curves``: (source, run) -> losses by step."""
+    drawn = [r for r in summary if curves.get((r["source"], r["run"]))]
+    if not drawn:
+        return []
+    window = int(_float(drawn[0]["smooth"])) if drawn[0]["smooth"] else 20
+    tol = _float(drawn[0]["tol"]) if drawn[0]["tol"] else 0.01
+    warm = _float(drawn[0]["warmup_steps"]) if drawn[0]["warmup_steps"] else 0
+    several_sources = len({r["source"] for r in drawn}) > 1
+
+    def smoothed(loss):  # trailing mean, as suite.train.smooth (what the verdict used)
+        return pd.Series(loss, dtype=float).rolling(window, min_periods=1).mean().to_numpy()
+
+    fig, (ax_l, ax_d) = plt.subplots(2, 1, figsize=(6.5, 5.0), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 2]})
+    fig.subplots_adjust(left=0.11, right=0.98, top=0.9, bottom=0.1, hspace=0.08)
+    for r in drawn:
+        style = style_of(r["backend"])
+        linestyle = ":" if r["run"] != r["backend"] else style["linestyle"]  # e.g. naive_rerun
+        label = f"{r['run']} ({r['verdict']})" + (f", {r['source']}" if several_sources else "")
+        s = smoothed(curves[r["source"], r["run"]])
+        ax_l.plot(np.arange(len(s)), s, color=style["color"], linestyle=linestyle, label=label)
+        ref = curves.get((r["source"], "naive"))
+        if ref and r["run"] != "naive":
+            s_ref = smoothed(ref)
+            n = min(len(s), len(s_ref))
+            ax_d.plot(np.arange(n), 100 * (s[:n] - s_ref[:n]) / s_ref[:n], color=style["color"],
+                      linestyle=linestyle)
+    ax_l.set_ylabel(f"loss (nats, mean of {window} steps)")
+    ax_l.legend(frameon=False)
+    ax_d.axhspan(-100 * tol, 100 * tol, color=REFERENCE_COLOR, alpha=0.2, lw=0)
+    ax_d.axvspan(0, warm, color=REFERENCE_COLOR, alpha=0.1, lw=0)
+    ax_d.set_ylabel("vs naive (%)")
+    ax_d.set_xlabel("step")
+    ax_d.set_ylim(-5 * 100 * tol, 5 * 100 * tol)
+    devices = ", ".join(sorted({r["device"] for r in drawn}))
+    fig.suptitle(f"Convergence parity ({devices}): band = +/-{tol:.0%} tolerance, "
+                 f"shaded = warm-up", fontsize=8)
+    return save(fig, out_dir, "train_convergence")
+
+
+def plot_training(run_dirs, out_dir) -> list[Path]:
+    """``train_bench`` and ``train_convergence`` from the training folders ``run_dirs``: per
+    setting and backend (and per convergence run) the complete row of the most recent run
+    (suite.results.latest_complete), so a later complete run supersedes an earlier skipped one."""
+    out_dir = Path(out_dir)
+    written = []
+    with plt.rc_context(PAPER_RC):
+        bench, _ = results.train_bench_rows(run_dirs)
+        written += plot_train_bench(bench, out_dir)
+        summary, _ = results.train_convergence_rows(run_dirs)
+        curves: dict[tuple[str, str], list[float]] = {}
+        for source in dict.fromkeys(r["source"] for r in summary):
+            for c in results.read_train_csv(source, results.TRAIN_CURVES_CSV):
+                curves.setdefault((source, c["run"]), []).append(_float(c["loss"]))
+        written += plot_train_convergence(summary, curves, out_dir)
+    return written
+
+
 # ---- everything -----------------------------------------------------------------------------
 
 def build_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Draw every figure; returns the files written. Raises FileNotFoundError when there is no
-    results.csv under ``results_dir`` (after drawing the breakdown, which needs no results)."""
+    results.csv under ``results_dir`` (after drawing the breakdown and the training figures,
+    which need none)."""
     out_dir = Path(out_dir)
     with plt.rc_context(PAPER_RC):
         written = plot_memory_breakdown(out_dir)
+        if Path(results_dir).is_dir():
+            written += plot_training(results.train_run_dirs(results_dir), out_dir)
         df = load_results(results_dir)
         for draw in (plot_memory_vs_v, plot_time_vs_v, plot_pareto, plot_grad_error):
             written += draw(df, out_dir)
@@ -629,7 +803,7 @@ def build_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--results", default="results",
-                        help="folder searched for */results.csv (default: results)")
+                        help="folder searched for **/results.csv and train*/ (default: results)")
     parser.add_argument("--out", default="plots", help="folder for PNG and PDF (default: plots)")
 
 

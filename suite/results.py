@@ -185,3 +185,68 @@ def load_dataframe(run_dir):
     for col in numeric:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
+
+
+# ---- training-step runs (suite.train): results/train*/ ------------------------------------
+
+TRAIN_BENCH_CSV = "train_bench.csv"
+TRAIN_CONVERGENCE_CSV = "train_convergence.csv"
+TRAIN_CURVES_CSV = "train_curves.csv"
+# One bench measurement: a setting (device, model shape, dtype) at a vocabulary, and a backend.
+TRAIN_BENCH_KEY = ("device", "vocab", "d_model", "n_layer", "n_head", "seq_len", "dtype",
+                   "softcap", "backend")
+TRAIN_CONVERGENCE_KEY = ("device", "vocab", "d_model", "n_layer", "seq_len", "batch", "steps",
+                         "lr", "run")
+# Convergence verdicts that come from a finished training run (the others say why none ran).
+CONVERGENCE_DONE = ("reference", "pass", "fail", "diverged")
+
+
+def train_run_dirs(results_dir) -> list[Path]:
+    """The folders ``results_dir/train*/`` holding a training CSV, by name."""
+    root = Path(results_dir)
+    return [d for d in sorted(root.glob("train*")) if d.is_dir() and
+            ((d / TRAIN_BENCH_CSV).exists() or (d / TRAIN_CONVERGENCE_CSV).exists())]
+
+
+def read_train_csv(run_dir, name: str) -> list[dict]:
+    """Rows of ``run_dir/name`` (torn lines dropped), each with ``source``: the folder as given;
+    [] when the file is missing."""
+    path = Path(run_dir) / name
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if None not in r and None not in r.values()]
+    return [dict(r, source=Path(run_dir).as_posix()) for r in rows]
+
+
+def latest_complete(rows: list[dict], key, complete) -> tuple[list[dict], list[dict]]:
+    """Per ``key``, the most recent row for which ``complete(row)`` holds, else the most recent
+    row (recency: the run's ``timestamp``, then the folder name). An incomplete attempt (skipped,
+    timed out, OOM on a fragmented heap) must not hide a later complete run, and a later failure
+    must not hide an earlier success either: a measurement is kept, not overwritten.
+    Returns (chosen rows in first-seen key order, the rows not chosen)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k, "") for k in key), []).append(r)
+    chosen, others = [], []
+    for group in groups.values():
+        by_recency = sorted(group, key=lambda r: (r.get("timestamp", ""), r["source"]))
+        done = [r for r in by_recency if complete(r)]
+        best = (done or by_recency)[-1]
+        chosen.append(best)
+        others += [r for r in group if r is not best]
+    return chosen, others
+
+
+def train_bench_rows(run_dirs) -> tuple[list[dict], list[dict]]:
+    """(chosen, superseded) bench rows of the folders: per setting and backend, the row with
+    status ok from the most recent run (else the most recent row)."""
+    rows = [r for d in run_dirs for r in read_train_csv(d, TRAIN_BENCH_CSV)]
+    return latest_complete(rows, TRAIN_BENCH_KEY, lambda r: r["status"] == "ok")
+
+
+def train_convergence_rows(run_dirs) -> tuple[list[dict], list[dict]]:
+    """(chosen, superseded) convergence verdict rows, chosen like :func:`train_bench_rows`."""
+    rows = [r for d in run_dirs for r in read_train_csv(d, TRAIN_CONVERGENCE_CSV)]
+    return latest_complete(rows, TRAIN_CONVERGENCE_KEY,
+                           lambda r: r["verdict"] in CONVERGENCE_DONE)
