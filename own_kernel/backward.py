@@ -145,6 +145,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
                 de32.addmm_(w_chunk, c_chunk)
             else:
                 torch.addmm(de32, w_chunk, c_chunk, out_dtype=torch.float32, out=de32)
+            del w_chunk  # a view keeps the workspace alive past `del work` below
         else:
             LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
                 work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
