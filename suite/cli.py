@@ -13,10 +13,10 @@ from pathlib import Path
 # Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
 EXTERNAL = {
     "reproduce": ("suite.reproduce", "reproduce the paper's Table 1 (Gemma 2 2B shape)"),
-    "plots": ("suite.plots", "draw every figure from results/**/results.csv"),
+    "plots": ("suite.plots", "draw every figure from results/**/results.csv and results/train*/"),
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
     "gate": ("suite.gate", "regression gates on results"),
-    "report": ("suite.report", "markdown tables from a results folder; --update-readme"),
+    "report": ("suite.report", "markdown tables from a run folder or training-step folders; --update-readme"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
 DISTS = ("uniform", "lm", "file")
