@@ -22,7 +22,9 @@ EXPECTED_STEMS = {
     "pareto_bf16_uniform_d2304_softcap30", "pareto_bf16_lm_d2304_softcap30",
     "pareto_bf16_uniform_d4096", "pareto_bf16_lm_d4096", "pareto_fp32_uniform_d2304",
     "grad_error_bf16", "grad_error_fp32",
+    "train_bench", "train_convergence",  # tests/fixtures/train-fixture-* (make_train_fixture.py)
 }
+TRAIN_RUNS = [FIXTURE / "train-fixture-a", FIXTURE / "train-fixture-b"]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,50 @@ def test_every_figure_is_written_as_png_and_pdf(built):
         data = pdf.read_bytes()
         assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:], stem
         assert b"/CreationDate" not in data  # no timestamp: rebuilds are byte-identical
+
+
+def test_training_figures_from_the_fixture(tmp_path, monkeypatch):
+    """Both training figures, from the latest complete row per backend; a rebuild writes the
+    same bytes; a folder without convergence files gives the bench figure only."""
+    drawn = {}
+    real_bench, real_conv = plots.plot_train_bench, plots.plot_train_convergence
+
+    def bench(rows, out):
+        drawn["bench"] = {(r["vocab"], r["backend"]): (r["source"], r["status"]) for r in rows}
+        return real_bench(rows, out)
+
+    def conv(summary, curves, out):
+        drawn["runs"] = [r["run"] for r in summary if curves.get((r["source"], r["run"]))]
+        return real_conv(summary, curves, out)
+
+    monkeypatch.setattr(plots, "plot_train_bench", bench)
+    monkeypatch.setattr(plots, "plot_train_convergence", conv)
+    written = plots.plot_training(TRAIN_RUNS, tmp_path / "one")
+    assert [p.name for p in written] == ["train_bench.png", "train_bench.pdf",
+                                        "train_convergence.png", "train_convergence.pdf"]
+    for path in written:
+        assert path.stat().st_size > 10_000, path.name
+    with Image.open(tmp_path / "one" / "train_bench.png") as im:
+        assert im.width > 300 and min(im.convert("L").getextrema()) < 100
+    a, b = (d.as_posix() for d in TRAIN_RUNS)
+    assert drawn["bench"][("5000", "naive")] == (b, "ok")  # not a's earlier OOM
+    assert drawn["bench"][("5000", "apple_cce")] == (b, "crashed")  # drawn as its status
+    assert drawn["bench"][("1000", "own")] == (a, "ok")
+    assert len(drawn["bench"]) == 10
+    assert drawn["runs"] == ["naive", "naive_rerun", "own", "apple_cce"]  # liger_flce: no curve
+
+    again = plots.plot_training(TRAIN_RUNS, tmp_path / "two")
+    for first, second in zip(written, again):
+        assert first.read_bytes() == second.read_bytes(), first.name
+    only_bench = plots.plot_training(TRAIN_RUNS[1:], tmp_path / "three")
+    assert [p.name for p in only_bench] == ["train_bench.png", "train_bench.pdf"]
+    assert plots.plot_training([], tmp_path / "four") == []
+
+
+def test_selective_backends_take_their_base_colour():
+    assert plots.style_of("selective+liger_ce")["color"] == plots.style_of("liger_ce")["color"]
+    assert plots.style_of("selective+own")["color"] == plots.style_of("own")["color"]
+    assert plots.style_of("selective+own")["marker"] == plots.style_of("selective")["marker"]
 
 
 def test_failed_cells_are_marked_not_dropped(built):

@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -323,6 +324,15 @@ def test_cli_end_to_end_cpu(tmp_path):
     assert len(curves) == 3 * 30  # naive, its rerun, chunked
     env = json.loads((out / "env.json").read_text())
     assert env["train_args"]["steps"] == 30
+
+
+def test_replot_draws_from_the_csvs_through_suite_plots(tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "fixtures" / "train-fixture-a", out)
+    assert tr.main(parse(["--replot", "--out", str(out)])) == 0
+    for name in ("train_bench.png", "train_bench.pdf", "train_convergence.png",
+                 "train_convergence.pdf"):
+        assert (out / name).stat().st_size > 10_000, name
 
 
 def test_selective_composition():

@@ -1,0 +1,131 @@
+"""suite/report.py's training-step table (render_train) and the report command's dispatch, on
+the synthetic fixture runs tests/fixtures/train-fixture-{a,b} (make_train_fixture.py)."""
+import argparse
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+
+from suite import report, results
+from suite.train import BENCH_FIELDS
+
+FIXTURE = Path(__file__).parent / "fixtures"
+RUN_A, RUN_B = FIXTURE / "train-fixture-a", FIXTURE / "train-fixture-b"
+
+
+def _section(text: str, start: str, end: str | None = None) -> str:
+    part = text[text.index(start):]
+    return part[:part.index(end)] if end else part
+
+
+def _table_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith(("| backend", "| run |"))]
+
+
+def test_bench_rows_per_vocab_with_capped_failed_and_superseded_rows():
+    text = report.render_train([RUN_A, RUN_B])
+    v1000 = _section(text, "**V = 1000**", "**V = 5000**")
+    assert _table_rows(v1000) == [
+        "| naive | 20.0 | 12.0 | 1,000 | 12 |",
+        "| liger_ce | 12.0 | 4.00 | 1,500 | 20 |",
+        "| selective+liger_ce | 9.00 | 1.00 | 1,800 | 30 |",
+        "| apple_cce | oom | – | – | 3 |",
+        "| own | 8.50 | 0.50 | 900 | >= 64 (cap) |",
+    ]
+    assert "- apple_cce: oom: OutOfMemoryError('CUDA out of memory." in v1000
+    assert "batch 8 x 128 tokens" in v1000 and f"from `{RUN_A.as_posix()}`" in v1000
+    # V = 5000: the later complete run wins over the older OOM / skipped rows, which are named
+    v5000 = _section(text, "**V = 5000**", "**Convergence parity**")
+    assert _table_rows(v5000)[0] == "| naive | 40.0 | 30.0 | 500 | 3 |"
+    assert "| apple_cce | crashed | – | – | – |" in v5000
+    assert "- apple_cce: crashed: worker exited with code -11" in v5000
+    assert (f"superseded by the row above of each backend: oom: naive; skipped: own "
+            f"(`{RUN_A.as_posix()}`)") in v5000
+    assert "| own | 10.5 | 0.50 | 400 | >= 64 (cap) |" in v5000
+
+
+def test_seed000_comparison_is_computed_from_the_rows():
+    text = report.render_train([RUN_A, RUN_B])
+    assert ("Seed 000's steps at V = 1000, batch 8 x 128: Liger CE instead of naive CE saves "
+            "8.0 GiB of the step's peak (20.0 -> 12.0 GiB); selecting the labelled rows first "
+            "(selective+liger_ce) saves 3.0 GiB more (-> 9.00 GiB).") in text
+    assert "Seed 000's steps at V = 5000, batch 2 x 128: Liger CE instead of naive CE saves " \
+           "20.0 GiB" in text
+    rows, _ = results.train_bench_rows([RUN_A])
+    v5000 = [r for r in rows if r["vocab"] == "5000"]
+    assert "not measured" in report.seed000_comparison(v5000)  # naive OOM there
+
+
+def test_convergence_verdicts():
+    text = report.render_train([RUN_A, RUN_B])
+    conv = _section(text, "**Convergence parity**")
+    assert "within 1 % of naive's after step 5" in conv
+    assert _table_rows(conv) == [
+        "| naive | naive | reference | – | 2.0000 | – | 50,000 | 2.00 |",
+        "| naive_rerun | naive | pass | 0.200 % (7) | 2.0000 | +0.100 % | 50,000 | 2.00 |",
+        "| own | own | pass | 0.200 % (7) | 2.0000 | +0.100 % | 50,000 | 2.00 |",
+        "| apple_cce | apple_cce | fail | 2.500 % (7) | 2.0000 | +1.250 % | 50,000 | 2.00 |",
+        "| liger_flce | liger_flce | unavailable | – | – | – | – | – |",
+    ]
+    assert "- liger_flce: unavailable: liger-kernel is not installed" in conv
+
+
+def test_missing_convergence_file_and_folder_without_training_csvs(tmp_path):
+    text = report.render_train([RUN_B])
+    assert "No train_convergence.csv in these folders: no convergence verdicts." in text
+    assert "**V = 5000**" in text and "**V = 1000**" not in text
+    with pytest.raises(ValueError, match="no train_bench.csv or train_convergence.csv"):
+        report.render_train([RUN_B, tmp_path])
+
+
+def test_a_later_failure_does_not_hide_an_earlier_success_and_mixed_runs_say_so(tmp_path):
+    """A newer run at V = 1000: naive times out (a's ok row stays), own ok at another batch
+    (it wins): the table names each row's batch and run."""
+    newer = tmp_path / "train-newer"
+    newer.mkdir()
+    shutil.copy(RUN_A / "env.json", newer / "env.json")
+    with open(RUN_A / "train_bench.csv", newline="") as f:
+        old = {r["backend"]: r for r in csv.DictReader(f) if r["vocab"] == "1000"}
+    stamp = "2003-01-01T00:00:00"
+    timeout = {k: "" for k in BENCH_FIELDS} | {k: old["naive"][k] for k in (
+        "device", "vocab", "d_model", "n_layer", "n_head", "seq_len", "dtype", "softcap",
+        "backend")} | {"timestamp": stamp, "status": "timeout", "error": "no result"}
+    own = dict(old["own"], timestamp=stamp, batch="4", peak_mib="8192")
+    with open(newer / "train_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, BENCH_FIELDS)
+        w.writeheader()
+        w.writerows([timeout, own])
+    text = report.render_train([RUN_A, newer])
+    v1000 = _section(text, "**V = 1000**", "**Convergence parity**")
+    assert "| backend | peak GiB | loss GiB | tokens/s | largest batch | batch | run |" in v1000
+    assert f"| naive | 20.0 | 12.0 | 1,000 | 12 | 8 | `{RUN_A.as_posix()}` |" in v1000
+    assert f"| own | 8.00 | 0.50 | 900 | >= 64 (cap) | 4 | `{newer.as_posix()}` |" in v1000
+    assert f"timeout: naive (`{newer.as_posix()}`)" in v1000
+    assert f"ok: own (`{RUN_A.as_posix()}`)" in v1000
+
+
+def _main(argv):
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    return report.main(parser.parse_args(argv))
+
+
+def test_report_command_picks_the_training_table(tmp_path, capsys):
+    assert _main([str(RUN_A), str(RUN_B)]) == 0
+    assert "**Convergence parity**" in capsys.readouterr().out
+    assert _main([str(RUN_A), str(FIXTURE / "synthetic_run")]) == 1
+    assert "mix of training-step folders" in capsys.readouterr().out
+    assert _main([str(FIXTURE / "synthetic_run"), str(FIXTURE / "synthetic_run")]) == 1
+    assert "give one run folder" in capsys.readouterr().out
+
+
+def test_update_readme_rewrites_only_the_train_section(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:gemma2-2b:start -->\nkeep\n<!-- results:gemma2-2b:end -->\n"
+                      "<!-- results:train:start -->\nold\n<!-- results:train:end -->\noutro\n")
+    report.update_readme(report.render_train([RUN_A, RUN_B]), "train", readme=readme)
+    doc = readme.read_text()
+    assert "keep" in doc and "old" not in doc and doc.endswith("outro\n")
+    assert "| naive | 40.0 | 30.0 | 500 | 3 |" in doc
