@@ -1,13 +1,28 @@
-"""Backward launcher: vocabulary chunks of (dlogits -> dE += W @ C -> dC = W^T @ E).
+"""Backward launcher: vocabulary chunks of (softmax gradient W -> dE += W @ C -> dC = W^T @ E).
 
-Memory: the gradients themselves (dE, dC, dbias), an fp32 accumulator for dE (N x D), one
-workspace W of N x chunk values in the input dtype (chunk sized from the config's workspace
-budget), and O(N + V) fp32 vectors. Nothing N x V.
+Two ways to produce a chunk's W (N x width, input dtype):
+- cuBLAS path (config recompute="cublas"): cuBLAS recomputes the chunk's logits in fp32 into X,
+  softmax_grad.py turns X into W. X and W live in the part of dC that no chunk has written yet
+  (its tail), so the wide chunks that keep the GEMMs near peak, and the fp32 dE accumulator's
+  re-reads few, cost no memory beyond the gradients. Chunks shrink as dC fills up; below
+  cublas_min_width the rest of the vocabulary goes the fused path.
+- fused path: dlogits.py recomputes the logits inside a Triton GEMM and writes W directly (2
+  bytes per entry instead of 6); its workspace is dE's own output buffer when that is wide enough,
+  else a workspace_mib allocation.
+dE accumulates in fp32 (cuBLAS addmm with out_dtype, or grad_e.py); dC = W^T @ E once per chunk.
 
-Exact mode runs the two GEMMs on cuBLAS where it can accumulate dE in fp32 (addmm with
-out_dtype); the filtered mode runs block-sparse Triton GEMMs that skip masked-out tiles.
+Filtering: the cuBLAS path skips whole columns (vocabulary entries) where every |d| of the rows
+that may skip is below their eps, and runs the GEMMs on the kept columns only, gathered; rows
+that may not skip (flat softmax) get their own exact GEMMs. The fused path skips
+BLOCK_N x BLOCK_V tiles in block-sparse Triton GEMMs. Both add back what they skip through a
+rank-1 model (skip-weighted mean rows of C and E), and what rounding to the input dtype removes
+through the plain mean rows (see dlogits.py for why: the component that all rows of C share).
+
+Memory: dE, dC, dbias, an fp32 accumulator for dE (N x D), O(N + V) fp32 vectors; on the fused
+path without a wide enough dE buffer one workspace. Nothing N x V.
 """
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -18,12 +33,15 @@ from own_kernel.finalize_de import cce_finalize_de_kernel
 from own_kernel.forward import LAST_COMPILED, dot_precision
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
+from own_kernel.rank1_dc import cce_rank1_dc_kernel
+from own_kernel.softmax_grad import cce_softmax_grad_kernel
 from own_kernel.tile import softcap_scalars
 
 # Rows sampled for the plain mean rows of C and E used by the rounding corrections: any vector
 # keeps the result exact (see dlogits.py); a good estimate of the shared component keeps the
 # residual small.
 MEAN_SAMPLE_ROWS = 4096
+WORKSPACE_ALIGN = 256  # bytes; X and W start on this boundary inside dC
 _CUBLAS_FP32_ACC: dict = {}
 
 
@@ -42,13 +60,33 @@ def weighted_mean(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
-    """Vocabulary columns per chunk: the workspace budget's worth, but at least min_chunk (the
-    GEMMs' reduction / row count; with many tokens a fixed budget makes them too thin to run
-    near peak, and each chunk also re-reads and re-writes the fp32 dE accumulator)."""
+    """Fused-path vocabulary columns per chunk: the workspace budget's worth, but at least
+    min_chunk (the GEMMs' reduction / row count; with many tokens a fixed budget makes them too
+    thin to run near peak, and each chunk also re-reads and re-writes the fp32 dE accumulator)."""
     bv = cfg["dlogits"]["BLOCK_V"]
     budget = cfg["workspace_mib"] * 2**20
     chunk = max(budget // max(1, n * elt), cfg.get("min_chunk", 0)) // bv * bv
     return int(min(max(chunk, bv), triton.cdiv(v, bv) * bv))
+
+
+def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int):
+    """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's X and W (n * (4 + elt) bytes per
+    column) sit at the end of dC, its own dC rows at the front of what is unwritten: as wide as
+    both fit (up to cublas_max_width), until that falls below cublas_min_width."""
+    plan, v_start = [], 0
+    if cublas and n > 0:
+        align, row = cfg["cublas_align"], d * elt
+        total = v * row - WORKSPACE_ALIGN
+        while v_start < v:
+            fit = (total - v_start * row) // (n * (4 + elt) + row)
+            width = min(cfg["cublas_max_width"], fit // align * align, v - v_start)
+            if width <= 0 or (width < cfg["cublas_min_width"] and width < v - v_start):
+                break
+            plan.append((v_start, width, "cublas"))
+            v_start += width
+    for start in range(v_start, v, fused_width):
+        plan.append((start, min(fused_width, v - start), "fused"))
+    return plan
 
 
 def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
@@ -65,6 +103,60 @@ def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     return _CUBLAS_FP32_ACC[key]
 
 
+# ---- GEMMs in torch: cuBLAS on CUDA; fp32 math on the CPU (interpreter tests) -----------------
+
+def mm_fp32(a, b, out):
+    """out (fp32) = a @ b, products of 16-bit inputs accumulated in fp32."""
+    if a.dtype == torch.float32:
+        torch.mm(a, b, out=out)
+    elif a.is_cuda:
+        torch.mm(a, b, out_dtype=torch.float32, out=out)
+    else:
+        torch.mm(a.float(), b.float(), out=out)
+
+
+def addmm_fp32(acc, a, b):
+    """acc (fp32) += a @ b."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(a.float(), b.float())
+
+
+def mm_scaled(out, a, b, scale, accumulate=False):
+    """out (input dtype) (+)= scale * a @ b."""
+    if a.is_cuda:
+        torch.addmm(out, a, b, beta=1 if accumulate else 0, alpha=scale, out=out)
+    else:
+        res = torch.mm(a.float(), b.float()) * scale
+        out.copy_(res + out.float() if accumulate else res)
+
+
+def rank1_dc(dc, a, x, scale, accumulate):
+    """dc[v, :] (+)= scale * a[v] * x."""
+    v, d = dc.shape
+    if v == 0:
+        return
+    block_d = min(128, triton.next_power_of_2(max(d, 16)))
+    cce_rank1_dc_kernel[(triton.cdiv(v, 32), triton.cdiv(d, block_d))](
+        dc, a, x, v, d, dc.stride(0), dc.stride(1), float(scale),
+        ACCUMULATE=accumulate, BLOCK_V=32, BLOCK_D=block_d)
+
+
+@dataclass
+class Grads:
+    """What the chunks accumulate into."""
+    dc: torch.Tensor             # (V, D), input dtype; its unwritten tail is the cuBLAS workspace
+    de32: torch.Tensor           # (N, D) fp32
+    row_round: torch.Tensor      # (N,) what rounding W removed, per row / per column
+    col_round: torch.Tensor      # (V,)
+    row_skip: torch.Tensor       # (N,) what the filter skipped, per row / per column
+    col_skip: torch.Tensor       # (V,)
+    col_sum: torch.Tensor        # (V,) sum of d per column (dbias)
+
+
 def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
              filter_eps, filter_min_p_max=0.0):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
@@ -73,10 +165,6 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
-    dlog, kde, kdc = dict(cfg["dlogits"]), cfg["de"], cfg["dc"]
-    dlog.setdefault("TILES", 1)
-    dlog.setdefault("FLATTEN", False)
-    bn, bv = dlog["BLOCK_N"], dlog["BLOCK_V"]
 
     # Normalise the row weights so d is O(1) in the workspace (a mean over N tokens would push
     # fp16 values into subnormals); the scale comes back in dE's and dC's epilogues.
@@ -92,87 +180,197 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         row_weight_lse = row_weight_lse / scale
 
     row_eps = None
-    if filter_eps is not None:
-        row_eps = torch.where(p_max >= filter_min_p_max, float(filter_eps), 0.0)
-        # No row may skip anything (all flat, or eps 0): the exact path is the same result, faster.
-        if not bool((row_eps > 0).any()):
-            filter_eps = None
-    filtered = filter_eps is not None
-    # Exact mode may hand its GEMMs to cuBLAS: dC = W^T @ E always can (bf16 out, one chunk per
-    # row block of dC); dE += W @ C only where addmm accumulates a 16-bit product into fp32.
-    cublas_dc = (not filtered and e.device.type == "cuda" and cfg.get("exact_gemm") == "cublas")
-    cublas_de = (cublas_dc and cfg.get("exact_de", "cublas") == "cublas"
-                 and (e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype)))
+    if filter_eps is not None and filter_eps > 0:
+        # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep
+        # everything (eps 0); the rest skip entries below filter_eps.
+        active = row_weight != 0
+        if row_weight_lse is not None:
+            active |= row_weight_lse != 0
+        peaked = active & (p_max >= filter_min_p_max)
+        row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
+        if not bool(peaked.any()):
+            row_eps = None  # no row may skip anything: the exact path is the same result, faster
+    filtered = row_eps is not None
+    cuda = e.device.type == "cuda"
+    fp32_acc = e.dtype == torch.float32 or not cuda or cublas_accumulates_fp32(e.device, e.dtype)
+    cublas = cfg.get("recompute") == "cublas" and fp32_acc
+
     # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
-    # peak that dC, the dE accumulator and the workspace make together.
+    # peak that dC and the dE accumulator make together.
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
-    e_skip_mean = e_mean
-    chunk = chunk_size(n, v, e.element_size(), cfg)
-    num_nb = triton.cdiv(n, bn)
-    mask_stride = triton.cdiv(v, bv)
     f32 = dict(device=e.device, dtype=torch.float32)
-    work = torch.empty((n, chunk), device=e.device, dtype=e.dtype)
-    mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
-    row_eps = row_eps if filtered else row_weight  # (unused without the filter)
-    dc = torch.empty_like(c)  # every row is written by one chunk's GEMM
-    de32 = torch.zeros((n, d), **f32)
-    row_round, col_round = torch.zeros(n, **f32), torch.zeros(v, **f32)
-    row_skip, col_skip = (torch.zeros(n, **f32), torch.zeros(v, **f32)) if filtered else (row_round, col_round)
-    row_skip_chunk = torch.zeros(n, **f32) if filtered else row_round
-    col_sum = torch.zeros(v, **f32) if bias is not None else col_round
+    g = Grads(dc=torch.empty((v, d), device=e.device, dtype=e.dtype), de32=torch.zeros((n, d), **f32),
+              row_round=torch.zeros(n, **f32), col_round=torch.zeros(v, **f32),
+              row_skip=torch.zeros(n, **f32), col_skip=torch.zeros(v, **f32),
+              col_sum=torch.zeros(v, **f32))
+
+    # The fused path's workspace: dE's output buffer (free until the end) when it holds at least
+    # 3/4 of the configured chunk; narrower chunks re-read the fp32 accumulator too often.
+    bv = cfg["dlogits"]["BLOCK_V"]
+    fused_width = chunk_size(n, v, e.element_size(), cfg)
+    de_width = min(d // bv * bv, fused_width)
+    de = work = None
+    if de_width >= max(bv, 3 * fused_width // 4):
+        fused_width = de_width
+        de = torch.empty((n, d), device=e.device, dtype=e.dtype)
+        work = de.view(-1)[: n * de_width].view(n, de_width)
+    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width)
     hungry = None
     if os.environ.get("CCE_OWN_DEGRADE") == "hungry":
         hungry = torch.ones((v // 4, d), device=e.device, dtype=e.dtype)  # deliberate waste, for the gate
-    precision = dot_precision(e.dtype)
 
-    for v_start in range(0, v, chunk):
-        width = min(chunk, v - v_start)
-        if filtered:
-            row_skip_chunk.zero_()
-        groups = triton.cdiv(triton.cdiv(width, bv), dlog["TILES"])
-        LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(num_nb * groups,)](
-            e, c, bias if bias is not None else e, targets, lse, row_weight,
-            row_weight_lse if row_weight_lse is not None else row_weight,
-            work, mask, row_eps, row_round, col_round, row_skip_chunk, col_skip, col_sum,
-            n, v, d, v_start, width, mask_stride, work.stride(0),
-            e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            *softcap_scalars(softcap), float(smooth),
-            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
-            HAS_GRAD_LSE=row_weight_lse is not None, DOT_PRECISION=precision, **dlog)
-        if cublas_de:
-            w_chunk, c_chunk = work[:, :width], c[v_start:v_start + width]
-            if e.dtype == torch.float32:
-                de32.addmm_(w_chunk, c_chunk)
-            else:
-                torch.addmm(de32, w_chunk, c_chunk, out_dtype=torch.float32, out=de32)
-            del w_chunk  # a view keeps the workspace alive past `del work` below
+    flat = None
+    if filtered and any(kind == "cublas" for _, _, kind in plan):
+        flat = torch.nonzero(row_eps == 0).squeeze(1)
+        if flat.numel() > cfg["filter_max_flat"] * n:
+            flat = None  # too many rows keep every column: column skipping would skip nothing
+    args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale_f)
+    for v_start, width, kind in plan:
+        if kind == "cublas":
+            cublas_chunk(*args, row_eps if flat is not None else None, flat, v_start, width)
         else:
-            LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
-                work, c, mask, de32, n, d, v_start, width, mask_stride, work.stride(0),
-                c.stride(0), c.stride(1), de32.stride(0),
-                FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
-        if cublas_dc:
-            dc_chunk = dc[v_start:v_start + width]
-            torch.addmm(dc_chunk, work[:, :width].t(), e, beta=0, alpha=scale_f, out=dc_chunk)
-            dc_chunk.addr_((col_round[v_start:v_start + width] * scale_f).to(e.dtype), e_mean.to(e.dtype))
-            continue
-        if filtered:
-            e_skip_mean = weighted_mean(row_skip_chunk, e)
-            row_skip += row_skip_chunk
-        LAST_COMPILED["grad_c"] = cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
-            work, e, mask, col_round, e_mean, col_skip, e_skip_mean, dc, scale_f,
-            n, v, d, v_start, width, mask_stride, work.stride(0),
-            e.stride(0), e.stride(1), dc.stride(0), dc.stride(1),
-            FILTER=filtered, MASK_BN=bn, MASK_BV=bv, DOT_PRECISION=precision, **kdc)
+            if work is None:
+                work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
+            fused_chunk(*args, row_eps, work, e_mean, v_start, width)
     del work
-    c_skip_mean = weighted_mean(col_skip, c) if filtered else c_mean
-    de = torch.empty_like(e)
+
+    c_skip_mean = weighted_mean(g.col_skip, c) if filtered else c_mean
+    if de is None:
+        de = torch.empty((n, d), device=e.device, dtype=e.dtype)
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
     cce_finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, block_d))](
-        de32, row_round, c_mean, row_skip, c_skip_mean, de, n, d,
-        de32.stride(0), de.stride(0), de.stride(1), scale_f,
+        g.de32, g.row_round, c_mean, g.row_skip, c_skip_mean, de, n, d,
+        g.de32.stride(0), de.stride(0), de.stride(1), scale_f,
         FILTER=filtered, BLOCK_N=32, BLOCK_D=block_d)
+    # What rounding W removed from each column of dC (the chunks that grad_c.py wrote have added
+    # theirs already and zeroed it).
+    rank1_dc(g.dc, g.col_round, e_mean, scale_f, accumulate=True)
     if bias is not None:
-        dbias.copy_(col_sum * scale_f)
+        dbias.copy_(g.col_sum * scale_f)
     del hungry  # held to the end, so it raises the backward's peak whatever phase peaks
-    return de, dc, dbias
+    return de, g.dc, dbias
+
+
+def cublas_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g,
+                 scale_f, row_eps, flat, v_start, width):
+    """One chunk on the cuBLAS path; row_eps None = exact."""
+    n, d = e.shape
+    elt = e.element_size()
+    filtered = row_eps is not None
+    dc_bytes = g.dc.view(-1).view(torch.uint8)
+    start = (dc_bytes.numel() - n * width * (4 + elt)) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    x = dc_bytes[start:start + 4 * n * width].view(torch.float32).view(n, width)
+    w = dc_bytes[start + 4 * n * width:start + (4 + elt) * n * width].view(e.dtype).view(n, width)
+    c_chunk = c[v_start:v_start + width]
+    mm_fp32(e, c_chunk.t(), x)
+
+    f32 = dict(device=e.device, dtype=torch.float32)
+    if filtered:
+        row_wsum, col_wsum = torch.zeros(n, **f32), torch.zeros(width, **f32)
+        col_keep = torch.zeros(width, device=e.device, dtype=torch.int32)
+    else:
+        row_wsum, col_wsum, col_keep = g.row_round, g.col_round, g.col_round  # unused
+    k = cfg["softmax_grad"]
+    grid = (triton.cdiv(n, k["BLOCK_N"]) * triton.cdiv(triton.cdiv(width, k["BLOCK_V"]), k["TILES"]),)
+    LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[grid](
+        x, w, bias if bias is not None else x, targets, lse, row_weight,
+        row_weight_lse if row_weight_lse is not None else row_weight,
+        row_eps if filtered else row_weight,
+        g.row_round, g.col_round, row_wsum, col_wsum, col_keep, g.col_sum,
+        n, c.shape[0], v_start, width, x.stride(0), w.stride(0),
+        *softcap_scalars(softcap), float(smooth),
+        HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
+        HAS_GRAD_LSE=row_weight_lse is not None, **k)
+    dc_chunk = g.dc[v_start:v_start + width]
+    if filtered:
+        kept = torch.nonzero(col_keep).squeeze(1)
+        if kept.numel() <= cfg["filter_max_kept"] * width:
+            sparse_chunk(e, c_chunk, g, scale_f, flat, v_start, x, w, dc_chunk, kept,
+                         row_wsum, col_wsum, col_keep)
+            return
+    addmm_fp32(g.de32, w, c_chunk)
+    mm_scaled(dc_chunk, w.t(), e, scale_f)
+
+
+def sparse_chunk(e, c_chunk, g, scale_f, flat, v_start, x, w, dc_chunk, kept, row_wsum,
+                 col_wsum, col_keep):
+    """GEMMs on the kept columns of W only; skipped columns through the rank-1 model; rows that
+    may not skip (flat) through their own exact GEMMs over every column."""
+    n, d = e.shape
+    num_kept, width = kept.numel(), w.shape[1]
+    # The kept columns, gathered into X's space (X is consumed).
+    wk = x.view(-1).view(torch.uint8)[: n * num_kept * e.element_size()].view(e.dtype).view(n, num_kept)
+    torch.index_select(w, 1, kept, out=wk)
+    if flat.numel():
+        wk.index_fill_(0, flat, 0)  # the flat rows' GEMMs below cover these entries
+    # The softmax-gradient kernel summed the rounded values of the rows that may skip; what the
+    # kept columns do not cover of them was skipped.
+    row_skip = row_wsum - wk.sum(dim=1, dtype=torch.float32)
+    col_skip = torch.where(col_keep > 0, 0.0, col_wsum)
+    g.row_skip += row_skip
+    g.col_skip[v_start:v_start + width] = col_skip
+    rank1_dc(dc_chunk, col_skip, weighted_mean(row_skip, e), scale_f, accumulate=False)
+    if num_kept:
+        addmm_fp32(g.de32, wk, c_chunk.index_select(0, kept))
+        dc_kept = torch.empty((num_kept, d), device=e.device, dtype=e.dtype)
+        mm_scaled(dc_kept, wk.t(), e, scale_f)
+        dc_chunk.index_copy_(0, kept, dc_kept)
+    if flat.numel():
+        wf = w.index_select(0, flat)
+        de_flat = torch.empty((flat.numel(), d), device=e.device, dtype=torch.float32)
+        mm_fp32(wf, c_chunk, de_flat)
+        g.de32.index_add_(0, flat, de_flat)
+        mm_scaled(dc_chunk, wf.t(), e.index_select(0, flat), scale_f, accumulate=True)
+
+
+def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g,
+                scale_f, row_eps, work, e_mean, v_start, width):
+    """One chunk on the fused path (dlogits.py); row_eps None = exact."""
+    n, d = e.shape
+    v = c.shape[0]
+    dlog, kde, kdc = dict(cfg["dlogits"]), cfg["de"], cfg["dc"]
+    dlog.setdefault("TILES", 1)
+    dlog.setdefault("FLATTEN", False)
+    bn, bv = dlog["BLOCK_N"], dlog["BLOCK_V"]
+    filtered = row_eps is not None
+    num_nb = triton.cdiv(n, bn)
+    mask_stride = triton.cdiv(v, bv)
+    mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
+    row_skip_chunk = torch.zeros(n, device=e.device, dtype=torch.float32) if filtered else g.row_round
+    precision = dot_precision(e.dtype)
+    cublas_dc = (not filtered and e.is_cuda and cfg.get("exact_gemm") == "cublas")
+    cublas_de = cublas_dc and cfg.get("exact_de", "cublas") == "cublas" and (
+        e.dtype == torch.float32 or cublas_accumulates_fp32(e.device, e.dtype))
+
+    groups = triton.cdiv(triton.cdiv(width, bv), dlog["TILES"])
+    LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(num_nb * groups,)](
+        e, c, bias if bias is not None else e, targets, lse, row_weight,
+        row_weight_lse if row_weight_lse is not None else row_weight,
+        work, mask, row_eps if filtered else row_weight, g.row_round, g.col_round,
+        row_skip_chunk, g.col_skip, g.col_sum,
+        n, v, d, v_start, width, mask_stride, work.stride(0),
+        e.stride(0), e.stride(1), c.stride(0), c.stride(1),
+        *softcap_scalars(softcap), float(smooth),
+        HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
+        HAS_GRAD_LSE=row_weight_lse is not None, DOT_PRECISION=precision, **dlog)
+    w_chunk, c_chunk = work[:, :width], c[v_start:v_start + width]
+    if cublas_de:
+        addmm_fp32(g.de32, w_chunk, c_chunk)
+    else:
+        LAST_COMPILED["grad_e"] = cce_grad_e_kernel[(num_nb * triton.cdiv(d, kde["BLOCK_D"]),)](
+            work, c, mask, g.de32, n, d, v_start, width, mask_stride, work.stride(0),
+            c.stride(0), c.stride(1), g.de32.stride(0),
+            FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
+    if cublas_dc:
+        mm_scaled(g.dc[v_start:v_start + width], w_chunk.t(), e, scale_f)
+        return  # the rounding correction comes at the end (rank1_dc)
+    e_skip_mean = e_mean
+    if filtered:
+        e_skip_mean = weighted_mean(row_skip_chunk, e)
+        g.row_skip += row_skip_chunk
+    LAST_COMPILED["grad_c"] = cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
+        work, e, mask, g.col_round, e_mean, g.col_skip, e_skip_mean, g.dc, scale_f,
+        n, v, d, v_start, width, mask_stride, work.stride(0),
+        e.stride(0), e.stride(1), g.dc.stride(0), g.dc.stride(1),
+        FILTER=filtered, MASK_BN=bn, MASK_BV=bv, DOT_PRECISION=precision, **kdc)
+    g.col_round[v_start:v_start + width] = 0  # grad_c.py has added it

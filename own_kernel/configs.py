@@ -20,7 +20,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # exact_gemm: "cublas" runs exact mode's dC GEMM on cuBLAS, "triton" on this package's kernels
 # (always used by the filtered mode); exact_de picks dE's: "cublas" (addmm into the fp32
 # accumulator with out_dtype) or "triton" (grad_e.py, accumulates in place).
-# workspace_mib sizes the chunk of d held between the kernels, min_chunk its least width.
+# workspace_mib sizes the fused path's chunk of d held between the kernels, min_chunk its least
+# width. recompute: "cublas" recomputes logits with cuBLAS into dC's unwritten tail (backward.py)
+# in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align), "triton"
+# only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
+# exceed this fraction runs dense; filter_max_flat: above this fraction of flat rows (which keep
+# every column) the cuBLAS chunks do not filter at all.
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
@@ -29,6 +34,13 @@ _INTERPRETER = {
     "waves": 2,
     "workspace_mib": 1,
     "exact_gemm": "triton",
+    "softmax_grad": dict(BLOCK_N=16, BLOCK_V=16, TILES=2, num_warps=1),
+    "recompute": "cublas",
+    "cublas_max_width": 48,
+    "cublas_min_width": 8,
+    "cublas_align": 8,
+    "filter_max_kept": 0.5,
+    "filter_max_flat": 0.5,
 }
 
 # Hopper (sm90), 16-bit inputs.
@@ -46,6 +58,13 @@ _SM90_16BIT = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
+    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, TILES=4, num_warps=8),
+    "recompute": "cublas",
+    "cublas_max_width": 4096,
+    "cublas_min_width": 1024,
+    "cublas_align": 64,
+    "filter_max_kept": 0.5,
+    "filter_max_flat": 0.25,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).
@@ -59,6 +78,13 @@ _GENERIC = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
+    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, TILES=4, num_warps=8),
+    "recompute": "cublas",
+    "cublas_max_width": 4096,
+    "cublas_min_width": 1024,
+    "cublas_align": 64,
+    "filter_max_kept": 0.5,
+    "filter_max_flat": 0.25,
 }
 
 

@@ -24,12 +24,14 @@ FWD = [
 ]
 BWD = [
     {},
-    {"exact_de": "triton"},
-    {"exact_de": "triton", "workspace_mib": 64},
-    {"workspace_mib": 80},
-    {"exact_gemm": "triton"},
+    {"recompute": "triton"},
+    {"cublas_max_width": 8192},
+    {"cublas_max_width": 2048},
+    {"cublas_min_width": 512},
+    {"softmax_grad": dict(BLOCK_N=64, BLOCK_V=128, TILES=4, num_warps=8)},
+    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=512, TILES=2, num_warps=4)},
 ]
-FILTER = [{}, {"dc": dict(BLOCK_M=64)}, {"workspace_mib": 80}]
+FILTER = [{}, {"recompute": "triton"}, {"filter_max_kept": 0.25}, {"cublas_max_width": 8192}]
 
 
 def bench(fn, reps=10):

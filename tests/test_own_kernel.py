@@ -170,3 +170,49 @@ def test_bad_input_names_the_argument(kwargs, match):
             args[k] = kwargs.pop(k)
     with pytest.raises((ValueError, TypeError), match=match):
         linear_cross_entropy(args["e"], args["c"], args["targets"], **kwargs)
+
+
+@pytest.mark.parametrize("recompute", ["cublas", "triton"])
+@pytest.mark.parametrize("dtype, softcap, has_bias", [(torch.float32, 30.0, True), (torch.float16, None, False)])
+def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, softcap, has_bias):
+    # "cublas": logits recomputed by torch.mm into dC's unwritten tail, then softmax_grad.py;
+    # "triton": the fused dlogits kernel for the whole vocabulary. Exact and filtered.
+    import json
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({"recompute": recompute}))
+    g = torch.Generator().manual_seed(11)
+    e = torch.randn(29, 24, generator=g).to(dtype).requires_grad_()
+    c = torch.randn(113, 24, generator=g).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(113, generator=g)).to(dtype).requires_grad_() if has_bias else None
+    t = torch.randint(0, 113, (29,), generator=g)
+    ref, e2, c2, b2 = reference(e, c, t, bias, softcap)
+    ref.backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for filter_eps in (None, 1e-9):  # an eps below every entry skips nothing: still exact
+        e.grad = c.grad = None
+        if bias is not None:
+            bias.grad = None
+        linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, filter_eps=filter_eps).backward()
+        assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+        if has_bias:
+            assert rel(bias.grad, b2.grad) < tol
+
+
+@pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
+                                          (8192, 32000, 4096, 2), (1, 7, 16, 2)])
+def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
+    from own_kernel.backward import WORKSPACE_ALIGN, chunk_plan
+    from own_kernel.configs import _SM90_16BIT, _INTERPRETER
+
+    for cfg in (_INTERPRETER, _SM90_16BIT):
+        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256)
+        starts = [s for s, _, _ in plan]
+        assert starts[0] == 0 and all(w > 0 for _, w, _ in plan)
+        assert [s + w for s, w, _ in plan] == starts[1:] + [v], "chunks tile the vocabulary"
+        kinds = [k for _, _, k in plan]
+        assert kinds == sorted(kinds), "cuBLAS chunks first, then fused"
+        dc_bytes = v * d * elt
+        for s, w, k in plan:
+            if k == "cublas":
+                ws_start = (dc_bytes - n * w * (4 + elt)) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+                assert (s + w) * d * elt <= ws_start, "X and W must not overlap the chunk's own dC rows"
+                assert w <= cfg["cublas_max_width"]
