@@ -30,7 +30,7 @@ import triton
 from own_kernel.configs import config_for
 from own_kernel.dlogits import cce_dlogits_kernel
 from own_kernel.finalize_de import cce_finalize_de_kernel
-from own_kernel.forward import LAST_COMPILED, dot_precision
+from own_kernel.forward import LAST_COMPILED, dot_precision, num_sms
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
 from own_kernel.rank1_dc import cce_rank1_dc_kernel
@@ -76,7 +76,7 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row = cfg["cublas_align"], d * elt
-        total = v * row - WORKSPACE_ALIGN
+        total = v * row - 2 * WORKSPACE_ALIGN  # slack for slot_offsets' alignment
         while v_start < v:
             fit = (total - v_start * row) // (n * (4 + elt) + row)
             width = min(cfg["cublas_max_width"], fit // align * align, v - v_start)
@@ -225,10 +225,10 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         if flat.numel() > cfg["filter_max_flat"] * n:
             flat = None  # too many rows keep every column: column skipping would skip nothing
     args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale_f)
+    cublas_chunks([(v0, w) for v0, w, kind in plan if kind == "cublas"], *args,
+                  row_eps if flat is not None else None, flat)
     for v_start, width, kind in plan:
-        if kind == "cublas":
-            cublas_chunk(*args, row_eps if flat is not None else None, flat, v_start, width)
-        else:
+        if kind == "fused":
             if work is None:
                 work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
             fused_chunk(*args, row_eps, work, e_mean, v_start, width)
@@ -251,74 +251,120 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     return de, g.dc, dbias
 
 
-def cublas_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g,
-                 scale_f, row_eps, flat, v_start, width):
-    """One chunk on the cuBLAS path; row_eps None = exact."""
-    n, d = e.shape
+def slot_offsets(dc_bytes: int, n: int, width: int, elt: int) -> tuple[int, int, int]:
+    """Byte offsets (w_start, x_start, end) of a cuBLAS chunk's W and X inside dC. X ends at dC's
+    end, W lies just below it: a later chunk (never wider) writes its X only over this chunk's X,
+    so this chunk's W survives until the look-ahead has read it."""
+    end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    x_start = end - 4 * n * width
+    w_start = (x_start - elt * n * width) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    return w_start, x_start, end
+
+
+@dataclass
+class Chunk:
+    """A cuBLAS chunk whose softmax gradient is launched and whose GEMMs are not yet."""
+    v_start: int
+    w: torch.Tensor
+    c_chunk: torch.Tensor
+    row_wsum: torch.Tensor = None
+    col_wsum: torch.Tensor = None
+    col_keep: torch.Tensor = None
+    num_kept: torch.Tensor = None    # device scalar, or a pinned host copy once one is made
+    copied: object = None            # CUDA event after that copy
+
+
+def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
+                  cfg, g, scale_f, row_eps, flat):
+    """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits GEMM is queued
+    before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
+    columns the filter kept (it sizes the gathered GEMMs)."""
+    n = e.shape[0]
     elt = e.element_size()
-    filtered = row_eps is not None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
-    start = (dc_bytes.numel() - n * width * (4 + elt)) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
-    x = dc_bytes[start:start + 4 * n * width].view(torch.float32).view(n, width)
-    w = dc_bytes[start + 4 * n * width:start + (4 + elt) * n * width].view(e.dtype).view(n, width)
-    c_chunk = c[v_start:v_start + width]
-    mm_fp32(e, c_chunk.t(), x)
+    pinned = ([torch.empty(1, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+              if e.is_cuda and row_eps is not None else None)
+    k = dict(cfg["softmax_grad"])
+    waves = k.pop("WAVES")
+    pending = None
+    for i, (v_start, width) in enumerate(chunks):
+        w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
+        x = dc_bytes[x_start:end].view(torch.float32).view(n, width)
+        w = dc_bytes[w_start:w_start + elt * n * width].view(e.dtype).view(n, width)
+        ch = Chunk(v_start, w, c[v_start:v_start + width])
+        mm_fp32(e, ch.c_chunk.t(), x)
+        if pending is not None:
+            finish_chunk(e, g, scale_f, flat, cfg, pending)
+        f32 = dict(device=e.device, dtype=torch.float32)
+        if row_eps is not None:
+            ch.row_wsum, ch.col_wsum = torch.zeros(n, **f32), torch.zeros(width, **f32)
+            ch.col_keep = torch.zeros(width, device=e.device, dtype=torch.int32)
+        strips = triton.cdiv(width, k["BLOCK_V"])
+        splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
+        rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
+        LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
+            x, w, bias if bias is not None else x, targets, lse, row_weight,
+            row_weight_lse if row_weight_lse is not None else row_weight,
+            row_eps if row_eps is not None else row_weight,
+            g.row_round, g.col_round, ch.row_wsum if row_eps is not None else g.row_round,
+            ch.col_wsum if row_eps is not None else g.col_round,
+            ch.col_keep if row_eps is not None else g.col_round, g.col_sum,
+            n, c.shape[0], v_start, width, rows, x.stride(0), w.stride(0),
+            *softcap_scalars(softcap), float(smooth),
+            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+            FILTER=row_eps is not None, HAS_GRAD_LSE=row_weight_lse is not None, **k)
+        if row_eps is not None:
+            ch.num_kept = ch.col_keep.sum()
+            if pinned is not None:
+                host = pinned[i % 2]
+                host.copy_(ch.num_kept, non_blocking=True)
+                ch.num_kept, ch.copied = host, torch.cuda.Event()
+                ch.copied.record()
+        pending = ch
+    if pending is not None:
+        finish_chunk(e, g, scale_f, flat, cfg, pending)
 
-    f32 = dict(device=e.device, dtype=torch.float32)
-    if filtered:
-        row_wsum, col_wsum = torch.zeros(n, **f32), torch.zeros(width, **f32)
-        col_keep = torch.zeros(width, device=e.device, dtype=torch.int32)
-    else:
-        row_wsum, col_wsum, col_keep = g.row_round, g.col_round, g.col_round  # unused
-    k = cfg["softmax_grad"]
-    grid = (triton.cdiv(n, k["BLOCK_N"]) * triton.cdiv(triton.cdiv(width, k["BLOCK_V"]), k["TILES"]),)
-    LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[grid](
-        x, w, bias if bias is not None else x, targets, lse, row_weight,
-        row_weight_lse if row_weight_lse is not None else row_weight,
-        row_eps if filtered else row_weight,
-        g.row_round, g.col_round, row_wsum, col_wsum, col_keep, g.col_sum,
-        n, c.shape[0], v_start, width, x.stride(0), w.stride(0),
-        *softcap_scalars(softcap), float(smooth),
-        HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
-        HAS_GRAD_LSE=row_weight_lse is not None, **k)
-    dc_chunk = g.dc[v_start:v_start + width]
-    if filtered:
-        kept = torch.nonzero(col_keep).squeeze(1)
-        if kept.numel() <= cfg["filter_max_kept"] * width:
-            sparse_chunk(e, c_chunk, g, scale_f, flat, v_start, x, w, dc_chunk, kept,
-                         row_wsum, col_wsum, col_keep)
+
+def finish_chunk(e, g, scale_f, flat, cfg, ch):
+    """A cuBLAS chunk's GEMMs: dense, or on the filter's kept columns only."""
+    width = ch.w.shape[1]
+    dc_chunk = g.dc[ch.v_start:ch.v_start + width]
+    if ch.col_keep is not None:
+        if ch.copied is not None:
+            ch.copied.synchronize()
+        num_kept = int(ch.num_kept.item())
+        if num_kept <= cfg["filter_max_kept"] * width:
+            kept = torch.nonzero_static(ch.col_keep, size=num_kept).squeeze(1)
+            sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept)
             return
-    addmm_fp32(g.de32, w, c_chunk)
-    mm_scaled(dc_chunk, w.t(), e, scale_f)
+    addmm_fp32(g.de32, ch.w, ch.c_chunk)
+    mm_scaled(dc_chunk, ch.w.t(), e, scale_f)
 
 
-def sparse_chunk(e, c_chunk, g, scale_f, flat, v_start, x, w, dc_chunk, kept, row_wsum,
-                 col_wsum, col_keep):
+def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept):
     """GEMMs on the kept columns of W only; skipped columns through the rank-1 model; rows that
     may not skip (flat) through their own exact GEMMs over every column."""
     n, d = e.shape
-    num_kept, width = kept.numel(), w.shape[1]
-    # The kept columns, gathered into X's space (X is consumed).
-    wk = x.view(-1).view(torch.uint8)[: n * num_kept * e.element_size()].view(e.dtype).view(n, num_kept)
-    torch.index_select(w, 1, kept, out=wk)
+    w, num_kept, width = ch.w, kept.numel(), ch.w.shape[1]
+    wk = torch.index_select(w, 1, kept)
     if flat.numel():
         wk.index_fill_(0, flat, 0)  # the flat rows' GEMMs below cover these entries
     # The softmax-gradient kernel summed the rounded values of the rows that may skip; what the
     # kept columns do not cover of them was skipped.
-    row_skip = row_wsum - wk.sum(dim=1, dtype=torch.float32)
-    col_skip = torch.where(col_keep > 0, 0.0, col_wsum)
+    row_skip = ch.row_wsum - wk.sum(dim=1, dtype=torch.float32)
+    col_skip = torch.where(ch.col_keep > 0, 0.0, ch.col_wsum)
     g.row_skip += row_skip
-    g.col_skip[v_start:v_start + width] = col_skip
+    g.col_skip[ch.v_start:ch.v_start + width] = col_skip
     rank1_dc(dc_chunk, col_skip, weighted_mean(row_skip, e), scale_f, accumulate=False)
     if num_kept:
-        addmm_fp32(g.de32, wk, c_chunk.index_select(0, kept))
+        addmm_fp32(g.de32, wk, ch.c_chunk.index_select(0, kept))
         dc_kept = torch.empty((num_kept, d), device=e.device, dtype=e.dtype)
         mm_scaled(dc_kept, wk.t(), e, scale_f)
         dc_chunk.index_copy_(0, kept, dc_kept)
     if flat.numel():
         wf = w.index_select(0, flat)
         de_flat = torch.empty((flat.numel(), d), device=e.device, dtype=torch.float32)
-        mm_fp32(wf, c_chunk, de_flat)
+        mm_fp32(wf, ch.c_chunk, de_flat)
         g.de32.index_add_(0, flat, de_flat)
         mm_scaled(dc_chunk, wf.t(), e.index_select(0, flat), scale_f, accumulate=True)
 

@@ -28,10 +28,11 @@ BWD = [
     {"cublas_max_width": 8192},
     {"cublas_max_width": 2048},
     {"cublas_min_width": 512},
-    {"softmax_grad": dict(BLOCK_N=64, BLOCK_V=128, TILES=4, num_warps=8)},
-    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=512, TILES=2, num_warps=4)},
+    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=256, num_warps=4, WAVES=4)},
+    {"softmax_grad": dict(BLOCK_N=32, BLOCK_V=512, num_warps=8, WAVES=2)},
+    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=512, num_warps=4, WAVES=8)},
 ]
-FILTER = [{}, {"recompute": "triton"}, {"filter_max_kept": 0.25}, {"cublas_max_width": 8192}]
+FILTER = [{}, {"recompute": "triton"}, {"cublas_max_width": 8192}, {"cublas_max_width": 2048}]
 
 
 def bench(fn, reps=10):

@@ -200,7 +200,7 @@ def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, sof
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
                                           (8192, 32000, 4096, 2), (1, 7, 16, 2)])
 def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
-    from own_kernel.backward import WORKSPACE_ALIGN, chunk_plan
+    from own_kernel.backward import chunk_plan, slot_offsets
     from own_kernel.configs import _SM90_16BIT, _INTERPRETER
 
     for cfg in (_INTERPRETER, _SM90_16BIT):
@@ -211,8 +211,11 @@ def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
         kinds = [k for _, _, k in plan]
         assert kinds == sorted(kinds), "cuBLAS chunks first, then fused"
         dc_bytes = v * d * elt
+        widths = [w for _, w, k in plan if k == "cublas"]
+        assert widths == sorted(widths, reverse=True), "never wider: the look-ahead's X stays off W"
         for s, w, k in plan:
             if k == "cublas":
-                ws_start = (dc_bytes - n * w * (4 + elt)) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
-                assert (s + w) * d * elt <= ws_start, "X and W must not overlap the chunk's own dC rows"
+                w_start, x_start, end = slot_offsets(dc_bytes, n, w, elt)
+                assert (s + w) * d * elt <= w_start, "X and W must not overlap the chunk's own dC rows"
+                assert w_start + n * w * elt <= x_start and end - x_start == 4 * n * w <= end
                 assert w <= cfg["cublas_max_width"]
