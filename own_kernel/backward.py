@@ -344,7 +344,7 @@ def finish_chunk(e, g, scale_f, flat, cfg, ch):
 def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept):
     """GEMMs on the kept columns of W only; skipped columns through the rank-1 model; rows that
     may not skip (flat) through their own exact GEMMs over every column."""
-    n, d = e.shape
+    d = e.shape[1]
     w, num_kept, width = ch.w, kept.numel(), ch.w.shape[1]
     wk = torch.index_select(w, 1, kept)
     if flat.numel():
