@@ -21,7 +21,7 @@ accumulating in bf16 loses dE (ANCHORS.md).
 import triton
 import triton.language as tl
 
-from own_kernel.tile import LOG2E, logit_tile, softcap_tanh
+from own_kernel.tile import LOG2E, logit_tile, softmax_grad_tile
 
 
 @triton.jit
@@ -61,15 +61,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        if HAS_SOFTCAP:
-            th = softcap_tanh(x, tanh_scale)
-            p = tl.exp2(th * softcap_log2e - lse2[:, None])
-        else:
-            p = tl.exp2(x * LOG2E - lse2[:, None])
-        y = smooth / V + tl.where(offs_v[None, :] == tgt[:, None], 1.0 - smooth, 0.0)
-        d = wp[:, None] * p - w[:, None] * y
-        if HAS_SOFTCAP:
-            d = d * (1.0 - th * th)
+        d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+                              HAS_SOFTCAP)
         d = tl.where(v_mask[None, :], d, 0.0)
         col = tl.sum(d, axis=0)
         if HAS_BIAS:

@@ -21,7 +21,7 @@ more than the tile's memory traffic. Row sums reduce per tile (within warps) int
 import triton
 import triton.language as tl
 
-from own_kernel.tile import LOG2E, softcap_tanh
+from own_kernel.tile import LOG2E, softmax_grad_tile
 
 
 @triton.jit
@@ -60,15 +60,8 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
         x = tl.load(X + offs_n[:, None].to(tl.int64) * stride_xn + offs_w[None, :], mask=m, other=0.0)
         if HAS_BIAS:
             x += b[None, :]
-        if HAS_SOFTCAP:
-            th = softcap_tanh(x, tanh_scale)
-            p = tl.exp2(th * softcap_log2e - lse2[:, None])
-        else:
-            p = tl.exp2(x * LOG2E - lse2[:, None])
-        y = smooth / V + tl.where(offs_v[None, :] == tgt[:, None], 1.0 - smooth, 0.0)
-        d = wp[:, None] * p - w[:, None] * y
-        if HAS_SOFTCAP:
-            d = d * (1.0 - th * th)
+        d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+                              HAS_SOFTCAP)
         d = tl.where(m, d, 0.0)
         d_used = d.to(W.dtype.element_ty)
         tl.store(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :], d_used, mask=m)

@@ -54,3 +54,20 @@ def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
         return softcap_tanh(x, tanh_scale) * softcap_log2e
     else:
         return x * LOG2E
+
+
+@triton.jit
+def softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+                      HAS_SOFTCAP: tl.constexpr):
+    # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),
+    # from a tile of raw logits x and the rows' lse (base 2).
+    if HAS_SOFTCAP:
+        th = softcap_tanh(x, tanh_scale)
+        p = tl.exp2(th * softcap_log2e - lse2[:, None])
+    else:
+        p = tl.exp2(x * LOG2E - lse2[:, None])
+    y = smooth / V + tl.where(offs_v[None, :] == tgt[:, None], 1.0 - smooth, 0.0)
+    d = wp[:, None] * p - w[:, None] * y
+    if HAS_SOFTCAP:
+        d = d * (1.0 - th * th)
+    return d
