@@ -62,6 +62,7 @@ class Cell:
 
 # Each preset is a list of axis products; command-line axes replace the preset's.
 AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed")
+GRID_V = [20000, 32000, 50257, 128256, 151936, 256000]
 PRESETS = {
     "smoke": [
         dict(dist=["uniform", "lm"], n=[64], d=[32], v=[257], dtype=["fp32"], softcap=[None]),
@@ -73,9 +74,14 @@ PRESETS = {
         dict(dist=["uniform", "lm"], n=[8192], d=[2304], v=[256000], dtype=["bf16"],
              softcap=[30.0]),
     ],
+    # bf16 over every token count; fp16 and fp32 at one token count each. The full product
+    # would cost ~3 GPU-hours in fp32 alone (true-fp32 matmuls, 8 calls x 4 phases x 11
+    # providers per cell); `--dtype fp32 --n 8192` measures any further slice on demand.
     "grid": [
-        dict(dist=["uniform", "lm"], n=[2048, 8192, 32768], d=[2304, 4096],
-             v=[20000, 32000, 50257, 128256, 151936, 256000], dtype=["bf16", "fp16", "fp32"]),
+        dict(dist=["uniform", "lm"], n=[2048, 8192, 32768], d=[2304, 4096], v=GRID_V,
+             dtype=["bf16"]),
+        dict(dist=["uniform", "lm"], n=[8192], d=[2304, 4096], v=GRID_V, dtype=["fp16"]),
+        dict(dist=["uniform", "lm"], n=[2048], d=[2304, 4096], v=GRID_V, dtype=["fp32"]),
     ],
 }
 DEFAULTS = dict(softcap=[None], ignore_frac=[0.0], bias=[False], seed=[0])
