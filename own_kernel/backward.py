@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.configs import config_for
 from own_kernel.dlogits import cce_dlogits_kernel
@@ -72,14 +73,19 @@ def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
 def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int):
     """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's X and W (n * (4 + elt) bytes per
     column) sit at the end of dC, its own dC rows at the front of what is unwritten: as wide as
-    both fit (up to cublas_max_width), until that falls below cublas_min_width."""
+    both fit (up to cublas_max_width columns, or cublas_max_entries / n when that is more), until
+    that falls below cublas_min_width."""
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row = cfg["cublas_align"], d * elt
+        # Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
+        max_width = max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n // align * align)
         total = v * row - 2 * WORKSPACE_ALIGN  # slack for slot_offsets' alignment
         while v_start < v:
             fit = (total - v_start * row) // (n * (4 + elt) + row)
-            width = min(cfg["cublas_max_width"], fit // align * align, v - v_start)
+            # Multiples of 8 (the rest goes the fused path): softmax_grad.py's TMA descriptors
+            # need 16-byte row strides.
+            width = min(max_width, fit // align * align, (v - v_start) // 8 * 8)
             if width <= 0 or (width < cfg["cublas_min_width"] and width < v - v_start):
                 break
             plan.append((v_start, width, "cublas"))
@@ -134,15 +140,16 @@ def mm_scaled(out, a, b, scale, accumulate=False):
         out.copy_(res + out.float() if accumulate else res)
 
 
-def rank1_dc(dc, a, x, scale, accumulate):
-    """dc[v, :] (+)= scale * a[v] * x."""
+def rank1_dc(dc, a, x, scale, a2=None, x2=None):
+    """dc[v, :] += scale * (a[v] * x + a2[v] * x2)."""
     v, d = dc.shape
     if v == 0:
         return
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
     cce_rank1_dc_kernel[(triton.cdiv(v, 32), triton.cdiv(d, block_d))](
-        dc, a, x, v, d, dc.stride(0), dc.stride(1), float(scale),
-        ACCUMULATE=accumulate, BLOCK_V=32, BLOCK_D=block_d)
+        dc, a, x, a2 if a2 is not None else a, x2 if x2 is not None else x,
+        v, d, dc.stride(0), dc.stride(1), float(scale),
+        RANK2=a2 is not None, BLOCK_V=32, BLOCK_D=block_d)
 
 
 @dataclass
@@ -155,6 +162,11 @@ class Grads:
     row_skip: torch.Tensor       # (N,) what the filter skipped, per row / per column
     col_skip: torch.Tensor       # (V,)
     col_sum: torch.Tensor        # (V,) sum of d per column (dbias)
+    # Filtered cuBLAS chunks (None otherwise): per column, the rounded d of the rows that may
+    # skip, and whether any of their entries was kept; per chunk, how many columns were kept.
+    col_wsum: torch.Tensor = None     # (V,) fp32
+    col_keep: torch.Tensor = None     # (V,) int32
+    kept_count: torch.Tensor = None   # (chunks,) int32
 
 
 def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
@@ -225,8 +237,11 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         if flat.numel() > cfg["filter_max_flat"] * n:
             flat = None  # too many rows keep every column: column skipping would skip nothing
     args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale_f)
-    cublas_chunks([(v0, w) for v0, w, kind in plan if kind == "cublas"], *args,
-                  row_eps if flat is not None else None, flat)
+    cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
+    if flat is not None:
+        g.col_wsum, g.col_keep = torch.zeros(v, **f32), torch.zeros(v, device=e.device, dtype=torch.int32)
+        g.kept_count = torch.zeros(len(cublas_plan), device=e.device, dtype=torch.int32)
+    cublas_chunks(cublas_plan, *args, row_eps if flat is not None else None, flat)
     for v_start, width, kind in plan:
         if kind == "fused":
             if work is None:
@@ -234,6 +249,13 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
             fused_chunk(*args, row_eps, work, e_mean, v_start, width)
     del work
 
+    e_skip_mean = None
+    if g.col_keep is not None:
+        # The filtered cuBLAS chunks' skipped columns, through one rank-1 model for the whole
+        # vocabulary (their dC rows are zero so far; see sparse_chunk).
+        cublas_skip = torch.where(g.col_keep > 0, 0.0, g.col_wsum)
+        g.col_skip += cublas_skip
+        e_skip_mean = weighted_mean(g.row_skip, e)
     c_skip_mean = weighted_mean(g.col_skip, c) if filtered else c_mean
     if de is None:
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
@@ -243,8 +265,11 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         g.de32.stride(0), de.stride(0), de.stride(1), scale_f,
         FILTER=filtered, BLOCK_N=32, BLOCK_D=block_d)
     # What rounding W removed from each column of dC (the chunks that grad_c.py wrote have added
-    # theirs already and zeroed it).
-    rank1_dc(g.dc, g.col_round, e_mean, scale_f, accumulate=True)
+    # theirs already and zeroed it), and the skip model of the filtered cuBLAS chunks.
+    if e_skip_mean is None:
+        rank1_dc(g.dc, g.col_round, e_mean, scale_f)
+    else:
+        rank1_dc(g.dc, g.col_round, e_mean, scale_f, a2=cublas_skip, x2=e_skip_mean)
     if bias is not None:
         dbias.copy_(g.col_sum * scale_f)
     del hungry  # held to the end, so it raises the backward's peak whatever phase peaks
@@ -264,13 +289,11 @@ def slot_offsets(dc_bytes: int, n: int, width: int, elt: int) -> tuple[int, int,
 @dataclass
 class Chunk:
     """A cuBLAS chunk whose softmax gradient is launched and whose GEMMs are not yet."""
+    index: int
     v_start: int
     w: torch.Tensor
     c_chunk: torch.Tensor
-    row_wsum: torch.Tensor = None
-    col_wsum: torch.Tensor = None
-    col_keep: torch.Tensor = None
-    num_kept: torch.Tensor = None    # device scalar, or a pinned host copy once one is made
+    num_kept: torch.Tensor = None    # pinned host copy of g.kept_count[index] (filtered chunks)
     copied: object = None            # CUDA event after that copy
 
 
@@ -278,46 +301,47 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                   cfg, g, scale_f, row_eps, flat):
     """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits GEMM is queued
     before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
-    columns the filter kept (it sizes the gathered GEMMs)."""
+    columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
+    whole-vocabulary buffers (g.col_wsum, g.col_keep, g.row_skip): few launches per chunk, since
+    with gradient filtering the host's launches, not the GPU, set the pace."""
     n = e.shape[0]
     elt = e.element_size()
+    filtered = row_eps is not None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
-    pinned = ([torch.empty(1, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-              if e.is_cuda and row_eps is not None else None)
-    k = dict(cfg["softmax_grad"])
+    pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+              if e.is_cuda and filtered else None)
+    k = dict(cfg["softmax_grad_filter" if filtered else "softmax_grad"])
     waves = k.pop("WAVES")
     pending = None
     for i, (v_start, width) in enumerate(chunks):
         w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
         x = dc_bytes[x_start:end].view(torch.float32).view(n, width)
         w = dc_bytes[w_start:w_start + elt * n * width].view(e.dtype).view(n, width)
-        ch = Chunk(v_start, w, c[v_start:v_start + width])
+        ch = Chunk(i, v_start, w, c[v_start:v_start + width])
         mm_fp32(e, ch.c_chunk.t(), x)
         if pending is not None:
             finish_chunk(e, g, scale_f, flat, cfg, pending)
-        f32 = dict(device=e.device, dtype=torch.float32)
-        if row_eps is not None:
-            ch.row_wsum, ch.col_wsum = torch.zeros(n, **f32), torch.zeros(width, **f32)
-            ch.col_keep = torch.zeros(width, device=e.device, dtype=torch.int32)
         strips = triton.cdiv(width, k["BLOCK_V"])
         splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
         rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
         LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
-            x, w, bias if bias is not None else x, targets, lse, row_weight,
+            TensorDescriptor.from_tensor(x, [k["BLOCK_N"], k["BLOCK_V"]]),
+            TensorDescriptor.from_tensor(w, [k["BLOCK_N"], k["BLOCK_V"]]),
+            bias if bias is not None else x, targets, lse, row_weight,
             row_weight_lse if row_weight_lse is not None else row_weight,
-            row_eps if row_eps is not None else row_weight,
-            g.row_round, g.col_round, ch.row_wsum if row_eps is not None else g.row_round,
-            ch.col_wsum if row_eps is not None else g.col_round,
-            ch.col_keep if row_eps is not None else g.col_round, g.col_sum,
-            n, c.shape[0], v_start, width, rows, x.stride(0), w.stride(0),
-            *softcap_scalars(softcap), float(smooth),
+            row_eps if filtered else row_weight,
+            g.row_round, g.col_round, g.row_skip,
+            g.col_wsum if filtered else g.col_round,
+            g.col_keep if filtered else g.col_round,
+            g.kept_count[i:] if filtered else g.col_round, g.col_sum,
+            n, c.shape[0], v_start, width, rows, *softcap_scalars(softcap), float(smooth),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
-            FILTER=row_eps is not None, HAS_GRAD_LSE=row_weight_lse is not None, **k)
-        if row_eps is not None:
-            ch.num_kept = ch.col_keep.sum()
+            FILTER=filtered, HAS_GRAD_LSE=row_weight_lse is not None, **k)
+        if filtered:
+            ch.num_kept = g.kept_count[i]
             if pinned is not None:
                 host = pinned[i % 2]
-                host.copy_(ch.num_kept, non_blocking=True)
+                host.copy_(g.kept_count[i:i + 1], non_blocking=True)
                 ch.num_kept, ch.copied = host, torch.cuda.Event()
                 ch.copied.record()
         pending = ch
@@ -329,38 +353,49 @@ def finish_chunk(e, g, scale_f, flat, cfg, ch):
     """A cuBLAS chunk's GEMMs: dense, or on the filter's kept columns only."""
     width = ch.w.shape[1]
     dc_chunk = g.dc[ch.v_start:ch.v_start + width]
-    if ch.col_keep is not None:
+    if ch.num_kept is not None:
         if ch.copied is not None:
             ch.copied.synchronize()
         num_kept = int(ch.num_kept.item())
+        col_keep = g.col_keep[ch.v_start:ch.v_start + width]
         if num_kept <= cfg["filter_max_kept"] * width:
-            kept = torch.nonzero_static(ch.col_keep, size=num_kept).squeeze(1)
-            sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept)
+            # Padded to a multiple of cublas_align (with column 0, zeroed in W's copy): an
+            # unaligned count sends cuBLAS to its slow pre-Hopper kernels.
+            size = min(width, triton.cdiv(num_kept, cfg["cublas_align"]) * cfg["cublas_align"])
+            kept = torch.nonzero_static(col_keep, size=size, fill_value=0).squeeze(1)
+            sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept)
             return
+        # Dense after all: nothing of this chunk is skipped. Take back the row sums that the
+        # softmax-gradient kernel added to row_skip (rows that may skip: not the flat ones).
+        col_keep.fill_(1)
+        row_sums = ch.w.sum(dim=1, dtype=torch.float32)
+        if flat.numel():
+            row_sums.index_fill_(0, flat, 0.0)
+        g.row_skip -= row_sums
     addmm_fp32(g.de32, ch.w, ch.c_chunk)
     mm_scaled(dc_chunk, ch.w.t(), e, scale_f)
 
 
-def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept):
-    """GEMMs on the kept columns of W only; skipped columns through the rank-1 model; rows that
-    may not skip (flat) through their own exact GEMMs over every column."""
+def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept):
+    """GEMMs on the kept columns of W only (kept[:num_kept]; the rest of kept is padding). The
+    skipped columns' dC rows stay zero here; the rank-1 model of what they skipped is added at the
+    end (backward). Rows that may not skip (flat) get their own exact GEMMs over every column."""
     d = e.shape[1]
-    w, num_kept, width = ch.w, kept.numel(), ch.w.shape[1]
+    w = ch.w
     wk = torch.index_select(w, 1, kept)
+    if kept.numel() > num_kept:
+        wk[:, num_kept:] = 0
     if flat.numel():
         wk.index_fill_(0, flat, 0)  # the flat rows' GEMMs below cover these entries
-    # The softmax-gradient kernel summed the rounded values of the rows that may skip; what the
-    # kept columns do not cover of them was skipped.
-    row_skip = ch.row_wsum - wk.sum(dim=1, dtype=torch.float32)
-    col_skip = torch.where(ch.col_keep > 0, 0.0, ch.col_wsum)
-    g.row_skip += row_skip
-    g.col_skip[ch.v_start:ch.v_start + width] = col_skip
-    rank1_dc(dc_chunk, col_skip, weighted_mean(row_skip, e), scale_f, accumulate=False)
+    # The softmax-gradient kernel added the rounded values of the rows that may skip to row_skip;
+    # the kept columns' share of them was not skipped.
+    g.row_skip -= wk.sum(dim=1, dtype=torch.float32)
+    dc_chunk.zero_()
     if num_kept:
         addmm_fp32(g.de32, wk, ch.c_chunk.index_select(0, kept))
-        dc_kept = torch.empty((num_kept, d), device=e.device, dtype=e.dtype)
+        dc_kept = torch.empty((kept.numel(), d), device=e.device, dtype=e.dtype)
         mm_scaled(dc_kept, wk.t(), e, scale_f)
-        dc_chunk.index_copy_(0, kept, dc_kept)
+        dc_chunk.index_copy_(0, kept[:num_kept], dc_kept[:num_kept])
     if flat.numel():
         wf = w.index_select(0, flat)
         de_flat = torch.empty((flat.numel(), d), device=e.device, dtype=torch.float32)

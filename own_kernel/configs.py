@@ -22,19 +22,21 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # accumulator with out_dtype) or "triton" (grad_e.py, accumulates in place).
 # workspace_mib sizes the fused path's chunk of d held between the kernels, min_chunk its least
 # width. recompute: "cublas" recomputes logits with cuBLAS into dC's unwritten tail (backward.py)
-# in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align), "triton"
+# in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
+# tokens up to cublas_max_entries / N columns, the same workspace bytes), "triton"
 # only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
 # exceed this fraction runs dense; filter_max_flat: above this fraction of flat rows (which keep
 # every column) the cuBLAS chunks do not filter at all.
 _INTERPRETER = {
-    "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
+    "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
     "de": dict(BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "dc": dict(BLOCK_M=16, BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "waves": 2,
     "workspace_mib": 1,
     "exact_gemm": "triton",
-    "softmax_grad": dict(BLOCK_N=8, BLOCK_V=16, num_warps=1, WAVES=2),
+    "softmax_grad": dict(BLOCK_N=8, BLOCK_V=16, num_warps=1, STAGES=1, WAVES=2),
+    "softmax_grad_filter": dict(BLOCK_N=8, BLOCK_V=16, num_warps=1, STAGES=1, WAVES=2),
     "recompute": "cublas",
     "cublas_max_width": 48,
     "cublas_min_width": 8,
@@ -48,7 +50,8 @@ _SM90_16BIT = {
     # Measured on an H200 (own_kernel/tune.py, notes in own_kernel/TUNING.md): flattening the
     # nested tile loops and several tiles per dlogits program were slower (and the latter does
     # not compile with the filter on triton 3.6).
-    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False),
+    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False,
+                TMA=True),
     "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, TILES=1,
                     FLATTEN=False),
     "de": dict(BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
@@ -58,9 +61,11 @@ _SM90_16BIT = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
-    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, WAVES=4),
+    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8),
+    "softmax_grad_filter": dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
     "recompute": "cublas",
     "cublas_max_width": 4096,
+    "cublas_max_entries": 4096 * 8192,
     "cublas_min_width": 1024,
     "cublas_align": 64,
     "filter_max_kept": 0.5,
@@ -78,9 +83,11 @@ _GENERIC = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
-    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, WAVES=4),
+    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8),
+    "softmax_grad_filter": dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
     "recompute": "cublas",
     "cublas_max_width": 4096,
+    "cublas_max_entries": 4096 * 8192,
     "cublas_min_width": 1024,
     "cublas_align": 64,
     "filter_max_kept": 0.5,

@@ -1,18 +1,18 @@
-"""Backward, dC corrections: DC[v, :] (+)= scale * A[v] * X[:], over a range of rows of DC.
+"""Backward, dC corrections: DC[v, :] += scale * (A[v] * X[:] + A2[v] * X2[:]).
 
-Used twice on the cuBLAS path: per filtered chunk to write the skipped columns' rank-1 model
-(A = their gradient mass, X = the hidden states' mean weighted by the skipped mass; kept rows are
-overwritten by their GEMM afterwards), and once at the end with ACCUMULATE to add back what
-rounding d to the input dtype removed from each column (A = ColRound, X = mean(E)). One pass in
-fp32, no V x D temporary.
+Once at the end of the backward: what rounding d to the input dtype removed from
+each column (A = ColRound, X = mean(E)) and, with RANK2 after gradient filtering on the cuBLAS
+path, the skipped columns' rank-1 model (A2 = their skipped gradient mass, X2 = the hidden states'
+mean weighted by the skipped mass per row). One pass in fp32, no V x D temporary.
 """
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def cce_rank1_dc_kernel(DC, A, X, V, D, stride_cv, stride_cd, scale,
-                        ACCUMULATE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+def cce_rank1_dc_kernel(DC, A, X, A2, X2, V, D, stride_cv, stride_cd, scale,
+                        RANK2: tl.constexpr,
+                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     v_mask = offs_v < V
@@ -21,6 +21,8 @@ def cce_rank1_dc_kernel(DC, A, X, V, D, stride_cv, stride_cd, scale,
     ptrs = DC + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
     g = tl.load(A + offs_v, mask=v_mask, other=0.0)[:, None] \
         * tl.load(X + offs_d, mask=d_mask, other=0.0)[None, :] * scale
-    if ACCUMULATE:
-        g += tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+    if RANK2:
+        g += tl.load(A2 + offs_v, mask=v_mask, other=0.0)[:, None] \
+            * tl.load(X2 + offs_d, mask=d_mask, other=0.0)[None, :] * scale
+    g += tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
     tl.store(ptrs, g.to(DC.dtype.element_ty), mask=m)

@@ -8,15 +8,23 @@ rounded to the input dtype to W for the GEMMs dE += W @ C and dC = W^T @ E.
 Sums it keeps, in fp32 (the corrections backward.py adds back through mean rows):
 - RowRound / ColRound: d minus its rounded value, per row and per column (of the vocabulary);
 - with FILTER, over the rows that may skip (eps[n] > 0; eps 0 marks a flat row, which backward.py
-  handles exactly on its own): per column of the chunk ColKeep = 1 when some |d[n, v]| > eps[n]
-  (a column of all-negligible entries is skipped by the GEMMs) and ColWSum = sum of the rounded
-  values; per row RowWSum = sum of the rounded values (backward.py subtracts the kept share);
+  handles exactly on its own): per column ColKeep = 1 when some |d[n, v]| > eps[n] (a column of
+  all-negligible entries is skipped by the GEMMs) and ColWSum += sum of the rounded values; per
+  row RowWSum += sum of the rounded values (backward.py subtracts the kept share); KeptCount +=
+  the number of columns this launch kept (the first program to set a column's ColKeep counts
+  it), which sizes the gathered GEMMs. ColKeep and ColWSum are indexed by vocabulary entry;
 - ColSum = sum of d per column (dbias).
 
 Each program owns a strip of BLOCK_V columns and a range of rows, walked in BLOCK_N-row tiles.
 Column sums accumulate elementwise in (BLOCK_N x BLOCK_V) registers and are reduced across rows
 once at the end: a reduction across warps per tile (and an atomic per column per tile) costs
 more than the tile's memory traffic. Row sums reduce per tile (within warps) into atomics.
+
+X and W are tensor descriptors (TMA): tiles of X stream into shared memory STAGES deep while
+the warps work on an earlier tile, and no registers hold addresses. With pointer loads the
+kernel waited on each tile's load in turn and ran at ~40 % of the memory bandwidth. The chunk's
+width is a multiple of 8 (backward.chunk_plan), so both descriptors' row strides are 16-byte
+aligned; TMA zero-fills reads past N and clips writes there.
 """
 import triton
 import triton.language as tl
@@ -26,12 +34,12 @@ from own_kernel.tile import LOG2E, softmax_grad_tile
 
 @triton.jit
 def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
-                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum,
-                            N, V, v_start, width, rows_per_program, stride_xn, stride_wn,
+                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
+                            N, V, v_start, width, rows_per_program,
                             tanh_scale, softcap_log2e, smooth,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     num_strips = tl.cdiv(width, BLOCK_V)
     strip = pid % num_strips
@@ -47,7 +55,7 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
     col_wsum = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     col_keep = tl.full((BLOCK_N, BLOCK_V), -1.0, dtype=tl.float32)
 
-    for n0 in range(row_start, row_end, BLOCK_N):
+    for n0 in tl.range(row_start, row_end, BLOCK_N, num_stages=STAGES):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < row_end
         m = n_mask[:, None] & w_mask[None, :]
@@ -56,15 +64,17 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
         wp = w
         if HAS_GRAD_LSE:
             wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
-        tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1)
-        x = tl.load(X + offs_n[:, None].to(tl.int64) * stride_xn + offs_w[None, :], mask=m, other=0.0)
+        # int32: the compare with the column index is per element (an ignored row's weight is 0,
+        # so a wrapped ignore_index cannot matter)
+        tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+        x = X.load([n0, strip * BLOCK_V])
         if HAS_BIAS:
             x += b[None, :]
         d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
                               HAS_SOFTCAP)
         d = tl.where(m, d, 0.0)
-        d_used = d.to(W.dtype.element_ty)
-        tl.store(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :], d_used, mask=m)
+        d_used = d.to(W.dtype)
+        W.store([n0, strip * BLOCK_V], d_used)
         d_used = d_used.to(tl.float32)
         r = d - d_used
         col_round += r
@@ -83,6 +93,7 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
     if HAS_BIAS:
         tl.atomic_add(ColSum + offs_v, tl.sum(col_sum, axis=0), mask=w_mask)
     if FILTER:
-        tl.atomic_add(ColWSum + offs_w, tl.sum(col_wsum, axis=0), mask=w_mask)
-        keep = tl.max(col_keep, axis=0) > 0
-        tl.atomic_max(ColKeep + offs_w, keep.to(tl.int32), mask=w_mask)
+        tl.atomic_add(ColWSum + offs_v, tl.sum(col_wsum, axis=0), mask=w_mask)
+        keep = (tl.max(col_keep, axis=0) > 0).to(tl.int32)
+        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
+        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))

@@ -32,6 +32,15 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
     return acc
 
 
+@triton.jit
+def lse_update(m2, s, z2):
+    # Online log-sum-exp in base 2 over a tile z2 (BLOCK_N x BLOCK_V): rescale the running sum
+    # s to the new running max m2. Every tile has at least one finite column per row.
+    m2_new = tl.maximum(m2, tl.max(z2, axis=1))
+    s = s * tl.exp2(m2 - m2_new) + tl.sum(tl.exp2(z2 - m2_new[:, None]), axis=1)
+    return m2_new, s
+
+
 def softcap_scalars(softcap):
     """Host-side constants of the softcap: (2 log2(e) / s, s log2(e)); (1, 1) for no softcap."""
     if softcap is None:

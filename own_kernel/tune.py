@@ -17,22 +17,20 @@ from own_kernel import linear_cross_entropy
 from own_kernel.configs import config_for
 from own_kernel.forward import forward
 
-FWD = [
-    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False),
-    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=4, num_stages=4, FLATTEN=False),
-    dict(BLOCK_N=64, BLOCK_V=256, BLOCK_D=64, num_warps=4, num_stages=4, FLATTEN=False),
+FWD = [  # overrides of the device's config (tune-v5 has more: stages, flatten, 128x128, 256x128)
+    {"fwd": dict(TMA=False), "fwd_balance": False},  # session 3's kernel and split rule (2.4 waves)
+    {"fwd": dict(TMA=False)},
+    {"fwd": dict(TMA=True)},
 ]
-BWD = [
-    {},
-    {"recompute": "triton"},
-    {"cublas_max_width": 8192},
-    {"cublas_max_width": 2048},
-    {"cublas_min_width": 512},
-    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=256, num_warps=4, WAVES=4)},
-    {"softmax_grad": dict(BLOCK_N=32, BLOCK_V=512, num_warps=8, WAVES=2)},
-    {"softmax_grad": dict(BLOCK_N=16, BLOCK_V=512, num_warps=4, WAVES=8)},
+SG = [  # softmax_grad tiles and pipeline depth
+    dict(BLOCK_N=16, BLOCK_V=256, num_warps=8, STAGES=4, WAVES=8),
+    dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, STAGES=3, WAVES=8),
+    dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=4, WAVES=4),
 ]
-FILTER = [{}, {"recompute": "triton"}, {"cublas_max_width": 8192}, {"cublas_max_width": 2048}]
+BWD = [{}] + [{"softmax_grad": k} for k in SG]
+FILTER = [{}, {"softmax_grad_filter": SG[0]}, {"softmax_grad_filter": dict(
+    BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8)}, {"filter_max_kept": 0.25}]
 
 
 def bench(fn, reps=10):
@@ -46,6 +44,7 @@ def main(argv=None):
     ap.add_argument("--v", type=int, default=256000)
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--fwd-only", action="store_true", help="forward variants only")
     args = ap.parse_args(argv)
     args.softcap = args.softcap or None
     dev = torch.device("cuda")
@@ -76,9 +75,28 @@ def main(argv=None):
     say(f"{torch.cuda.get_device_name()} N={n} D={d} V={v} softcap={args.softcap}")
     say(f"floor (cuBLAS E@C.T) {floor:.3f} ms = {2*n*v*d/floor/1e9:.0f} TFLOP/s")
     base = config_for(dev, e.dtype)
+    # Reference LSE of a few rows (fp32 logits), so every variant is checked, not only timed.
+    rows = torch.cat([torch.arange(256), torch.arange(n - 256, n)]).to(dev)
+    z = e[rows].float() @ c.float().T
+    z = args.softcap * torch.tanh(z / args.softcap) if args.softcap else z
+    lse_ref = torch.logsumexp(z, dim=1)
+    del z
+
+    def fwd_checked(softcap=args.softcap):
+        return forward(e, c, None, t, softcap, False, config_for(dev, e.dtype))
+
     for k in FWD:
-        attempt("fwd", lambda: forward(e, c, None, t, args.softcap, False, config_for(dev, e.dtype)),
-                {"fwd": k})
+        os.environ["CCE_OWN_CONFIG"] = json.dumps(k)
+        try:
+            err = (fwd_checked()[0][rows] - lse_ref).abs().max().item()
+        except Exception:  # attempt() below reports the failure
+            err = float("nan")
+        os.environ.pop("CCE_OWN_CONFIG")
+        attempt(f"fwd (lse max err {err:.1e})", fwd_checked, k)
+    attempt("fwd, no softcap", lambda: fwd_checked(None), {})
+
+    if args.fwd_only:
+        return write(args.out, lines)
 
     def fwd_bwd(filter_eps=None, dist="lm"):
         ee, cc, tt = (inputs[dist][k] for k in ("e", "c", "targets"))
@@ -116,7 +134,9 @@ def main(argv=None):
             for _ in range(3):
                 fwd_bwd(eps)
             torch.cuda.synchronize()
-        say(f"per kernel, filter {eps}, 3 calls (floor x3 = {3 * floor:.1f} ms):")
+        busy = sum(ev.self_device_time_total for ev in prof.key_averages()) / 3e3
+        say(f"per kernel, filter {eps}, 3 calls (floor x3 = {3 * floor:.1f} ms; GPU busy "
+            f"{busy:.1f} ms per call, the rest of the call's time is launch gaps):")
         for ev in sorted(prof.key_averages(), key=lambda ev: -ev.device_time_total)[:8]:
             say(f"  {ev.device_time_total / 1e3:9.2f} ms  {ev.count:5d} calls  {ev.key[:70]}")
     from own_kernel.forward import LAST_COMPILED
@@ -124,9 +144,13 @@ def main(argv=None):
         say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
             f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}, stages {k.metadata.num_stages}")
     say(f"config: {json.dumps(base)}")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "tune.txt"), "w") as f:
+    return write(args.out, lines)
+
+
+def write(out, lines):
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "tune.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
     return 0
 

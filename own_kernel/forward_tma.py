@@ -1,0 +1,57 @@
+"""Forward with tensor-memory-accelerator loads: the same per-row log-sum-exp as forward.py.
+
+E and C arrive as tensor descriptors (Hopper's TMA): one thread issues each tile copy and the
+hardware zero-fills rows, columns and the D tail past the tensor's edge, so the inner loop has no
+address arithmetic or masks and the warps' registers go to the accumulator and the epilogue.
+Columns past this program's split (not past V) are masked in the epilogue, as in forward.py.
+
+    x = E[rows] @ C[cols].T (+ bias),  z2 = softcap(x) * log2(e),  (m2, s) <- online LSE of z2
+
+Needs 16-byte aligned bases and row strides and unit stride along D (forward.py checks; other
+inputs take the pointer kernel).
+"""
+import triton
+import triton.language as tl
+
+from own_kernel.tile import logits_base2, lse_update
+
+
+@triton.jit
+def cce_fwd_tma_kernel(E, C, Bias, Part,
+                       N, V, v_per_split, plane,
+                       tanh_scale, softcap_log2e,
+                       HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                       D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    num_nb = tl.cdiv(N, BLOCK_N)
+    nb = pid % num_nb  # row blocks vary fastest: resident programs share C tiles through L2
+    split = pid // num_nb
+    n0 = nb * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    v_start = split * v_per_split
+    v_end = tl.minimum(v_start + v_per_split, V)
+
+    m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z2_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
+        acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            acc = tl.dot(E.load([n0, d0]), C.load([v0, d0]).T, acc, input_precision=DOT_PRECISION)
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_mask = offs_v < v_end
+        if HAS_BIAS:
+            acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
+        z2 = logits_base2(acc, tanh_scale, softcap_log2e, HAS_SOFTCAP)
+        z2 = tl.where(v_mask[None, :], z2, float("-inf"))
+        m2, s = lse_update(m2, s, z2)
+        if NEED_ZSUM:
+            z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
+
+    n_mask = offs_n < N
+    base = Part + split.to(tl.int64) * N + offs_n
+    tl.store(base, m2, mask=n_mask)
+    tl.store(base + plane, s, mask=n_mask)
+    if NEED_ZSUM:
+        tl.store(base + 2 * plane, z2_sum, mask=n_mask)
