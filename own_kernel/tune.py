@@ -22,15 +22,14 @@ FWD = [  # overrides of the device's config (tune-v5 has more: stages, flatten, 
     {"fwd": dict(TMA=False)},
     {"fwd": dict(TMA=True)},
 ]
-SG = [  # softmax_grad tiles and pipeline depth
-    dict(BLOCK_N=16, BLOCK_V=256, num_warps=8, STAGES=4, WAVES=8),
+SG = [  # softmax_grad tiles, pipeline depth and rows per program (WAVES: programs per SM)
     dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, STAGES=3, WAVES=8),
-    dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=4, WAVES=4),
+    dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=2),
+    dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=2),
+    dict(BLOCK_N=16, BLOCK_V=256, num_warps=8, STAGES=4, WAVES=2),
 ]
 BWD = [{}] + [{"softmax_grad": k} for k in SG]
-FILTER = [{}, {"softmax_grad_filter": SG[0]}, {"softmax_grad_filter": dict(
-    BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8)}, {"filter_max_kept": 0.25}]
+FILTER = [{}, {"softmax_grad_filter": SG[1]}, {"filter_max_kept": 0.25}]
 
 
 def bench(fn, reps=10):
@@ -45,6 +44,8 @@ def main(argv=None):
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
     ap.add_argument("--out", default=None)
     ap.add_argument("--fwd-only", action="store_true", help="forward variants only")
+    ap.add_argument("--protocol", action="store_true",
+                    help="only compare timing protocols (do_bench vs the suite's) of fwd+bwd")
     args = ap.parse_args(argv)
     args.softcap = args.softcap or None
     dev = torch.device("cuda")
@@ -104,6 +105,8 @@ def main(argv=None):
         ee.grad = cc.grad = None
         linear_cross_entropy(ee, cc, tt, softcap=args.softcap, filter_eps=filter_eps).backward()
 
+    if args.protocol:
+        return compare_protocols(fwd_bwd, say, args.out, lines)
     for k in BWD:
         attempt("fwd+bwd exact (target <= 4.6 floors)", fwd_bwd, k)
     for dist in ("uniform", "lm"):
@@ -145,6 +148,26 @@ def main(argv=None):
             f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}, stages {k.metadata.num_stages}")
     say(f"config: {json.dumps(base)}")
     return write(args.out, lines)
+
+
+def compare_protocols(fwd_bwd, say, out, lines):
+    """The same fwd+bwd timed by do_bench and by the suite's loop (suite.measure.time_calls: no
+    sync between reps), per rep, with the cycle collector on and off: finds time that only one
+    protocol sees (host stalls)."""
+    import gc
+
+    from suite.measure import time_calls
+
+    for eps in (None, "auto"):
+        for collector in (True, False):
+            (gc.enable if collector else gc.disable)()
+            for _ in range(3):
+                fwd_bwd(eps)
+            reps = time_calls(lambda _: fwd_bwd(eps), device="cuda", reps=10)
+            say(f"filter {eps}, gc {'on' if collector else 'off'}: do_bench {bench(lambda: fwd_bwd(eps)):.2f} ms; "
+                f"suite loop {' '.join(f'{t:.1f}' for t in reps)} ms")
+    gc.enable()
+    return write(out, lines)
 
 
 def write(out, lines):
