@@ -28,7 +28,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.configs import config_for
+from own_kernel.configs import POISON, config_for
 from own_kernel.dlogits import cce_dlogits_kernel
 from own_kernel.finalize_de import cce_finalize_de_kernel
 from own_kernel.forward import LAST_COMPILED, dot_precision, num_sms
@@ -227,6 +227,10 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * de_width].view(n, de_width)
     plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width)
+    if POISON:  # every read of these must follow a write (tests)
+        g.dc.fill_(float("nan"))
+        if work is not None:
+            work.fill_(float("nan"))
     hungry = None
     if os.environ.get("CCE_OWN_DEGRADE") == "hungry":
         hungry = torch.ones((v // 4, d), device=e.device, dtype=e.dtype)  # deliberate waste, for the gate
@@ -246,6 +250,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         if kind == "fused":
             if work is None:
                 work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
+                if POISON:
+                    work.fill_(float("nan"))
             fused_chunk(*args, row_eps, work, e_mean, v_start, width)
     del work
 
@@ -359,9 +365,10 @@ def finish_chunk(e, g, scale_f, flat, cfg, ch):
         num_kept = int(ch.num_kept.item())
         col_keep = g.col_keep[ch.v_start:ch.v_start + width]
         if num_kept <= cfg["filter_max_kept"] * width:
-            # Padded to a multiple of cublas_align (with column 0, zeroed in W's copy): an
-            # unaligned count sends cuBLAS to its slow pre-Hopper kernels.
-            size = min(width, triton.cdiv(num_kept, cfg["cublas_align"]) * cfg["cublas_align"])
+            # Padded (with column 0, zeroed in W's copy): an unaligned count sends cuBLAS to its
+            # pre-Hopper kernels, and every new count costs a heuristics query on the host.
+            align = cfg["filter_kept_align"]
+            size = min(width, triton.cdiv(num_kept, align) * align)
             kept = torch.nonzero_static(col_keep, size=size, fill_value=0).squeeze(1)
             sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept)
             return
@@ -415,7 +422,7 @@ def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, s
     bn, bv = dlog["BLOCK_N"], dlog["BLOCK_V"]
     filtered = row_eps is not None
     num_nb = triton.cdiv(n, bn)
-    mask_stride = triton.cdiv(v, bv)
+    mask_stride = triton.cdiv(width, bv)  # the chunk's tiles, counted from v_start
     mask = torch.empty((num_nb, mask_stride) if filtered else (1,), device=e.device, dtype=torch.int8)
     row_skip_chunk = torch.zeros(n, device=e.device, dtype=torch.float32) if filtered else g.row_round
     precision = dot_precision(e.dtype)

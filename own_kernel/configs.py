@@ -3,7 +3,8 @@
 The interpreter (TRITON_INTERPRET=1) gets one small fixed config: it runs on numpy, and more than
 one autotune config fails there. Override any field for experiments with CCE_OWN_CONFIG='{"fwd":
 {"BLOCK_V": 128}}'. CCE_OWN_DEGRADE=slow|hungry deliberately worsens the kernel so that the
-regression gate (suite/gate.py) can be shown to fail.
+regression gate (suite/gate.py) can be shown to fail. CCE_OWN_POISON=1 fills the backward's
+workspaces and dC with NaN before use, so a read of anything not written first shows (tests).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+POISON = os.environ.get("CCE_OWN_POISON") == "1"
 
 # Mask granularity of the gradient filter = the dlogits kernel's tile (BLOCK_N x BLOCK_V).
 # dE's BLOCK_M must equal BLOCK_N, dC's BLOCK_M must divide BLOCK_V, and the GEMMs' BLOCK_K
@@ -25,7 +27,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
 # tokens up to cublas_max_entries / N columns, the same workspace bytes), "triton"
 # only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
-# exceed this fraction runs dense; filter_max_flat: above this fraction of flat rows (which keep
+# exceed this fraction runs dense; filter_kept_align: the gathered GEMMs' column count is padded to
+# a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
+# keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
 # every column) the cuBLAS chunks do not filter at all.
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
@@ -42,6 +46,7 @@ _INTERPRETER = {
     "cublas_min_width": 8,
     "cublas_align": 8,
     "filter_max_kept": 0.5,
+    "filter_kept_align": 8,
     "filter_max_flat": 0.5,
 }
 
@@ -61,14 +66,17 @@ _SM90_16BIT = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
-    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8),
-    "softmax_grad_filter": dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
+    # 16 x 128 tiles: 58 (80 filtered) registers, so 3-4 programs share an SM; at 2 per SM
+    # (32 x 256) ncu saw 25 % occupancy and 40 % of the DRAM bandwidth (ncu-softmax_grad-v7).
+    "softmax_grad": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
+    "softmax_grad_filter": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
     "recompute": "cublas",
     "cublas_max_width": 4096,
     "cublas_max_entries": 4096 * 8192,
     "cublas_min_width": 1024,
     "cublas_align": 64,
     "filter_max_kept": 0.5,
+    "filter_kept_align": 256,
     "filter_max_flat": 0.25,
 }
 
@@ -83,14 +91,17 @@ _GENERIC = {
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
-    "softmax_grad": dict(BLOCK_N=32, BLOCK_V=256, num_warps=8, STAGES=3, WAVES=8),
-    "softmax_grad_filter": dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
+    # 16 x 128 tiles: 58 (80 filtered) registers, so 3-4 programs share an SM; at 2 per SM
+    # (32 x 256) ncu saw 25 % occupancy and 40 % of the DRAM bandwidth (ncu-softmax_grad-v7).
+    "softmax_grad": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
+    "softmax_grad_filter": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
     "recompute": "cublas",
     "cublas_max_width": 4096,
     "cublas_max_entries": 4096 * 8192,
     "cublas_min_width": 1024,
     "cublas_align": 64,
     "filter_max_kept": 0.5,
+    "filter_kept_align": 256,
     "filter_max_flat": 0.25,
 }
 

@@ -71,7 +71,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
         keep = True
         if FILTER:
             keep = tl.max(tl.abs(d) - eps[:, None]) > 0
-            tl.store(Mask + nb * mask_stride + (v_start // BLOCK_V) + vb, keep.to(tl.int8))
+            tl.store(Mask + nb * mask_stride + vb, keep.to(tl.int8))  # tile vb of this chunk
         if keep:
             d_used = d.to(W.dtype.element_ty)
             w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :]

@@ -26,7 +26,7 @@ def cce_grad_c_kernel(W, E, Mask, ColRound, EMean, ColSkip, ESkipMean, DC, out_s
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = (offs_w < chunk) & (offs_v < V)
     d_mask = offs_d < D
-    mask_col = (v_start + mb * BLOCK_M) // MASK_BV
+    mask_col = mb * BLOCK_M // MASK_BV  # tiles count from v_start
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     w_ptrs = W + offs_k[:, None].to(tl.int64) * stride_wn + offs_w[None, :]
     e_ptrs = E + offs_k[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed

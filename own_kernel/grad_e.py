@@ -32,7 +32,7 @@ def cce_grad_e_kernel(W, C, Mask, DE32,
         k_mask = offs_k < chunk - k0
         keep = 1
         if FILTER:
-            keep = tl.load(Mask + nb * mask_stride + (v_start + k0) // MASK_BV)
+            keep = tl.load(Mask + nb * mask_stride + k0 // MASK_BV)  # tiles count from v_start
         if keep != 0:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             c = tl.load(c_ptrs, mask=k_mask[:, None] & d_mask[None, :], other=0.0)
