@@ -50,19 +50,9 @@ _INTERPRETER = {
     "filter_max_flat": 0.5,
 }
 
-# Hopper (sm90), 16-bit inputs.
-_SM90_16BIT = {
-    # Measured on an H200 (own_kernel/tune.py, notes in own_kernel/TUNING.md): flattening the
-    # nested tile loops and several tiles per dlogits program were slower (and the latter does
-    # not compile with the filter on triton 3.6).
-    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False,
-                TMA=True),
-    "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, TILES=1,
-                    FLATTEN=False),
-    "de": dict(BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
-    "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
+# The backward's cuBLAS path, on every CUDA device.
+_CUBLAS_BACKWARD = {
     "waves": 2,
-    "workspace_mib": 40,
     "min_chunk": 1024,
     "exact_gemm": "cublas",
     "exact_de": "cublas",
@@ -80,29 +70,29 @@ _SM90_16BIT = {
     "filter_max_flat": 0.25,
 }
 
+# Hopper (sm90), 16-bit inputs.
+_SM90_16BIT = {
+    # Measured on an H200 (own_kernel/tune.py, outputs in own_kernel/measurements/): flattening the
+    # nested tile loops and several tiles per dlogits program were slower (and the latter does
+    # not compile with the filter on triton 3.6).
+    "fwd": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3, FLATTEN=False,
+                TMA=True),
+    "dlogits": dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4, TILES=1,
+                    FLATTEN=False),
+    "de": dict(BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
+    "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
+    "workspace_mib": 40,
+    **_CUBLAS_BACKWARD,
+}
+
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).
 _GENERIC = {
     "fwd": dict(BLOCK_N=64, BLOCK_V=128, BLOCK_D=32, num_warps=4, num_stages=3),
     "dlogits": dict(BLOCK_N=64, BLOCK_V=128, BLOCK_D=32, num_warps=4, num_stages=3),
     "de": dict(BLOCK_D=128, BLOCK_K=32, num_warps=4, num_stages=3),
     "dc": dict(BLOCK_M=64, BLOCK_D=128, BLOCK_K=32, num_warps=4, num_stages=3),
-    "waves": 2,
     "workspace_mib": 48,
-    "min_chunk": 1024,
-    "exact_gemm": "cublas",
-    "exact_de": "cublas",
-    # 16 x 128 tiles: 58 (80 filtered) registers, so 3-4 programs share an SM; at 2 per SM
-    # (32 x 256) ncu saw 25 % occupancy and 40 % of the DRAM bandwidth (ncu-softmax_grad-v7).
-    "softmax_grad": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
-    "softmax_grad_filter": dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),
-    "recompute": "cublas",
-    "cublas_max_width": 4096,
-    "cublas_max_entries": 4096 * 8192,
-    "cublas_min_width": 1024,
-    "cublas_align": 64,
-    "filter_max_kept": 0.5,
-    "filter_kept_align": 256,
-    "filter_max_flat": 0.25,
+    **_CUBLAS_BACKWARD,
 }
 
 

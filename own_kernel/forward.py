@@ -16,7 +16,7 @@ import triton.language as tl
 
 from own_kernel.forward_tma import cce_fwd_tma_kernel
 from own_kernel.target import cce_target_logit_kernel
-from own_kernel.tile import LOG2E_F, logit_tile, logits_base2, lse_update, softcap_scalars
+from own_kernel.tile import LOG2E_F, logit_tile, lse_tile_update, softcap_scalars
 
 
 @triton.jit
@@ -45,11 +45,8 @@ def cce_fwd_kernel(E, C, Bias, Part,
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        z2 = logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP)
-        z2 = tl.where(v_mask[None, :], z2, float("-inf"))
-        m2, s = lse_update(m2, s, z2)
-        if NEED_ZSUM:
-            z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
+        m2, s, z2_sum = lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+                                        HAS_SOFTCAP, NEED_ZSUM)
 
     base = Part + split.to(tl.int64) * N + offs_n
     tl.store(base, m2, mask=n_mask)

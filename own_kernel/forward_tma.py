@@ -13,7 +13,7 @@ inputs take the pointer kernel).
 import triton
 import triton.language as tl
 
-from own_kernel.tile import logits_base2, lse_update
+from own_kernel.tile import lse_tile_update
 
 
 @triton.jit
@@ -43,11 +43,8 @@ def cce_fwd_tma_kernel(E, C, Bias, Part,
         v_mask = offs_v < v_end
         if HAS_BIAS:
             acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-        z2 = logits_base2(acc, tanh_scale, softcap_log2e, HAS_SOFTCAP)
-        z2 = tl.where(v_mask[None, :], z2, float("-inf"))
-        m2, s = lse_update(m2, s, z2)
-        if NEED_ZSUM:
-            z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
+        m2, s, z2_sum = lse_tile_update(acc, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+                                        HAS_SOFTCAP, NEED_ZSUM)
 
     n_mask = offs_n < N
     base = Part + split.to(tl.int64) * N + offs_n

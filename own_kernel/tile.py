@@ -33,12 +33,18 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
 
 
 @triton.jit
-def lse_update(m2, s, z2):
-    # Online log-sum-exp in base 2 over a tile z2 (BLOCK_N x BLOCK_V): rescale the running sum
-    # s to the new running max m2. Every tile has at least one finite column per row.
+def lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+                    HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr):
+    # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the
+    # rows' online log-sum-exp in base 2: z2 = softcap(x) log2(e); the running sum s is rescaled
+    # to the new running max m2. Every tile has at least one column inside v_mask.
+    z2 = logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP)
+    z2 = tl.where(v_mask[None, :], z2, float("-inf"))
     m2_new = tl.maximum(m2, tl.max(z2, axis=1))
     s = s * tl.exp2(m2 - m2_new) + tl.sum(tl.exp2(z2 - m2_new[:, None]), axis=1)
-    return m2_new, s
+    if NEED_ZSUM:
+        z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
+    return m2_new, s, z2_sum
 
 
 def softcap_scalars(softcap):
