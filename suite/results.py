@@ -31,8 +31,13 @@ def _version(dist: str) -> str | None:
 
 
 def git_commit() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout; the GPU machine's copy has no .git, so fall back to
-    CCE_BENCH_COMMIT (set it to the commit the copy was made from)."""
+    """(commit, dirty) of the checkout. CCE_BENCH_COMMIT, when set, wins (dirty unknown): a copy
+    of the checkout on a GPU machine may have no .git, or a .git whose HEAD is older than the
+    files it was copied with (seen on this project's machines: every run of a session recorded
+    the session's first commit, "dirty")."""
+    override = os.environ.get("CCE_BENCH_COMMIT")
+    if override:
+        return override, None
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -42,7 +47,7 @@ def git_commit() -> tuple[str | None, bool | None]:
                                 check=True).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("CCE_BENCH_COMMIT"), None
+        return None, None
 
 
 def environment(device: str | None = None) -> dict:

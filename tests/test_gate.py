@@ -341,3 +341,19 @@ def test_gate_end_to_end_with_pytest_benchmark(monkeypatch, tmp_path, capsys):
     assert gate.main(parse_args(base + ["--time-threshold", "1.0", "-k", "b"])) == 1
     out = capsys.readouterr().out
     assert [ln.split()[1] for ln in out.splitlines() if "REGRESSED" in ln] == ["peak_extra_mib"]
+
+
+def test_baseline_records_the_commit_override(monkeypatch):
+    # pytest-benchmark reads the commit from git itself; the bench conftest makes it follow
+    # CCE_BENCH_COMMIT like env.json does.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "bench" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("bench_conftest", path)
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    monkeypatch.setenv("CCE_BENCH_COMMIT", "feedface00")
+    info = {"id": "a499307", "dirty": True, "time": "t", "author_time": "t", "branch": "main"}
+    conftest.pytest_benchmark_update_commit_info(None, info)
+    assert info["id"] == "feedface00" and info["dirty"] is None and info["branch"] == "main"

@@ -203,3 +203,16 @@ def test_rerun_measures_again_and_keeps_the_old_rows(tmp_path):
     new = after[len(first):]
     assert {r["provider"] for r in new} == {"naive"} and len(new) == len(PHASES)
     assert new[0]["run_id"] != first[0]["run_id"]
+
+
+def test_commit_override_wins_over_git(monkeypatch):
+    # A copy of the checkout on a GPU machine can carry a stale .git: the commit named by
+    # CCE_BENCH_COMMIT must be recorded, not what git says.
+    from suite.results import environment, git_commit
+
+    monkeypatch.delenv("CCE_BENCH_COMMIT", raising=False)
+    detected, _ = git_commit()
+    monkeypatch.setenv("CCE_BENCH_COMMIT", "0123456789abcdef")
+    assert git_commit() == ("0123456789abcdef", None)
+    env = environment("cpu")
+    assert env["git_commit"] == "0123456789abcdef" != detected and env["git_dirty"] is None

@@ -59,3 +59,13 @@ def gpu_info() -> dict | None:
 def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info["gpu"] = gpu_info()
     machine_info["libraries"] = library_versions()
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    # The same precedence as the suite's env.json (suite.results.git_commit): a copy of the
+    # checkout on a GPU machine may carry a .git older than its files.
+    from suite.results import git_commit
+
+    commit, dirty = git_commit()
+    if commit and commit != commit_info.get("id"):
+        commit_info.update(id=commit, dirty=dirty, time=None, author_time=None)
