@@ -1,10 +1,12 @@
 """Backward launcher: vocabulary chunks of (softmax gradient W -> dE += W @ C -> dC = W^T @ E).
 
-Two ways to produce a chunk's W (N x width, input dtype):
-- cuBLAS path (config recompute="cublas"): cuBLAS recomputes the chunk's logits in fp32 into X,
-  softmax_grad.py turns X into W. X and W live in the part of dC that no chunk has written yet
-  (its tail), so the wide chunks that keep the GEMMs near peak, and the fp32 dE accumulator's
-  re-reads few, cost no memory beyond the gradients. Chunks shrink as dC fills up; below
+Ways to produce a chunk's W (N x width, input dtype):
+- cuBLAS path: chunks whose dE and dC GEMMs run on cuBLAS, and whose workspace lives in the part
+  of dC that no chunk has written yet (its tail), so the wide chunks that keep the GEMMs near
+  peak, and the fp32 dE accumulator's re-reads few, cost no memory beyond the gradients. W comes
+  from dlogits_tma.py (config recompute="tma": logits recomputed on the tensor cores, W written
+  directly) or, recompute="cublas" (or inputs TMA cannot read), from cuBLAS recomputing the
+  logits in fp32 into X and softmax_grad.py turning X into W. Chunks shrink as dC fills up; below
   cublas_min_width the rest of the vocabulary goes the fused path.
 - fused path: dlogits.py recomputes the logits inside a Triton GEMM and writes W directly (2
   bytes per entry instead of 6); its workspace is dE's own output buffer when that is wide enough,
@@ -30,8 +32,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.configs import POISON, config_for
 from own_kernel.dlogits import cce_dlogits_kernel
+from own_kernel.dlogits_tma import cce_dlogits_tma_kernel
 from own_kernel.finalize_de import cce_finalize_de_kernel
-from own_kernel.forward import LAST_COMPILED, dot_precision, num_sms
+from own_kernel.forward import LAST_COMPILED, dot_precision, num_sms, tma_ready
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
 from own_kernel.rank1_dc import cce_rank1_dc_kernel
@@ -70,29 +73,54 @@ def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
     return int(min(max(chunk, bv), triton.cdiv(v, bv) * bv))
 
 
-def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int):
-    """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's X and W (n * (4 + elt) bytes per
-    column) sit at the end of dC, its own dC rows at the front of what is unwritten: as wide as
-    both fit (up to cublas_max_width columns, or cublas_max_entries / n when that is more), until
-    that falls below cublas_min_width."""
+def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int,
+               tma: bool = False):
+    """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's workspace sits at the end of dC,
+    its own dC rows at the front of what is unwritten: as wide as both fit (up to
+    cublas_max_width columns, or cublas_max_entries / n when that is more), until that falls
+    below cublas_min_width. The workspace is X and W (n * (4 + elt) bytes per column, see
+    slot_offsets) when cuBLAS recomputes the logits; with tma (dlogits_tma.py) it is W alone, but
+    two chunks' W are live at once (the look-ahead; see w_slots)."""
     plan, v_start = [], 0
     if cublas and n > 0:
-        align, row = cfg["cublas_align"], d * elt
+        align, row, col = cfg["cublas_align"], d * elt, n * elt
         # Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
         max_width = max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n // align * align)
-        total = v * row - 2 * WORKSPACE_ALIGN  # slack for slot_offsets' alignment
+        end = v * row // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+        below = end  # tma: where the previous chunk's W slot starts
         while v_start < v:
-            fit = (total - v_start * row) // (n * (4 + elt) + row)
-            # Multiples of 8 (the rest goes the fused path): softmax_grad.py's TMA descriptors
-            # need 16-byte row strides.
+            if not tma:
+                fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (n * (4 + elt) + row)
+            elif len(plan) % 2 == 0:  # top slot; the next chunk's (no wider) goes right below
+                fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (2 * col + row)
+            else:  # below the previous chunk's slot
+                fit = (below - WORKSPACE_ALIGN - v_start * row) // (col + row)
+            # Multiples of 8 (the rest goes the fused path): the TMA descriptors need 16-byte
+            # row strides.
             width = min(max_width, fit // align * align, (v - v_start) // 8 * 8)
+            if tma and plan:
+                width = min(width, plan[-1][1])  # never wider: see w_slots
             if width <= 0 or (width < cfg["cublas_min_width"] and width < v - v_start):
                 break
             plan.append((v_start, width, "cublas"))
+            below = w_slots([w for _, w, _ in plan], v * row, n, elt)[-1] if tma else end
             v_start += width
     for start in range(v_start, v, fused_width):
         plan.append((start, min(fused_width, v - start), "fused"))
     return plan
+
+
+def w_slots(widths, dc_bytes: int, n: int, elt: int) -> list[int]:
+    """Byte offsets inside dC of the tma chunks' W (n x width each). Chunk k's W is written
+    before chunk k-1's GEMMs run, so consecutive chunks alternate between a slot ending at dC's
+    end and one right below the previous slot. With widths that never grow, a top slot lies
+    above every slot but the previous one's."""
+    end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    starts = []
+    for k, width in enumerate(widths):
+        top = end if k % 2 == 0 else starts[-1]
+        starts.append((top - n * width * elt) // WORKSPACE_ALIGN * WORKSPACE_ALIGN)
+    return starts
 
 
 def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
@@ -205,7 +233,10 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     filtered = row_eps is not None
     cuda = e.device.type == "cuda"
     fp32_acc = e.dtype == torch.float32 or not cuda or cublas_accumulates_fp32(e.device, e.dtype)
-    cublas = cfg.get("recompute") == "cublas" and fp32_acc
+    # recompute "tma": dlogits_tma.py writes each chunk's W (needs TMA-readable E and C);
+    # "cublas": cuBLAS writes fp32 logits, softmax_grad.py turns them into W.
+    tma = cfg.get("recompute") == "tma" and fp32_acc and tma_ready(e) and tma_ready(c)
+    cublas = (tma or cfg.get("recompute") == "cublas") and fp32_acc
 
     # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
     # peak that dC and the dE accumulator make together.
@@ -226,7 +257,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         fused_width = de_width
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * de_width].view(n, de_width)
-    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width)
+    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma)
     if POISON:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
@@ -245,7 +276,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     if flat is not None:
         g.col_wsum, g.col_keep = torch.zeros(v, **f32), torch.zeros(v, device=e.device, dtype=torch.int32)
         g.kept_count = torch.zeros(len(cublas_plan), device=e.device, dtype=torch.int32)
-    cublas_chunks(cublas_plan, *args, row_eps if flat is not None else None, flat)
+    cublas_chunks(cublas_plan, *args, row_eps if flat is not None else None, flat, tma)
     for v_start, width, kind in plan:
         if kind == "fused":
             if work is None:
@@ -304,45 +335,64 @@ class Chunk:
 
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
-                  cfg, g, scale_f, row_eps, flat):
-    """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits GEMM is queued
+                  cfg, g, scale_f, row_eps, flat, tma=False):
+    """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits are queued
     before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
     columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
     whole-vocabulary buffers (g.col_wsum, g.col_keep, g.row_skip): few launches per chunk, since
-    with gradient filtering the host's launches, not the GPU, set the pace."""
+    with gradient filtering the host's launches, not the GPU, set the pace. With tma, one
+    kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
+    and softmax_grad.py turns it into W."""
     n = e.shape[0]
     elt = e.element_size()
     filtered = row_eps is not None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
     pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
               if e.is_cuda and filtered else None)
-    k = dict(cfg["softmax_grad_filter" if filtered else "softmax_grad"])
-    waves = k.pop("WAVES")
+    if tma:
+        k = dict(cfg["dlogits_tma"])
+        slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt)
+        e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
+        c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])
+    else:
+        k = dict(cfg["softmax_grad_filter" if filtered else "softmax_grad"])
+        waves = k.pop("WAVES")
+    # Arguments after the kernels' workspace ones; unused pointers get any tensor.
+    sums = (bias if bias is not None else g.col_sum, targets, lse, row_weight,
+            row_weight_lse if row_weight_lse is not None else row_weight,
+            row_eps if filtered else row_weight, g.row_round, g.col_round, g.row_skip,
+            g.col_wsum if filtered else g.col_round, g.col_keep if filtered else g.col_round)
+    flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
+                 HAS_GRAD_LSE=row_weight_lse is not None)
     pending = None
     for i, (v_start, width) in enumerate(chunks):
-        w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
-        x = dc_bytes[x_start:end].view(torch.float32).view(n, width)
-        w = dc_bytes[w_start:w_start + elt * n * width].view(e.dtype).view(n, width)
-        ch = Chunk(i, v_start, w, c[v_start:v_start + width])
-        mm_fp32(e, ch.c_chunk.t(), x)
-        if pending is not None:
-            finish_chunk(e, g, scale_f, flat, cfg, pending)
-        strips = triton.cdiv(width, k["BLOCK_V"])
-        splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
-        rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
-        LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
-            TensorDescriptor.from_tensor(x, [k["BLOCK_N"], k["BLOCK_V"]]),
-            TensorDescriptor.from_tensor(w, [k["BLOCK_N"], k["BLOCK_V"]]),
-            bias if bias is not None else x, targets, lse, row_weight,
-            row_weight_lse if row_weight_lse is not None else row_weight,
-            row_eps if filtered else row_weight,
-            g.row_round, g.col_round, g.row_skip,
-            g.col_wsum if filtered else g.col_round,
-            g.col_keep if filtered else g.col_round,
-            g.kept_count[i:] if filtered else g.col_round, g.col_sum,
-            n, c.shape[0], v_start, width, rows, *softcap_scalars(softcap), float(smooth),
-            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
-            FILTER=filtered, HAS_GRAD_LSE=row_weight_lse is not None, **k)
+        kept_count = g.kept_count[i:] if filtered else g.col_round
+        if tma:
+            w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
+            ch = Chunk(i, v_start, w, c[v_start:v_start + width])
+            bn, bv = k["BLOCK_N"], k["BLOCK_V"]
+            LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[(triton.cdiv(n, bn) * triton.cdiv(width, bv),)](
+                e_desc, c_desc, TensorDescriptor.from_tensor(w, [bn, bv]), *sums, kept_count,
+                g.col_sum, n, c.shape[0], v_start, width, *softcap_scalars(softcap),
+                float(smooth), D=e.shape[1], DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
+            if pending is not None:
+                finish_chunk(e, g, scale_f, flat, cfg, pending)
+        else:
+            w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
+            x = dc_bytes[x_start:end].view(torch.float32).view(n, width)
+            w = dc_bytes[w_start:w_start + elt * n * width].view(e.dtype).view(n, width)
+            ch = Chunk(i, v_start, w, c[v_start:v_start + width])
+            mm_fp32(e, ch.c_chunk.t(), x)
+            if pending is not None:
+                finish_chunk(e, g, scale_f, flat, cfg, pending)
+            strips = triton.cdiv(width, k["BLOCK_V"])
+            splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
+            rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
+            LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
+                TensorDescriptor.from_tensor(x, [k["BLOCK_N"], k["BLOCK_V"]]),
+                TensorDescriptor.from_tensor(w, [k["BLOCK_N"], k["BLOCK_V"]]),
+                *sums, kept_count, g.col_sum, n, c.shape[0], v_start, width, rows,
+                *softcap_scalars(softcap), float(smooth), **flags, **k)
         if filtered:
             ch.num_kept = g.kept_count[i]
             if pinned is not None:

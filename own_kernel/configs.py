@@ -23,8 +23,9 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # (always used by the filtered mode); exact_de picks dE's: "cublas" (addmm into the fp32
 # accumulator with out_dtype) or "triton" (grad_e.py, accumulates in place).
 # workspace_mib sizes the fused path's chunk of d held between the kernels, min_chunk its least
-# width. recompute: "cublas" recomputes logits with cuBLAS into dC's unwritten tail (backward.py)
-# in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
+# width. recompute: "tma" recomputes logits and writes the softmax gradient in one kernel
+# (dlogits_tma.py), "cublas" recomputes them with cuBLAS into dC's unwritten tail (backward.py);
+# both in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
 # tokens up to cublas_max_entries / N columns, the same workspace bytes), "triton"
 # only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
 # exceed this fraction runs dense; filter_kept_align: the gathered GEMMs' column count is padded to
@@ -34,6 +35,7 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
+    "dlogits_tma": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1),
     "de": dict(BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "dc": dict(BLOCK_M=16, BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "waves": 2,
@@ -41,7 +43,7 @@ _INTERPRETER = {
     "exact_gemm": "triton",
     "softmax_grad": dict(BLOCK_N=8, BLOCK_V=16, num_warps=1, STAGES=1, WAVES=2),
     "softmax_grad_filter": dict(BLOCK_N=8, BLOCK_V=16, num_warps=1, STAGES=1, WAVES=2),
-    "recompute": "cublas",
+    "recompute": "tma",
     "cublas_max_width": 48,
     "cublas_min_width": 8,
     "cublas_align": 8,
@@ -83,6 +85,8 @@ _SM90_16BIT = {
     "dc": dict(BLOCK_M=128, BLOCK_D=256, BLOCK_K=64, num_warps=8, num_stages=4),
     "workspace_mib": 40,
     **_CUBLAS_BACKWARD,
+    "recompute": "tma",
+    "dlogits_tma": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=3),
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -22,13 +22,15 @@ FWD = [  # overrides of the device's config (tune-v5 has more: stages, flatten, 
     {"fwd": dict(TMA=False)},
     {"fwd": dict(TMA=True)},
 ]
-SG = [  # softmax_grad tiles, pipeline depth and rows per program (WAVES: programs per SM)
-    dict(BLOCK_N=32, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=8),  # tune-v7's best
-    dict(BLOCK_N=16, BLOCK_V=128, num_warps=8, STAGES=4, WAVES=4),
-    dict(BLOCK_N=8, BLOCK_V=128, num_warps=4, STAGES=6, WAVES=8),
+TMA_TILES = [  # dlogits_tma.py tiles (the default is 128 x 256, 8 warps, 3 stages)
+    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4),
+    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=2),
+    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=3),
 ]
-BWD = [{}] + [{"softmax_grad": k} for k in SG]
-FILTER = [{}, {"softmax_grad_filter": SG[0]}, {"filter_kept_align": 64}, {"filter_max_kept": 0.25}]
+WIDE = {"cublas_max_width": 8192}
+BWD = ([{}, {"recompute": "cublas"}] + [{"dlogits_tma": k} for k in TMA_TILES]
+       + [WIDE, {"cublas_max_width": 2048}, {"cublas_min_width": 256}])
+FILTER = [{}, {"recompute": "cublas"}, WIDE, {"dlogits_tma": TMA_TILES[0]}, {"filter_max_kept": 0.25}]
 
 
 def bench(fn, reps=10):

@@ -172,7 +172,7 @@ def test_bad_input_names_the_argument(kwargs, match):
         linear_cross_entropy(args["e"], args["c"], args["targets"], **kwargs)
 
 
-@pytest.mark.parametrize("recompute", ["cublas", "triton"])
+@pytest.mark.parametrize("recompute", ["tma", "cublas", "triton"])
 @pytest.mark.parametrize("dtype, softcap, has_bias", [(torch.float32, 30.0, True), (torch.float16, None, False)])
 def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, softcap, has_bias):
     # "cublas": logits recomputed by torch.mm into dC's unwritten tail, then softmax_grad.py;
@@ -221,6 +221,37 @@ def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
                 assert w <= max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n)
 
 
+@pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
+                                          (8192, 32000, 4096, 2), (1, 7, 16, 2), (4096, 50257, 768, 2)])
+def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
+    # With recompute "tma", chunk k's W is written before chunk k-1's GEMMs, which write
+    # dC[chunk k-1] and read W[k-1]: W[k-1] and W[k] must be disjoint, and no chunk's dC rows may
+    # reach a W slot that is still to be read.
+    from own_kernel.backward import chunk_plan, w_slots
+    from own_kernel.configs import _SM90_16BIT, _INTERPRETER
+
+    for cfg in (_INTERPRETER, _SM90_16BIT):
+        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True)
+        assert [s + w for s, w, _ in plan] == [s for s, _, _ in plan][1:] + [v]
+        chunks = [(s, w) for s, w, k in plan if k == "cublas"]
+        widths = [w for _, w in chunks]
+        assert widths == sorted(widths, reverse=True)
+        assert all(w % 8 == 0 for w in widths), "TMA row strides are 16-byte multiples"
+        slots = w_slots(widths, v * d * elt, n, elt)
+        span = [(a, a + n * w * elt) for a, w in zip(slots, widths)]
+        assert all(b <= v * d * elt for _, b in span)
+        for k, (s, w) in enumerate(chunks):
+            dc_end = (s + w) * d * elt
+            live = span[k:k + 2]  # its own W and the look-ahead's
+            assert all(dc_end <= a for a, _ in live), f"chunk {k}'s dC rows reach a live W"
+            if k:
+                (a0, b0), (a1, b1) = span[k - 1], span[k]
+                assert b1 <= a0 or b0 <= a1, f"chunks {k - 1} and {k} share W bytes"
+        # W alone (2 of the 6 bytes per entry) covers at least what X and W did
+        x_and_w = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256)
+        assert sum(widths) >= sum(w for _, w, k in x_and_w if k == "cublas")
+
+
 def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
     # The fused path's chunks start wherever the cuBLAS chunks end (a multiple of 8 here, not of
     # dlogits' 32-wide tiles), and its GEMMs step through the tile mask in 16-wide slices: each
@@ -233,7 +264,7 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
 
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
         "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
-        "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8}))
+        "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas"}))
     g = torch.Generator().manual_seed(0)
     n, d, v = 64, 16, 294  # cuBLAS chunks end at column 216 = 6 * 32 + 24
     c = torch.randn(v, d, generator=g)
@@ -256,3 +287,42 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
     ref, e2, c2, _ = reference(e, c, t)
     ref.backward()  # a large eps (3 % of the target's O(1) entry) skips a lot: a loose bound
     assert rel(clean[0], e2.grad) < 0.15 and rel(clean[1], c2.grad) < 0.15
+
+
+@pytest.mark.parametrize("filter_eps", [None, 0.03])
+def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps):
+    # Many narrow tma chunks: their W slots alternate inside dC's unwritten tail while dC fills
+    # up (w_slots). dC and the workspaces start as NaN (POISON): a GEMM reading a W slot that a
+    # later chunk's dC rows or the look-ahead's W overwrote shows as NaN or as a difference.
+    import json
+    from own_kernel import backward
+
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
+        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8}))
+    g = torch.Generator().manual_seed(1)
+    n, d, v = 40, 16, 203
+    c = torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True)
+    assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
+    calls = []
+    monkeypatch.setattr(backward, "cce_softmax_grad_kernel", None)  # must not be used
+    real = backward.cce_dlogits_tma_kernel
+    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
+
+    def grads(poison):
+        monkeypatch.setattr(backward, "POISON", poison)
+        ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
+        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        return ee.grad, cc.grad
+
+    clean, poisoned = grads(False), grads(True)
+    assert calls, "the tma kernel did not run"
+    assert all(torch.isfinite(x).all() for x in poisoned)
+    assert all(torch.equal(a, b) for a, b in zip(clean, poisoned))
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    tol = 1e-5 if filter_eps is None else 0.15
+    assert rel(clean[0], e2.grad) < tol and rel(clean[1], c2.grad) < tol

@@ -1,0 +1,82 @@
+"""Backward, step 1 fused: recompute a chunk's logits on the tensor cores and write its softmax
+gradient W directly, with TMA loads and stores.
+
+One program per (BLOCK_N x BLOCK_V) tile of the chunk [v_start, v_start + width):
+
+    x = E[rows] @ C[v_start + cols].T (+ bias)                      (fp32 accumulator, over D)
+    d = (w_n + w'_n) p - w_n ((1 - ls) [v == t_n] + ls / V),   times softcap'(z)
+    W[rows, cols] = d rounded to the input dtype
+
+This is softmax_grad.py's epilogue on forward_tma.py's main loop: the cuBLAS path's fp32 logits
+X (4 bytes per entry written, then read back) never exist, so a chunk's workspace is W alone
+(2 bytes per entry). The sums the GEMMs will miss are kept exactly as softmax_grad.py keeps them
+(see there): RowRound / ColRound, with FILTER RowWSum / ColWSum / ColKeep / KeptCount, ColSum
+for dbias. Here they are reduced per tile and added with atomics, once per tile of D-deep work.
+
+Row blocks vary fastest in the program id: resident programs read the same C tile through L2.
+TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores at N and width.
+"""
+import triton
+import triton.language as tl
+
+from own_kernel.tile import LOG2E, softmax_grad_tile
+
+
+@triton.jit
+def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
+                           RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
+                           N, V, v_start, width,
+                           tanh_scale, softcap_log2e, smooth,
+                           HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                           FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                           D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    num_nb = tl.cdiv(N, BLOCK_N)
+    n0 = (pid % num_nb) * BLOCK_N
+    w0 = (pid // num_nb) * BLOCK_V  # first column of the tile, inside the chunk
+
+    acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        acc = tl.dot(E.load([n0, d0]), C.load([v_start + w0, d0]).T, acc,
+                     input_precision=DOT_PRECISION)
+
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_w = w0 + tl.arange(0, BLOCK_V)
+    offs_v = v_start + offs_w
+    n_mask = offs_n < N
+    w_mask = offs_w < width
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
+    lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
+    w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
+    wp = w
+    if HAS_GRAD_LSE:
+        wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
+    # int32: compared per element with the column (an ignored row's weight is 0)
+    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+    d = softmax_grad_tile(acc, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+                          HAS_SOFTCAP)
+    d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
+    d_used = d.to(W.dtype)
+    W.store([n0, w0], d_used)
+    d_used = d_used.to(tl.float32)
+
+    # What rounding removed, per row and per column; dbias' column sums.
+    r = d - d_used
+    tl.atomic_add(RowRound + offs_n, tl.sum(r, axis=1), mask=n_mask)
+    tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
+    if HAS_BIAS:
+        tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=w_mask)
+    if FILTER:
+        # Over the rows that may skip (eps > 0): a column is kept when one of its entries exceeds
+        # its row's eps; the first program to mark a column counts it.
+        eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
+        may_skip = eps > 0
+        d_skip = tl.where(may_skip[:, None], d_used, 0.0)
+        tl.atomic_add(RowWSum + offs_n, tl.sum(d_skip, axis=1), mask=n_mask)
+        tl.atomic_add(ColWSum + offs_v, tl.sum(d_skip, axis=0), mask=w_mask)
+        over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
+        keep = (tl.max(over, axis=0) > 0).to(tl.int32)
+        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
+        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
