@@ -103,7 +103,7 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
             if width <= 0 or (width < cfg["cublas_min_width"] and width < v - v_start):
                 break
             plan.append((v_start, width, "cublas"))
-            below = w_slots([w for _, w, _ in plan], v * row, n, elt)[-1] if tma else end
+            below = _slot_start(end if len(plan) % 2 else below, n * width * elt)
             v_start += width
     for start in range(v_start, v, fused_width):
         plan.append((start, min(fused_width, v - start), "fused"))
@@ -118,9 +118,12 @@ def w_slots(widths, dc_bytes: int, n: int, elt: int) -> list[int]:
     end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
     starts = []
     for k, width in enumerate(widths):
-        top = end if k % 2 == 0 else starts[-1]
-        starts.append((top - n * width * elt) // WORKSPACE_ALIGN * WORKSPACE_ALIGN)
+        starts.append(_slot_start(end if k % 2 == 0 else starts[-1], n * width * elt))
     return starts
+
+
+def _slot_start(top: int, size: int) -> int:
+    return (top - size) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
 
 
 def cublas_accumulates_fp32(device: torch.device, dtype: torch.dtype) -> bool:
@@ -351,6 +354,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
               if e.is_cuda and filtered else None)
     if tma:
         k = dict(cfg["dlogits_tma"])
+        k.setdefault("SUBTILES", 1)
         slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt)
         e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
         c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])
@@ -371,8 +375,9 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
             ch = Chunk(i, v_start, w, c[v_start:v_start + width])
             bn, bv = k["BLOCK_N"], k["BLOCK_V"]
+            w_desc = TensorDescriptor.from_tensor(w, [bn, bv // k["SUBTILES"]])  # stored by slices
             LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[(triton.cdiv(n, bn) * triton.cdiv(width, bv),)](
-                e_desc, c_desc, TensorDescriptor.from_tensor(w, [bn, bv]), *sums, kept_count,
+                e_desc, c_desc, w_desc, *sums, kept_count,
                 g.col_sum, n, c.shape[0], v_start, width, *softcap_scalars(softcap),
                 float(smooth), D=e.shape[1], DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
             if pending is not None:

@@ -23,6 +23,68 @@ from own_kernel.tile import LOG2E, softmax_grad_tile
 
 
 @triton.jit
+def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                  tanh_scale, softcap_log2e, smooth,
+                  HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
+                  SUB_V: tl.constexpr):
+    # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
+    # slice's row sums (rounding removed, rounded values of the rows that may skip).
+    offs_w = w0 + tl.arange(0, SUB_V)
+    offs_v = v_start + offs_w
+    w_mask = offs_w < width
+    if HAS_BIAS:
+        x += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
+    d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+                          HAS_SOFTCAP)
+    d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
+    d_used = d.to(W.dtype)
+    W.store([n0, w0], d_used)
+    d_used = d_used.to(tl.float32)
+    r = d - d_used
+    tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
+    if HAS_BIAS:
+        tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=w_mask)
+    row_wsum = tl.zeros_like(lse2)
+    if FILTER:
+        # Over the rows that may skip (eps > 0): a column is kept when one of its entries
+        # exceeds its row's eps; the first program to mark a column counts it.
+        may_skip = eps > 0
+        d_skip = tl.where(may_skip[:, None], d_used, 0.0)
+        row_wsum = tl.sum(d_skip, axis=1)
+        tl.atomic_add(ColWSum + offs_v, tl.sum(d_skip, axis=0), mask=w_mask)
+        over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
+        keep = (tl.max(over, axis=0) > 0).to(tl.int32)
+        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
+        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
+    return tl.sum(r, axis=1), row_wsum
+
+
+@triton.jit
+def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    # columns [0, HALF) and [HALF, 2 HALF) of x as two tensors
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_N, 2, HALF)), (0, 2, 1)))
+
+
+@triton.jit
+def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+               tanh_scale, softcap_log2e, smooth,
+               HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
+               BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
+    # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
+    a0, a1 = _halves(x, BLOCK_N, SUB_V)
+    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                          n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                          tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
+    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                            n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start,
+                            width, tanh_scale, softcap_log2e, smooth,
+                            HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
+    return r + r1, ws + ws1
+
+
+@triton.jit
 def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
                            N, V, v_start, width,
@@ -30,7 +92,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                           D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           SUBTILES: tl.constexpr, D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     n0 = (pid % num_nb) * BLOCK_N
@@ -42,12 +104,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
                      input_precision=DOT_PRECISION)
 
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_w = w0 + tl.arange(0, BLOCK_V)
-    offs_v = v_start + offs_w
     n_mask = offs_n < N
-    w_mask = offs_w < width
-    if HAS_BIAS:
-        acc += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
     lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
     w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
     wp = w
@@ -55,28 +112,35 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
         wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
     # int32: compared per element with the column (an ignored row's weight is 0)
     tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
-    d = softmax_grad_tile(acc, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
-                          HAS_SOFTCAP)
-    d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
-    d_used = d.to(W.dtype)
-    W.store([n0, w0], d_used)
-    d_used = d_used.to(tl.float32)
-
-    # What rounding removed, per row and per column; dbias' column sums.
-    r = d - d_used
-    tl.atomic_add(RowRound + offs_n, tl.sum(r, axis=1), mask=n_mask)
-    tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
-    if HAS_BIAS:
-        tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=w_mask)
+    eps = lse2
     if FILTER:
-        # Over the rows that may skip (eps > 0): a column is kept when one of its entries exceeds
-        # its row's eps; the first program to mark a column counts it.
         eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
-        may_skip = eps > 0
-        d_skip = tl.where(may_skip[:, None], d_used, 0.0)
-        tl.atomic_add(RowWSum + offs_n, tl.sum(d_skip, axis=1), mask=n_mask)
-        tl.atomic_add(ColWSum + offs_v, tl.sum(d_skip, axis=0), mask=w_mask)
-        over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
-        keep = (tl.max(over, axis=0) > 0).to(tl.int32)
-        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
-        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
+
+    # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
+    # accumulator spill registers (ptxas for sm90: 236 bytes of spill stores, 88 in halves).
+    if SUBTILES == 1:
+        r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                              n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                              tanh_scale, softcap_log2e, smooth,
+                              HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_V)
+    elif SUBTILES == 2:
+        r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                           tanh_scale, softcap_log2e, smooth,
+                           HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 2)
+    else:
+        tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
+        h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
+        r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                           tanh_scale, softcap_log2e, smooth,
+                           HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+        r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                             n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
+                             v_start, width, tanh_scale, softcap_log2e, smooth,
+                             HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+        r += r1
+        ws += ws1
+    tl.atomic_add(RowRound + offs_n, r, mask=n_mask)
+    if FILTER:
+        tl.atomic_add(RowWSum + offs_n, ws, mask=n_mask)

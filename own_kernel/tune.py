@@ -22,15 +22,15 @@ FWD = [  # overrides of the device's config (tune-v5 has more: stages, flatten, 
     {"fwd": dict(TMA=False)},
     {"fwd": dict(TMA=True)},
 ]
-TMA_TILES = [  # dlogits_tma.py tiles (the default is 128 x 256, 8 warps, 3 stages)
-    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=4),
-    dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, num_warps=8, num_stages=2),
-    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, num_warps=8, num_stages=3),
+TMA_TILES = [  # dlogits_tma.py tiles (the default is 128 x 256 in 4 column slices, 8 warps)
+    dict(SUBTILES=2),
+    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, SUBTILES=4, num_warps=8, num_stages=3),
+    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, SUBTILES=2, num_warps=8, num_stages=4),
 ]
 WIDE = {"cublas_max_width": 8192}
 BWD = ([{}, {"recompute": "cublas"}] + [{"dlogits_tma": k} for k in TMA_TILES]
-       + [WIDE, {"cublas_max_width": 2048}, {"cublas_min_width": 256}])
-FILTER = [{}, {"recompute": "cublas"}, WIDE, {"dlogits_tma": TMA_TILES[0]}, {"filter_max_kept": 0.25}]
+       + [WIDE, {"cublas_min_width": 512}])
+FILTER = [{}, {"recompute": "cublas"}, WIDE, {"filter_max_kept": 0.25}]
 
 
 def bench(fn, reps=10):
@@ -144,12 +144,27 @@ def main(argv=None):
             f"{busy:.1f} ms per call, the rest of the call's time is launch gaps):")
         for ev in sorted(prof.key_averages(), key=lambda ev: -ev.device_time_total)[:8]:
             say(f"  {ev.device_time_total / 1e3:9.2f} ms  {ev.count:5d} calls  {ev.key[:70]}")
+        idle_gaps(prof, say)
     from own_kernel.forward import LAST_COMPILED
     for name, k in LAST_COMPILED.items():
         say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
             f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}, stages {k.metadata.num_stages}")
     say(f"config: {json.dumps(base)}")
     return write(args.out, lines)
+
+
+def idle_gaps(prof, say, top=6):
+    """Where the GPU waits between kernels (the host launching, or a host sync): the total, and
+    the longest gaps with the kernels around them."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted((ev for ev in prof.events() if ev.device_type == DeviceType.CUDA),
+                     key=lambda ev: ev.time_range.start)
+    gaps = [(b.time_range.start - a.time_range.end, a.name, b.name)
+            for a, b in zip(kernels, kernels[1:]) if b.time_range.start > a.time_range.end]
+    say(f"  idle between kernels: {sum(g for g, _, _ in gaps) / 3e3:.2f} ms per call; longest:")
+    for gap, before, after in sorted(gaps, reverse=True)[:top]:
+        say(f"    {gap / 1e3:6.3f} ms  after {before[:40]}  before {after[:40]}")
 
 
 def compare_protocols(fwd_bwd, say, out, lines):
