@@ -355,6 +355,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     if tma:
         k = dict(cfg["dlogits_tma"])
         k.setdefault("SUBTILES", 1)
+        k.setdefault("GROUP_N", 8)
         slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt)
         e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
         c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])

@@ -35,7 +35,7 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
-    "dlogits_tma": dict(BLOCK_N=16, BLOCK_V=32, BLOCK_D=16, SUBTILES=2, num_warps=1, num_stages=1),
+    "dlogits_tma": dict(BLOCK_N=16, BLOCK_V=32, BLOCK_D=16, SUBTILES=2, GROUP_N=2, num_warps=1, num_stages=1),
     "de": dict(BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "dc": dict(BLOCK_M=16, BLOCK_D=16, BLOCK_K=16, num_warps=1, num_stages=1),
     "waves": 2,
@@ -86,7 +86,8 @@ _SM90_16BIT = {
     "workspace_mib": 40,
     **_CUBLAS_BACKWARD,
     "recompute": "tma",
-    "dlogits_tma": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, SUBTILES=4, num_warps=8, num_stages=3),
+    "dlogits_tma": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, SUBTILES=4, GROUP_N=8, num_warps=8,
+                        num_stages=3),
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

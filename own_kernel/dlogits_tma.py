@@ -13,7 +13,6 @@ X (4 bytes per entry written, then read back) never exist, so a chunk's workspac
 (see there): RowRound / ColRound, with FILTER RowWSum / ColWSum / ColKeep / KeptCount, ColSum
 for dbias. Here they are reduced per tile and added with atomics, once per tile of D-deep work.
 
-Row blocks vary fastest in the program id: resident programs read the same C tile through L2.
 TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores at N and width.
 """
 import triton
@@ -92,11 +91,18 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                           SUBTILES: tl.constexpr, D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, D: tl.constexpr,
+                           DOT_PRECISION: tl.constexpr):
+    # Tiles in groups of GROUP_N row blocks x every column tile of the chunk, row blocks fastest:
+    # the resident programs share a few blocks of E and the chunk's C in L2. Row blocks fastest
+    # over all of E (as forward.py does) let W's stores evict E from L2 between its re-reads.
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
-    n0 = (pid % num_nb) * BLOCK_N
-    w0 = (pid // num_nb) * BLOCK_V  # first column of the tile, inside the chunk
+    per_group = GROUP_N * tl.cdiv(width, BLOCK_V)
+    first_nb = (pid // per_group) * GROUP_N
+    group_size = tl.minimum(num_nb - first_nb, GROUP_N)
+    n0 = (first_nb + (pid % per_group) % group_size) * BLOCK_N
+    w0 = ((pid % per_group) // group_size) * BLOCK_V  # first column of the tile, in the chunk
 
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):

@@ -48,6 +48,11 @@ def main(argv=None):
     ap.add_argument("--no-fwd-variants", action="store_true", help="time only the default forward")
     ap.add_argument("--protocol", action="store_true",
                     help="only compare timing protocols (do_bench vs the suite's) of fwd+bwd")
+    ap.add_argument("--bwd", type=json.loads, default=BWD,
+                    help="JSON list of config overrides timed for exact fwd+bwd (default: BWD)")
+    ap.add_argument("--filter", type=json.loads, default=FILTER,
+                    help="JSON list of config overrides timed filtered (default: FILTER)")
+    ap.add_argument("--dists", default="uniform,lm", help="input distributions of the filtered runs")
     args = ap.parse_args(argv)
     args.softcap = args.softcap or None
     dev = torch.device("cuda")
@@ -109,10 +114,10 @@ def main(argv=None):
 
     if args.protocol:
         return compare_protocols(fwd_bwd, say, args.out, lines)
-    for k in BWD:
+    for k in args.bwd:
         attempt("fwd+bwd exact (target <= 4.6 floors)", fwd_bwd, k)
-    for dist in ("uniform", "lm"):
-        for k in FILTER:
+    for dist in args.dists.split(","):
+        for k in args.filter:
             attempt(f"fwd+bwd filter auto, {dist} inputs", lambda dist=dist: fwd_bwd("auto", dist), k)
 
     # Memory at the default config.
