@@ -356,6 +356,8 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         k = dict(cfg["dlogits_tma"])
         k.setdefault("SUBTILES", 1)
         k.setdefault("GROUP_N", 8)
+        k.setdefault("FLATTEN", False)
+        persistent = k.pop("PERSISTENT", False)  # one program per SM, looping over the tiles
         slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt)
         e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
         c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])
@@ -377,7 +379,9 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             ch = Chunk(i, v_start, w, c[v_start:v_start + width])
             bn, bv = k["BLOCK_N"], k["BLOCK_V"]
             w_desc = TensorDescriptor.from_tensor(w, [bn, bv // k["SUBTILES"]])  # stored by slices
-            LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[(triton.cdiv(n, bn) * triton.cdiv(width, bv),)](
+            tiles = triton.cdiv(n, bn) * triton.cdiv(width, bv)
+            grid = (min(tiles, num_sms(e.device)) if persistent else tiles,)
+            LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[grid](
                 e_desc, c_desc, w_desc, *sums, kept_count,
                 g.col_sum, n, c.shape[0], v_start, width, *softcap_scalars(softcap),
                 float(smooth), D=e.shape[1], DOT_PRECISION=dot_precision(e.dtype), **flags, **k)

@@ -91,62 +91,65 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                           SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, D: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr):
+                           SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
+                           D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Tiles in groups of GROUP_N row blocks x every column tile of the chunk, row blocks fastest:
     # the resident programs share a few blocks of E and the chunk's C in L2. Row blocks fastest
     # over all of E (as forward.py does) let W's stores evict E from L2 between its re-reads.
-    pid = tl.program_id(0)
+    # A program takes tiles pid, pid + programs, ... (one each unless launched persistent);
+    # FLATTEN pipelines the next tile's loads under this tile's epilogue.
     num_nb = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_N * tl.cdiv(width, BLOCK_V)
-    first_nb = (pid // per_group) * GROUP_N
-    group_size = tl.minimum(num_nb - first_nb, GROUP_N)
-    n0 = (first_nb + (pid % per_group) % group_size) * BLOCK_N
-    w0 = ((pid % per_group) // group_size) * BLOCK_V  # first column of the tile, in the chunk
+    num_tiles = num_nb * tl.cdiv(width, BLOCK_V)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        first_nb = (tile // per_group) * GROUP_N
+        group_size = tl.minimum(num_nb - first_nb, GROUP_N)
+        n0 = (first_nb + (tile % per_group) % group_size) * BLOCK_N
+        w0 = ((tile % per_group) // group_size) * BLOCK_V  # first column of the tile, in the chunk
 
-    acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        acc = tl.dot(E.load([n0, d0]), C.load([v_start + w0, d0]).T, acc,
-                     input_precision=DOT_PRECISION)
+        acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            acc = tl.dot(E.load([n0, d0]), C.load([v_start + w0, d0]).T, acc,
+                         input_precision=DOT_PRECISION)
 
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
-    w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
-    wp = w
-    if HAS_GRAD_LSE:
-        wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
-    # int32: compared per element with the column (an ignored row's weight is 0)
-    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
-    eps = lse2
-    if FILTER:
-        eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
+        w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
+        wp = w
+        if HAS_GRAD_LSE:
+            wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
+        # int32: compared per element with the column (an ignored row's weight is 0)
+        tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+        eps = lse2
+        if FILTER:
+            eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
 
-    # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
-    # accumulator spill registers (ptxas for sm90: 236 bytes of spill stores, 88 in halves).
-    if SUBTILES == 1:
-        r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
-                              n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
-                              tanh_scale, softcap_log2e, smooth,
-                              HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_V)
-    elif SUBTILES == 2:
-        r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
-                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
-                           tanh_scale, softcap_log2e, smooth,
-                           HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 2)
-    else:
-        tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
-        h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
-        r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
-                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
-                           tanh_scale, softcap_log2e, smooth,
-                           HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
-        r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
-                             n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
-                             v_start, width, tanh_scale, softcap_log2e, smooth,
-                             HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
-        r += r1
-        ws += ws1
-    tl.atomic_add(RowRound + offs_n, r, mask=n_mask)
-    if FILTER:
-        tl.atomic_add(RowWSum + offs_n, ws, mask=n_mask)
+        # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
+        # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
+        if SUBTILES == 1:
+            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                                  tanh_scale, softcap_log2e, smooth,
+                                  HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_V)
+        elif SUBTILES == 2:
+            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                               tanh_scale, softcap_log2e, smooth,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 2)
+        else:
+            tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
+            h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
+            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                               tanh_scale, softcap_log2e, smooth,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
+                                 v_start, width, tanh_scale, softcap_log2e, smooth,
+                                 HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+            r += r1
+            ws += ws1
+        tl.atomic_add(RowRound + offs_n, r, mask=n_mask)
+        if FILTER:
+            tl.atomic_add(RowWSum + offs_n, ws, mask=n_mask)
