@@ -74,18 +74,20 @@ def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
 
 
 def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int,
-               tma: bool = False):
+               tma: bool = False, filtered: bool = False):
     """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's workspace sits at the end of dC,
     its own dC rows at the front of what is unwritten: as wide as both fit (up to
     cublas_max_width columns, or cublas_max_entries / n when that is more), until that falls
     below cublas_min_width. The workspace is X and W (n * (4 + elt) bytes per column, see
     slot_offsets) when cuBLAS recomputes the logits; with tma (dlogits_tma.py) it is W alone, but
-    two chunks' W are live at once (the look-ahead; see w_slots)."""
+    two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
+    (filter_max_width): the host waits on each one's kept-column count, so fewer is faster."""
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row, col = cfg["cublas_align"], d * elt, n * elt
         # Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
-        max_width = max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n // align * align)
+        widest = cfg.get("filter_max_width", cfg["cublas_max_width"]) if filtered else cfg["cublas_max_width"]
+        max_width = max(widest, cfg.get("cublas_max_entries", 0) // n // align * align)
         end = v * row // WORKSPACE_ALIGN * WORKSPACE_ALIGN
         below = end  # tma: where the previous chunk's W slot starts
         while v_start < v:
@@ -260,7 +262,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         fused_width = de_width
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * de_width].view(n, de_width)
-    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma)
+    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma, filtered)
     if POISON:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
@@ -373,7 +375,6 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                  HAS_GRAD_LSE=row_weight_lse is not None)
     pending = None
     for i, (v_start, width) in enumerate(chunks):
-        kept_count = g.kept_count[i:] if filtered else g.col_round
         if tma:
             w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
             ch = Chunk(i, v_start, w, c[v_start:v_start + width])
@@ -382,9 +383,12 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             tiles = triton.cdiv(n, bn) * triton.cdiv(width, bv)
             grid = (min(tiles, num_sms(e.device)) if persistent else tiles,)
             LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[grid](
-                e_desc, c_desc, w_desc, *sums, kept_count,
-                g.col_sum, n, c.shape[0], v_start, width, *softcap_scalars(softcap),
-                float(smooth), D=e.shape[1], DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
+                e_desc, c_desc, w_desc, *sums, g.col_sum, n, c.shape[0], v_start, width,
+                *softcap_scalars(softcap), float(smooth), D=e.shape[1],
+                DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
+            if filtered:
+                torch.sum(g.col_keep[v_start:v_start + width], dim=0, keepdim=True,
+                          dtype=torch.int32, out=g.kept_count[i:i + 1])
             if pending is not None:
                 finish_chunk(e, g, scale_f, flat, cfg, pending)
         else:
@@ -401,7 +405,8 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
                 TensorDescriptor.from_tensor(x, [k["BLOCK_N"], k["BLOCK_V"]]),
                 TensorDescriptor.from_tensor(w, [k["BLOCK_N"], k["BLOCK_V"]]),
-                *sums, kept_count, g.col_sum, n, c.shape[0], v_start, width, rows,
+                *sums, g.kept_count[i:] if filtered else g.col_round, g.col_sum,
+                n, c.shape[0], v_start, width, rows,
                 *softcap_scalars(softcap), float(smooth), **flags, **k)
         if filtered:
             ch.num_kept = g.kept_count[i]

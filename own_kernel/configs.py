@@ -26,8 +26,8 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # width. recompute: "tma" recomputes logits and writes the softmax gradient in one kernel
 # (dlogits_tma.py), "cublas" recomputes them with cuBLAS into dC's unwritten tail (backward.py);
 # both in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
-# tokens up to cublas_max_entries / N columns, the same workspace bytes), "triton"
-# only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
+# tokens up to cublas_max_entries / N columns, the same workspace bytes; filtered chunks up to
+# filter_max_width), "triton" only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
 # exceed this fraction runs dense; filter_kept_align: the gathered GEMMs' column count is padded to
 # a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
 # keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
@@ -86,8 +86,11 @@ _SM90_16BIT = {
     "workspace_mib": 40,
     **_CUBLAS_BACKWARD,
     "recompute": "tma",
+    # persistent + flattened tile loop: the next tile's loads overlap this one's epilogue
     "dlogits_tma": dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, SUBTILES=4, GROUP_N=8, num_warps=8,
-                        num_stages=3),
+                        num_stages=3, PERSISTENT=True, FLATTEN=True),
+    "cublas_max_width": 8192,
+    "filter_max_width": 16384,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

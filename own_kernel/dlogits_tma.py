@@ -10,7 +10,7 @@ One program per (BLOCK_N x BLOCK_V) tile of the chunk [v_start, v_start + width)
 This is softmax_grad.py's epilogue on forward_tma.py's main loop: the cuBLAS path's fp32 logits
 X (4 bytes per entry written, then read back) never exist, so a chunk's workspace is W alone
 (2 bytes per entry). The sums the GEMMs will miss are kept exactly as softmax_grad.py keeps them
-(see there): RowRound / ColRound, with FILTER RowWSum / ColWSum / ColKeep / KeptCount, ColSum
+(see there): RowRound / ColRound, with FILTER RowWSum / ColWSum / ColKeep, ColSum
 for dbias. Here they are reduced per tile and added with atomics, once per tile of D-deep work.
 
 TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores at N and width.
@@ -22,7 +22,7 @@ from own_kernel.tile import LOG2E, softmax_grad_tile
 
 
 @triton.jit
-def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                   tanh_scale, softcap_log2e, smooth,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
@@ -47,15 +47,15 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
     row_wsum = tl.zeros_like(lse2)
     if FILTER:
         # Over the rows that may skip (eps > 0): a column is kept when one of its entries
-        # exceeds its row's eps; the first program to mark a column counts it.
+        # exceeds its row's eps. (backward.py counts the kept columns afterwards: an atomic
+        # whose old value is used here stalls the tile for an L2 round trip, 6 ms per call.)
         may_skip = eps > 0
         d_skip = tl.where(may_skip[:, None], d_used, 0.0)
         row_wsum = tl.sum(d_skip, axis=1)
         tl.atomic_add(ColWSum + offs_v, tl.sum(d_skip, axis=0), mask=w_mask)
         over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
         keep = (tl.max(over, axis=0) > 0).to(tl.int32)
-        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
-        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
+        tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
     return tl.sum(r, axis=1), row_wsum
 
 
@@ -66,17 +66,17 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                tanh_scale, softcap_log2e, smooth,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
-    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                           tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
-    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                             n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start,
                             width, tanh_scale, softcap_log2e, smooth,
                             HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
@@ -85,7 +85,7 @@ def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
 
 @triton.jit
 def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
-                           RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
+                           RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum,
                            N, V, v_start, width,
                            tanh_scale, softcap_log2e, smooth,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -128,23 +128,23 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
         # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
-            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                   tanh_scale, softcap_log2e, smooth,
                                   HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_V)
         elif SUBTILES == 2:
-            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
-            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
-            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, KeptCount, ColSum,
+            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                  n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
                                  v_start, width, tanh_scale, softcap_log2e, smooth,
                                  HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)

@@ -227,11 +227,13 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
     # With recompute "tma", chunk k's W is written before chunk k-1's GEMMs, which write
     # dC[chunk k-1] and read W[k-1]: W[k-1] and W[k] must be disjoint, and no chunk's dC rows may
     # reach a W slot that is still to be read.
+    import itertools
+
     from own_kernel.backward import chunk_plan, w_slots
     from own_kernel.configs import _SM90_16BIT, _INTERPRETER
 
-    for cfg in (_INTERPRETER, _SM90_16BIT):
-        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True)
+    for cfg, filtered in itertools.product((_INTERPRETER, _SM90_16BIT), (False, True)):
+        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True, filtered=filtered)
         assert [s + w for s, w, _ in plan] == [s for s, _, _ in plan][1:] + [v]
         chunks = [(s, w) for s, w, k in plan if k == "cublas"]
         widths = [w for _, w in chunks]
@@ -248,7 +250,7 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
                 (a0, b0), (a1, b1) = span[k - 1], span[k]
                 assert b1 <= a0 or b0 <= a1, f"chunks {k - 1} and {k} share W bytes"
         # W alone (2 of the 6 bytes per entry) covers at least what X and W did
-        x_and_w = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256)
+        x_and_w = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, filtered=filtered)
         assert sum(widths) >= sum(w for _, w, k in x_and_w if k == "cublas")
 
 
