@@ -80,7 +80,11 @@ def main(argv=None):
             os.environ.pop("CCE_OWN_CONFIG")
 
     floor = bench(lambda: e @ c.T)
-    say(f"{torch.cuda.get_device_name()} N={n} D={d} V={v} softcap={args.softcap}")
+    from suite.results import git_commit
+
+    commit, dirty = git_commit()
+    say(f"{torch.cuda.get_device_name()} N={n} D={d} V={v} softcap={args.softcap} "
+        f"commit {commit}{' (dirty)' if dirty else ''}, torch {torch.__version__}")
     say(f"floor (cuBLAS E@C.T) {floor:.3f} ms = {2*n*v*d/floor/1e9:.0f} TFLOP/s")
     base = config_for(dev, e.dtype)
     # Reference LSE of a few rows (fp32 logits), so every variant is checked, not only timed.
