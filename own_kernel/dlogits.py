@@ -21,7 +21,7 @@ accumulating in bf16 loses dE (ANCHORS.md).
 import triton
 import triton.language as tl
 
-from own_kernel.tile import LOG2E, logit_tile, softmax_grad_tile
+from own_kernel.tile import logit_tile, row_terms, softmax_grad_tile
 
 
 @triton.jit
@@ -42,12 +42,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
     nb = pid // num_groups
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
-    w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
-    wp = w
-    if HAS_GRAD_LSE:
-        wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
-    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1)
+    lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+                                 HAS_GRAD_LSE)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
     row_skip = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if FILTER:

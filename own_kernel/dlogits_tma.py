@@ -18,7 +18,7 @@ TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores 
 import triton
 import triton.language as tl
 
-from own_kernel.tile import LOG2E, softmax_grad_tile
+from own_kernel.tile import row_terms, softmax_grad_tile
 
 
 @triton.jit
@@ -114,13 +114,8 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
 
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
-        w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
-        wp = w
-        if HAS_GRAD_LSE:
-            wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
-        # int32: compared per element with the column (an ignored row's weight is 0)
-        tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+        lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+                                     HAS_GRAD_LSE)
         eps = lse2
         if FILTER:
             eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))

@@ -29,7 +29,7 @@ aligned; TMA zero-fills reads past N and clips writes there.
 import triton
 import triton.language as tl
 
-from own_kernel.tile import LOG2E, softmax_grad_tile
+from own_kernel.tile import row_terms, softmax_grad_tile
 
 
 @triton.jit
@@ -59,14 +59,8 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < row_end
         m = n_mask[:, None] & w_mask[None, :]
-        lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
-        w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
-        wp = w
-        if HAS_GRAD_LSE:
-            wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
-        # int32: the compare with the column index is per element (an ignored row's weight is 0,
-        # so a wrapped ignore_index cannot matter)
-        tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+        lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+                                     HAS_GRAD_LSE)
         x = X.load([n0, strip * BLOCK_V])
         if HAS_BIAS:
             x += b[None, :]

@@ -72,6 +72,20 @@ def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask, HAS_GRAD_LSE: tl.constexpr):
+    # Per row: lse in base 2, the loss weight w, w + the lse weight w' (z-loss), the target.
+    # The target as int32: it is compared per element with the column (an ignored row's weight
+    # is 0, so a wrapped ignore_index cannot matter).
+    lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
+    w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
+    wp = w
+    if HAS_GRAD_LSE:
+        wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
+    tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
+    return lse2, w, wp, tgt
+
+
+@triton.jit
 def softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
                       HAS_SOFTCAP: tl.constexpr):
     # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),

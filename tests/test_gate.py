@@ -299,7 +299,7 @@ DUMMY_TEST = '''
 import os, time
 import pytest
 
-@pytest.mark.parametrize("name", ["a", "b"])
+@pytest.mark.parametrize("name", ["alpha", "beta"])  # -k words that no folder name contains
 def test_loss(benchmark, name):
     delay = float(os.environ.get("DUMMY_DELAY_" + name.upper(), "0.004"))
     benchmark.extra_info["peak_extra_mib"] = float(os.environ.get("DUMMY_MIB", "100"))
@@ -328,17 +328,17 @@ def test_gate_end_to_end_with_pytest_benchmark(monkeypatch, tmp_path, capsys):
     assert gate.main(parse_args(base + ["--time-threshold", "1.0"])) == 0
     assert "gate: PASS" in capsys.readouterr().out
 
-    monkeypatch.setenv("DUMMY_DELAY_A", "0.05")  # 12x slower: pytest-benchmark must flag it
+    monkeypatch.setenv("DUMMY_DELAY_ALPHA", "0.05")  # 12x slower: pytest-benchmark must flag it
     assert gate.main(parse_args(base + ["--time-threshold", "1.0"])) == 1
     out = capsys.readouterr().out
     assert "Performance has regressed" in out and "PerformanceRegression" in out
-    lines = [ln for ln in out.splitlines() if ln.startswith("test_loss[a]") and "median_ms" in ln]
+    lines = [ln for ln in out.splitlines() if ln.startswith("test_loss[alpha]") and "median_ms" in ln]
     assert lines and lines[0].endswith("REGRESSED")
     assert "Traceback" not in out
 
-    monkeypatch.delenv("DUMMY_DELAY_A")
+    monkeypatch.delenv("DUMMY_DELAY_ALPHA")
     monkeypatch.setenv("DUMMY_MIB", "200")
-    assert gate.main(parse_args(base + ["--time-threshold", "1.0", "-k", "b"])) == 1
+    assert gate.main(parse_args(base + ["--time-threshold", "1.0", "-k", "beta"])) == 1
     out = capsys.readouterr().out
     assert [ln.split()[1] for ln in out.splitlines() if "REGRESSED" in ln] == ["peak_extra_mib"]
 
