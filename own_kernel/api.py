@@ -135,9 +135,14 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
         if isinstance(filter_eps, str) or not float(filter_eps) >= 0:
             raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
     _check_runnable(e.device)
+
+
+def _check_targets(targets: Tensor, v: int, ignore_index: int) -> None:
+    """Targets outside [0, V) that are not ignore_index. Called once the forward is queued (its
+    kernels mask such targets): the host's wait for this check then overlaps the forward instead
+    of idling the GPU while the host launches it."""
     if torch.compiler.is_compiling():
         return  # a data-dependent check would break the graph; eager calls still check
-    v = c.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
     if targets.numel() and bool(bad.any()):
         first = targets[bad][0].item()
@@ -179,6 +184,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     loss_rows, lse, _ = lce_rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
                                  float(label_smoothing),
                                  -1.0 if filter_eps is None else float(filter_eps), min_p_max)
+    _check_targets(targets, c.shape[0], ignore_index)
     loss_rows, lse = loss_rows.view(lead), lse.view(lead)
     if shift:
         loss_rows, lse = loss_rows[..., :-shift], lse[..., :-shift]

@@ -23,6 +23,7 @@ through the plain mean rows (see dlogits.py for why: the component that all rows
 Memory: dE, dC, dbias, an fp32 accumulator for dE (N x D), O(N + V) fp32 vectors; on the fused
 path without a wide enough dE buffer one workspace. Nothing N x V.
 """
+import math
 import os
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ from own_kernel.tile import softcap_scalars
 MEAN_SAMPLE_ROWS = 4096
 WORKSPACE_ALIGN = 256  # bytes; X and W start on this boundary inside dC
 _CUBLAS_FP32_ACC: dict = {}
+LAST_PLAN: dict = {}
 
 
 def sampled_mean(x: torch.Tensor) -> torch.Tensor:
@@ -185,6 +187,30 @@ def rank1_dc(dc, a, x, scale, a2=None, x2=None):
         RANK2=a2 is not None, BLOCK_V=32, BLOCK_D=block_d)
 
 
+class HostScalar:
+    """A 0-d device tensor read on the host once, when first needed: the copy is queued (pinned,
+    non-blocking) when it is made, so the read waits for that copy, not for the kernels queued
+    after it."""
+
+    def __init__(self, tensor: torch.Tensor | None = None, value: float | None = None):
+        self.value, self.ready = value, None
+        if value is None:
+            if tensor.is_cuda:
+                self.host = torch.empty((), dtype=tensor.dtype, pin_memory=True)
+                self.host.copy_(tensor, non_blocking=True)
+                self.ready = torch.cuda.Event()
+                self.ready.record()
+            else:
+                self.host = tensor
+
+    def __float__(self) -> float:
+        if self.value is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self.value = float(self.host)
+        return self.value
+
+
 @dataclass
 class Grads:
     """What the chunks accumulate into."""
@@ -210,21 +236,32 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
+    dbias = torch.zeros_like(bias) if bias is not None else None
+    if n == 0:
+        return torch.zeros_like(e), torch.zeros_like(c), dbias
+    cuda = e.device.type == "cuda"
+    fp32_acc = e.dtype == torch.float32 or not cuda or cublas_accumulates_fp32(e.device, e.dtype)
+    # recompute "tma": dlogits_tma.py writes each chunk's W (needs TMA-readable E and C);
+    # "cublas": cuBLAS writes fp32 logits, softmax_grad.py turns them into W.
+    tma = cfg.get("recompute") == "tma" and fp32_acc and tma_ready(e) and tma_ready(c)
+    cublas = (tma or cfg.get("recompute") == "cublas") and fp32_acc
 
     # Normalise the row weights so d is O(1) in the workspace (a mean over N tokens would push
-    # fp16 values into subnormals); the scale comes back in dE's and dC's epilogues.
-    scale = row_weight.abs().max() if n else torch.zeros((), device=e.device)
-    if row_weight_lse is not None and n:
-        scale = torch.maximum(scale, (row_weight + row_weight_lse).abs().max())
-    scale_f = float(scale)
-    dbias = torch.zeros_like(bias) if bias is not None else None
-    if n == 0 or scale_f == 0.0 or not torch.isfinite(scale):
-        return torch.zeros_like(e), torch.zeros_like(c), dbias
-    row_weight = row_weight / scale
+    # fp16 values into subnormals); the scale comes back in dE's and dC's epilogues. Exact mode
+    # reads the scale on the host only when a GEMM first needs it (HostScalar): a sync here
+    # would idle the GPU for the host's whole setup.
+    scale = row_weight.abs().max()
     if row_weight_lse is not None:
-        row_weight_lse = row_weight_lse / scale
+        scale = torch.maximum(scale, (row_weight + row_weight_lse).abs().max())
+    divisor = torch.where(scale > 0, scale, 1.0)  # all weights 0: W = 0, every gradient 0
+    row_weight = row_weight / divisor
+    if row_weight_lse is not None:
+        row_weight_lse = row_weight_lse / divisor
 
-    row_eps = None
+    # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
+    # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
+    # cuBLAS instead, which was faster at every measured shape). None = exact.
+    cublas_eps = fused_eps = flat = None
     if filter_eps is not None and filter_eps > 0:
         # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep
         # everything (eps 0); the rest skip entries below filter_eps.
@@ -233,15 +270,21 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
             active |= row_weight_lse != 0
         peaked = active & (p_max >= filter_min_p_max)
         row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
-        if not bool(peaked.any()):
-            row_eps = None  # no row may skip anything: the exact path is the same result, faster
-    filtered = row_eps is not None
-    cuda = e.device.type == "cuda"
-    fp32_acc = e.dtype == torch.float32 or not cuda or cublas_accumulates_fp32(e.device, e.dtype)
-    # recompute "tma": dlogits_tma.py writes each chunk's W (needs TMA-readable E and C);
-    # "cublas": cuBLAS writes fp32 logits, softmax_grad.py turns them into W.
-    tma = cfg.get("recompute") == "tma" and fp32_acc and tma_ready(e) and tma_ready(c)
-    cublas = (tma or cfg.get("recompute") == "cublas") and fp32_acc
+        is_flat = row_eps == 0
+        # The host's three decisions, one sync.
+        scale_f, num_peaked, num_flat = torch.stack(
+            [scale, peaked.sum().float(), is_flat.sum().float()]).tolist()
+        scale = HostScalar(value=scale_f)
+        if num_peaked > 0:  # else no row may skip anything: exact is the same result, faster
+            if not cublas or cfg.get("filter_fused", True):
+                fused_eps = row_eps
+            # Too many rows keep every column: column skipping would skip nothing.
+            if cublas and num_flat <= cfg["filter_max_flat"] * n:
+                cublas_eps = row_eps
+                flat = torch.nonzero_static(is_flat, size=int(num_flat)).squeeze(1)
+    else:
+        scale = HostScalar(scale)
+    filtered = cublas_eps is not None or fused_eps is not None
 
     # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
     # peak that dC and the dE accumulator make together.
@@ -262,7 +305,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         fused_width = de_width
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * de_width].view(n, de_width)
-    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma, filtered)
+    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma,
+                      cublas_eps is not None)
     if POISON:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
@@ -271,24 +315,23 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     if os.environ.get("CCE_OWN_DEGRADE") == "hungry":
         hungry = torch.ones((v // 4, d), device=e.device, dtype=e.dtype)  # deliberate waste, for the gate
 
-    flat = None
-    if filtered and any(kind == "cublas" for _, _, kind in plan):
-        flat = torch.nonzero(row_eps == 0).squeeze(1)
-        if flat.numel() > cfg["filter_max_flat"] * n:
-            flat = None  # too many rows keep every column: column skipping would skip nothing
-    args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale_f)
+    # For own_kernel.tune: the last call's chunks and what its filter kept (device tensors).
+    LAST_PLAN.clear()
+    LAST_PLAN.update(plan=plan, num_flat=flat.numel() if flat is not None else None)
+    args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale)
     cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
-    if flat is not None:
+    if cublas_eps is not None and cublas_plan:
         g.col_wsum, g.col_keep = torch.zeros(v, **f32), torch.zeros(v, device=e.device, dtype=torch.int32)
         g.kept_count = torch.zeros(len(cublas_plan), device=e.device, dtype=torch.int32)
-    cublas_chunks(cublas_plan, *args, row_eps if flat is not None else None, flat, tma)
+        LAST_PLAN["kept_count"] = g.kept_count
+    cublas_chunks(cublas_plan, *args, cublas_eps if cublas_plan else None, flat, tma)
     for v_start, width, kind in plan:
         if kind == "fused":
             if work is None:
                 work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
                 if POISON:
                     work.fill_(float("nan"))
-            fused_chunk(*args, row_eps, work, e_mean, v_start, width)
+            fused_chunk(*args, fused_eps, work, e_mean, v_start, width)
     del work
 
     e_skip_mean = None
@@ -299,6 +342,9 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         g.col_skip += cublas_skip
         e_skip_mean = weighted_mean(g.row_skip, e)
     c_skip_mean = weighted_mean(g.col_skip, c) if filtered else c_mean
+    scale_f = float(scale)
+    if scale_f == 0.0 or not math.isfinite(scale_f):
+        return torch.zeros_like(e), torch.zeros_like(c), dbias
     if de is None:
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
@@ -340,7 +386,7 @@ class Chunk:
 
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
-                  cfg, g, scale_f, row_eps, flat, tma=False):
+                  cfg, g, scale, row_eps, flat, tma=False):
     """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits are queued
     before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
     columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
@@ -389,8 +435,12 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             if filtered:
                 torch.sum(g.col_keep[v_start:v_start + width], dim=0, keepdim=True,
                           dtype=torch.int32, out=g.kept_count[i:i + 1])
+                # Copied before the previous chunk's GEMMs are queued: the host then waits
+                # for this kernel only, with those GEMMs still queued behind it (its W lives in
+                # the other slot).
+                count_to_host(ch, g, pinned)
             if pending is not None:
-                finish_chunk(e, g, scale_f, flat, cfg, pending)
+                finish_chunk(e, g, scale, flat, cfg, pending)
         else:
             w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
             x = dc_bytes[x_start:end].view(torch.float32).view(n, width)
@@ -398,7 +448,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             ch = Chunk(i, v_start, w, c[v_start:v_start + width])
             mm_fp32(e, ch.c_chunk.t(), x)
             if pending is not None:
-                finish_chunk(e, g, scale_f, flat, cfg, pending)
+                finish_chunk(e, g, scale, flat, cfg, pending)
             strips = triton.cdiv(width, k["BLOCK_V"])
             splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
             rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
@@ -408,19 +458,25 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                 *sums, g.kept_count[i:] if filtered else g.col_round, g.col_sum,
                 n, c.shape[0], v_start, width, rows,
                 *softcap_scalars(softcap), float(smooth), **flags, **k)
-        if filtered:
-            ch.num_kept = g.kept_count[i]
-            if pinned is not None:
-                host = pinned[i % 2]
-                host.copy_(g.kept_count[i:i + 1], non_blocking=True)
-                ch.num_kept, ch.copied = host, torch.cuda.Event()
-                ch.copied.record()
+            if filtered:
+                count_to_host(ch, g, pinned)
         pending = ch
     if pending is not None:
-        finish_chunk(e, g, scale_f, flat, cfg, pending)
+        finish_chunk(e, g, scale, flat, cfg, pending)
 
 
-def finish_chunk(e, g, scale_f, flat, cfg, ch):
+def count_to_host(ch, g, pinned):
+    """Queue the copy of chunk ch's kept-column count to the host (a pinned buffer per look-ahead
+    slot; on the CPU the count is read directly)."""
+    ch.num_kept = g.kept_count[ch.index]
+    if pinned is not None:
+        host = pinned[ch.index % 2]
+        host.copy_(g.kept_count[ch.index:ch.index + 1], non_blocking=True)
+        ch.num_kept, ch.copied = host, torch.cuda.Event()
+        ch.copied.record()
+
+
+def finish_chunk(e, g, scale, flat, cfg, ch):
     """A cuBLAS chunk's GEMMs: dense, or on the filter's kept columns only."""
     width = ch.w.shape[1]
     dc_chunk = g.dc[ch.v_start:ch.v_start + width]
@@ -435,7 +491,7 @@ def finish_chunk(e, g, scale_f, flat, cfg, ch):
             align = cfg["filter_kept_align"]
             size = min(width, triton.cdiv(num_kept, align) * align)
             kept = torch.nonzero_static(col_keep, size=size, fill_value=0).squeeze(1)
-            sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept)
+            sparse_chunk(e, g, scale, flat, ch, dc_chunk, kept, num_kept)
             return
         # Dense after all: nothing of this chunk is skipped. Take back the row sums that the
         # softmax-gradient kernel added to row_skip (rows that may skip: not the flat ones).
@@ -445,10 +501,10 @@ def finish_chunk(e, g, scale_f, flat, cfg, ch):
             row_sums.index_fill_(0, flat, 0.0)
         g.row_skip -= row_sums
     addmm_fp32(g.de32, ch.w, ch.c_chunk)
-    mm_scaled(dc_chunk, ch.w.t(), e, scale_f)
+    mm_scaled(dc_chunk, ch.w.t(), e, float(scale))
 
 
-def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept):
+def sparse_chunk(e, g, scale, flat, ch, dc_chunk, kept, num_kept):
     """GEMMs on the kept columns of W only (kept[:num_kept]; the rest of kept is padding). The
     skipped columns' dC rows stay zero here; the rank-1 model of what they skipped is added at the
     end (backward). Rows that may not skip (flat) get their own exact GEMMs over every column."""
@@ -466,18 +522,18 @@ def sparse_chunk(e, g, scale_f, flat, ch, dc_chunk, kept, num_kept):
     if num_kept:
         addmm_fp32(g.de32, wk, ch.c_chunk.index_select(0, kept))
         dc_kept = torch.empty((kept.numel(), d), device=e.device, dtype=e.dtype)
-        mm_scaled(dc_kept, wk.t(), e, scale_f)
+        mm_scaled(dc_kept, wk.t(), e, float(scale))
         dc_chunk.index_copy_(0, kept[:num_kept], dc_kept[:num_kept])
     if flat.numel():
         wf = w.index_select(0, flat)
         de_flat = torch.empty((flat.numel(), d), device=e.device, dtype=torch.float32)
         mm_fp32(wf, ch.c_chunk, de_flat)
         g.de32.index_add_(0, flat, de_flat)
-        mm_scaled(dc_chunk, wf.t(), e.index_select(0, flat), scale_f, accumulate=True)
+        mm_scaled(dc_chunk, wf.t(), e.index_select(0, flat), float(scale), accumulate=True)
 
 
 def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g,
-                scale_f, row_eps, work, e_mean, v_start, width):
+                scale, row_eps, work, e_mean, v_start, width):
     """One chunk on the fused path (dlogits.py); row_eps None = exact."""
     n, d = e.shape
     v = c.shape[0]
@@ -515,14 +571,14 @@ def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, s
             c.stride(0), c.stride(1), g.de32.stride(0),
             FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
     if cublas_dc:
-        mm_scaled(g.dc[v_start:v_start + width], w_chunk.t(), e, scale_f)
+        mm_scaled(g.dc[v_start:v_start + width], w_chunk.t(), e, float(scale))
         return  # the rounding correction comes at the end (rank1_dc)
     e_skip_mean = e_mean
     if filtered:
         e_skip_mean = weighted_mean(row_skip_chunk, e)
         g.row_skip += row_skip_chunk
     LAST_COMPILED["grad_c"] = cce_grad_c_kernel[(triton.cdiv(width, kdc["BLOCK_M"]) * triton.cdiv(d, kdc["BLOCK_D"]),)](
-        work, e, mask, g.col_round, e_mean, g.col_skip, e_skip_mean, g.dc, scale_f,
+        work, e, mask, g.col_round, e_mean, g.col_skip, e_skip_mean, g.dc, float(scale),
         n, v, d, v_start, width, mask_stride, work.stride(0),
         e.stride(0), e.stride(1), g.dc.stride(0), g.dc.stride(1),
         FILTER=filtered, MASK_BN=bn, MASK_BV=bv, DOT_PRECISION=precision, **kdc)

@@ -32,6 +32,8 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
 # keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
 # every column) the cuBLAS chunks do not filter at all.
+# filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
+# run exact on cuBLAS (faster on an H200 at every grid shape: tune-v10).
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested
@@ -70,6 +72,7 @@ _CUBLAS_BACKWARD = {
     "filter_max_kept": 0.5,
     "filter_kept_align": 256,
     "filter_max_flat": 0.25,
+    "filter_fused": False,
 }
 
 # Hopper (sm90), 16-bit inputs.

@@ -154,6 +154,7 @@ def main(argv=None):
         for ev in sorted(prof.key_averages(), key=lambda ev: -ev.device_time_total)[:8]:
             say(f"  {ev.device_time_total / 1e3:9.2f} ms  {ev.count:5d} calls  {ev.key[:70]}")
         idle_gaps(prof, say)
+        filter_summary(eps, say)
     from own_kernel.forward import LAST_COMPILED
     for name, k in LAST_COMPILED.items():
         say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
@@ -174,6 +175,28 @@ def idle_gaps(prof, say, top=6):
     say(f"  idle between kernels: {sum(g for g, _, _ in gaps) / 3e3:.2f} ms per call; longest:")
     for gap, before, after in sorted(gaps, reverse=True)[:top]:
         say(f"    {gap / 1e3:6.3f} ms  after {before[:40]}  before {after[:40]}")
+    by_pair = {}
+    for gap, before, after in gaps:
+        total, count = by_pair.get((before[:40], after[:40]), (0.0, 0))
+        by_pair[(before[:40], after[:40])] = (total + gap, count + 1)
+    say("  idle per call by kernel pair (all gaps):")
+    for (before, after), (total, count) in sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:top]:
+        say(f"    {total / 3e3:6.3f} ms  {count / 3:5.1f}x  after {before}  before {after}")
+
+
+def filter_summary(eps, say):
+    """The last call's chunk plan and, filtered, how many columns each cuBLAS chunk kept."""
+    from own_kernel.backward import LAST_PLAN
+
+    plan, kept = LAST_PLAN.get("plan", []), LAST_PLAN.get("kept_count")
+    cublas = [w for _, w, kind in plan if kind == "cublas"]
+    fused = [w for _, w, kind in plan if kind == "fused"]
+    say(f"  chunks ({eps}): {len(cublas)} cuBLAS ({sum(cublas)} columns, widest {max(cublas, default=0)}), "
+        f"{len(fused)} fused ({sum(fused)} columns); flat rows {LAST_PLAN.get('num_flat')}")
+    if kept is not None:
+        kept = kept.tolist()
+        say("  kept fraction per cuBLAS chunk: "
+            + " ".join(f"{k / w:.2f}" for k, w in zip(kept, cublas)))
 
 
 def compare_protocols(fwd_bwd, say, out, lines):

@@ -331,3 +331,34 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
     ref.backward()
     tol = 1e-5 if filter_eps is None else 0.15
     assert rel(clean[0], e2.grad) < tol and rel(clean[1], c2.grad) < tol
+
+
+@pytest.mark.parametrize("filter_fused", [False, True])
+def test_filter_fused_false_runs_the_fused_tail_exact(monkeypatch, filter_fused):
+    # Behind cuBLAS chunks, filter_fused False runs the fused chunks exact: their dC rows match
+    # the exact mode's, while the cuBLAS chunks still skip columns (a large eps: visible there).
+    import json
+    from own_kernel import backward
+
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
+        "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
+        "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas",
+        "filter_fused": filter_fused}))
+    g = torch.Generator().manual_seed(0)
+    n, d, v = 64, 16, 294
+    c = torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64)
+    tail = min(s for s, _, kind in plan if kind == "fused")
+    assert 0 < tail < v, "the test needs cuBLAS chunks and a fused tail"
+
+    def grad_c(filter_eps):
+        cc = c.clone().requires_grad_()
+        linear_cross_entropy(e, cc, t, filter_eps=filter_eps).backward()
+        return cc.grad
+
+    exact, filtered = grad_c(None), grad_c(0.03)
+    assert rel(filtered[:tail], exact[:tail]) > 1e-3, "the cuBLAS chunks must filter"
+    tail_err = rel(filtered[tail:], exact[tail:])
+    assert (tail_err < 1e-5) == (not filter_fused), tail_err
