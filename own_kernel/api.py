@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from own_kernel.backward import backward as _backward
+from own_kernel.backward import HostScalar, backward as _backward
 from own_kernel.configs import config_for
 from own_kernel.forward import forward as _forward
 
@@ -137,14 +137,19 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
     _check_runnable(e.device)
 
 
-def _check_targets(targets: Tensor, v: int, ignore_index: int) -> None:
-    """Targets outside [0, V) that are not ignore_index. Called once the forward is queued (its
-    kernels mask such targets): the host's wait for this check then overlaps the forward instead
-    of idling the GPU while the host launches it."""
-    if torch.compiler.is_compiling():
-        return  # a data-dependent check would break the graph; eager calls still check
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
-    if targets.numel() and bool(bad.any()):
+def _queue_target_check(targets: Tensor, v: int, ignore_index: int) -> HostScalar | None:
+    """Whether any target is outside [0, V) and not ignore_index, copied to the host without
+    waiting. Queued before the forward, read after it is queued (its kernels mask such
+    targets): the host then waits for this small reduction only, not for the forward, and runs
+    on into the backward's launches while the GPU computes."""
+    if torch.compiler.is_compiling() or not targets.numel():
+        return None  # a data-dependent check would break the graph; eager calls still check
+    return HostScalar(((targets != ignore_index) & ((targets < 0) | (targets >= v))).any())
+
+
+def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ignore_index: int):
+    if check is not None and float(check):
+        bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
         first = targets[bad][0].item()
         raise ValueError(f"targets: value {first} is outside [0, {v}) and is not "
                          f"ignore_index={ignore_index}")
@@ -173,6 +178,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if filter_eps == "auto":
         filter_eps, min_p_max = AUTO_EPS[e.dtype], AUTO_FLAT_P_MAX
 
+    check = _queue_target_check(targets, c.shape[0], ignore_index)
     lead = targets.shape
     if shift:
         # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing.
@@ -184,7 +190,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     loss_rows, lse, _ = lce_rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
                                  float(label_smoothing),
                                  -1.0 if filter_eps is None else float(filter_eps), min_p_max)
-    _check_targets(targets, c.shape[0], ignore_index)
+    _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
     loss_rows, lse = loss_rows.view(lead), lse.view(lead)
     if shift:
         loss_rows, lse = loss_rows[..., :-shift], lse[..., :-shift]

@@ -188,25 +188,30 @@ def rank1_dc(dc, a, x, scale, a2=None, x2=None):
 
 
 class HostScalar:
-    """A 0-d device tensor read on the host once, when first needed: the copy is queued (pinned,
-    non-blocking) when it is made, so the read waits for that copy, not for the kernels queued
-    after it."""
+    """A small device tensor read on the host once, when first needed: the copy is queued
+    (pinned, non-blocking) when it is made, so the read waits for that copy, not for the kernels
+    queued after it (a plain .item() waits for the whole stream and idles the GPU while the
+    host catches up)."""
 
     def __init__(self, tensor: torch.Tensor | None = None, value: float | None = None):
         self.value, self.ready = value, None
         if value is None:
             if tensor.is_cuda:
-                self.host = torch.empty((), dtype=tensor.dtype, pin_memory=True)
+                self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
                 self.host.copy_(tensor, non_blocking=True)
                 self.ready = torch.cuda.Event()
                 self.ready.record()
             else:
                 self.host = tensor
 
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
     def __float__(self) -> float:
         if self.value is None:
-            if self.ready is not None:
-                self.ready.synchronize()
+            self.wait()
             self.value = float(self.host)
         return self.value
 
@@ -271,9 +276,10 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         peaked = active & (p_max >= filter_min_p_max)
         row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
         is_flat = row_eps == 0
-        # The host's three decisions, one sync.
-        scale_f, num_peaked, num_flat = torch.stack(
-            [scale, peaked.sum().float(), is_flat.sum().float()]).tolist()
+        # The host's three decisions: one wait, for these reductions only (HostScalar).
+        decisions = HostScalar(torch.stack([scale, peaked.sum().float(), is_flat.sum().float()]))
+        decisions.wait()
+        scale_f, num_peaked, num_flat = decisions.host.tolist()
         scale = HostScalar(value=scale_f)
         if num_peaked > 0:  # else no row may skip anything: exact is the same result, faster
             if not cublas or cfg.get("filter_fused", True):

@@ -155,6 +155,15 @@ def main(argv=None):
             say(f"  {ev.device_time_total / 1e3:9.2f} ms  {ev.count:5d} calls  {ev.key[:70]}")
         idle_gaps(prof, say)
         filter_summary(eps, say)
+        # The host's side separately: recording it slows the host, which would inflate the gaps.
+        with profile(activities=[ProfilerActivity.CPU]) as host_prof:
+            for _ in range(3):
+                fwd_bwd(eps)
+            torch.cuda.synchronize()
+        host = sorted(host_prof.key_averages(), key=lambda ev: -ev.self_cpu_time_total)
+        say(f"  host time per call by op (self, profiled):")
+        for ev in host[:12]:
+            say(f"    {ev.self_cpu_time_total / 3e3:7.3f} ms  {ev.count / 3:6.1f}x  {ev.key[:60]}")
     from own_kernel.forward import LAST_COMPILED
     for name, k in LAST_COMPILED.items():
         say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
