@@ -7,7 +7,8 @@ Ways to produce a chunk's W (N x width, input dtype):
   from dlogits_tma.py (config recompute="tma": logits recomputed on the tensor cores, W written
   directly) or, recompute="cublas" (or inputs TMA cannot read), from cuBLAS recomputing the
   logits in fp32 into X and softmax_grad.py turning X into W. Chunks shrink as dC fills up; below
-  cublas_min_width the rest of the vocabulary goes the fused path.
+  cublas_min_width the rest of the vocabulary (the tail) goes to the fused path's workspace: with
+  tma the same way (dlogits_tma.py, then cuBLAS), otherwise the fused path.
 - fused path: dlogits.py recomputes the logits inside a Triton GEMM and writes W directly (2
   bytes per entry instead of 6); its workspace is dE's own output buffer when that is wide enough,
   else a workspace_mib allocation.
@@ -35,6 +36,7 @@ from own_kernel.configs import POISON, config_for
 from own_kernel.dlogits import cce_dlogits_kernel
 from own_kernel.dlogits_tma import cce_dlogits_tma_kernel
 from own_kernel.finalize_de import cce_finalize_de_kernel
+from own_kernel.gather_kept import cce_gather_kept_kernel
 from own_kernel.forward import LAST_COMPILED, dot_precision, num_sms, tma_ready
 from own_kernel.grad_c import cce_grad_c_kernel
 from own_kernel.grad_e import cce_grad_e_kernel
@@ -229,6 +231,7 @@ class Grads:
     # Filtered cuBLAS chunks (None otherwise): per column, the rounded d of the rows that may
     # skip, and whether any of their entries was kept; per chunk, how many columns were kept.
     col_wsum: torch.Tensor = None     # (V,) fp32
+    row_eps: torch.Tensor = None      # (N,) fp32, each row's threshold (0: flat, never skips)
     col_keep: torch.Tensor = None     # (V,) int32
     kept_count: torch.Tensor = None   # (chunks,) int32
 
@@ -326,18 +329,23 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     LAST_PLAN.update(plan=plan, num_flat=flat.numel() if flat is not None else None)
     args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale)
     cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
-    if cublas_eps is not None and cublas_plan:
+    fused_plan = [(v0, w) for v0, w, kind in plan if kind == "fused"]
+    if fused_plan and work is None:
+        work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
+        if POISON:
+            work.fill_(float("nan"))
+    # With tma, the chunks past what dC's tail can hold run the same way, W in the fused path's
+    # workspace (one chunk at a time): dlogits_tma.py recomputes faster than dlogits.py.
+    tail = fused_plan if tma else []
+    if cublas_eps is not None and cublas_plan + tail:
         g.col_wsum, g.col_keep = torch.zeros(v, **f32), torch.zeros(v, device=e.device, dtype=torch.int32)
-        g.kept_count = torch.zeros(len(cublas_plan), device=e.device, dtype=torch.int32)
+        g.kept_count = torch.zeros(len(cublas_plan) + len(tail), device=e.device, dtype=torch.int32)
+        g.row_eps = cublas_eps
         LAST_PLAN["kept_count"] = g.kept_count
-    cublas_chunks(cublas_plan, *args, cublas_eps if cublas_plan else None, flat, tma)
-    for v_start, width, kind in plan:
-        if kind == "fused":
-            if work is None:
-                work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
-                if POISON:
-                    work.fill_(float("nan"))
-            fused_chunk(*args, fused_eps, work, e_mean, v_start, width)
+    cublas_chunks(cublas_plan, *args, cublas_eps if cublas_plan + tail else None, flat, tma,
+                  tail, work)
+    for v_start, width in ([] if tma else fused_plan):
+        fused_chunk(*args, fused_eps, work, e_mean, v_start, width)
     del work
 
     e_skip_mean = None
@@ -392,14 +400,15 @@ class Chunk:
 
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
-                  cfg, g, scale, row_eps, flat, tma=False):
+                  cfg, g, scale, row_eps, flat, tma=False, tail=(), tail_work=None):
     """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits are queued
     before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
     columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
     whole-vocabulary buffers (g.col_wsum, g.col_keep, g.row_skip): few launches per chunk, since
     with gradient filtering the host's launches, not the GPU, set the pace. With tma, one
     kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
-    and softmax_grad.py turns it into W."""
+    and softmax_grad.py turns it into W. tail (tma only): chunks after those, their W in
+    tail_work, without look-ahead (they share it)."""
     n = e.shape[0]
     elt = e.element_size()
     filtered = row_eps is not None
@@ -426,9 +435,15 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
                  HAS_GRAD_LSE=row_weight_lse is not None)
     pending = None
-    for i, (v_start, width) in enumerate(chunks):
+    for i, (v_start, width) in enumerate(list(chunks) + list(tail)):
         if tma:
-            w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
+            if i < len(chunks):
+                w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
+            else:
+                if pending is not None:  # its W may be in tail_work too
+                    finish_chunk(e, g, scale, flat, cfg, pending)
+                    pending = None
+                w = tail_work[:, :width]
             ch = Chunk(i, v_start, w, c[v_start:v_start + width])
             bn, bv = k["BLOCK_N"], k["BLOCK_V"]
             w_desc = TensorDescriptor.from_tensor(w, [bn, bv // k["SUBTILES"]])  # stored by slices
@@ -514,16 +529,13 @@ def sparse_chunk(e, g, scale, flat, ch, dc_chunk, kept, num_kept):
     """GEMMs on the kept columns of W only (kept[:num_kept]; the rest of kept is padding). The
     skipped columns' dC rows stay zero here; the rank-1 model of what they skipped is added at the
     end (backward). Rows that may not skip (flat) get their own exact GEMMs over every column."""
-    d = e.shape[1]
+    n, d = e.shape
     w = ch.w
-    wk = torch.index_select(w, 1, kept)
-    if kept.numel() > num_kept:
-        wk[:, num_kept:] = 0
-    if flat.numel():
-        wk.index_fill_(0, flat, 0)  # the flat rows' GEMMs below cover these entries
-    # The softmax-gradient kernel added the rounded values of the rows that may skip to row_skip;
-    # the kept columns' share of them was not skipped.
-    g.row_skip -= wk.sum(dim=1, dtype=torch.float32)
+    # W's kept columns, zero in the padding and the flat rows; their share comes off row_skip.
+    wk = torch.empty((n, kept.numel()), device=e.device, dtype=e.dtype)
+    LAST_COMPILED["gather_kept"] = cce_gather_kept_kernel[(triton.cdiv(n, 32),)](
+        w, kept, g.row_eps, wk, g.row_skip, n, num_kept, kept.numel(), w.stride(0), wk.stride(0),
+        BLOCK_N=32, BLOCK_K=64)
     dc_chunk.zero_()
     if num_kept:
         addmm_fp32(g.de32, wk, ch.c_chunk.index_select(0, kept))

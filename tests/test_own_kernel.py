@@ -311,8 +311,11 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
     e = c[t] + 0.3 * torch.randn(n, d, generator=g)
     plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True)
     assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
+    assert plan[-1][2] == "fused" and plan[-1][1] % 8, "and a tail (odd width) past dC's space"
     calls = []
+    # With tma, the tail runs dlogits_tma.py too, its W in the fused path's workspace.
     monkeypatch.setattr(backward, "cce_softmax_grad_kernel", None)  # must not be used
+    monkeypatch.setattr(backward, "cce_dlogits_kernel", None)
     real = backward.cce_dlogits_tma_kernel
     monkeypatch.setattr(backward, "cce_dlogits_tma_kernel",
                         type("Spy", (), {"__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
@@ -324,7 +327,7 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
         return ee.grad, cc.grad
 
     clean, poisoned = grads(False), grads(True)
-    assert calls, "the tma kernel did not run"
+    assert len(calls) == 2 * len(plan), "every chunk, the tail's too, runs the tma kernel"
     assert all(torch.isfinite(x).all() for x in poisoned)
     assert all(torch.equal(a, b) for a, b in zip(clean, poisoned))
     ref, e2, c2, _ = reference(e, c, t)
@@ -362,3 +365,31 @@ def test_filter_fused_false_runs_the_fused_tail_exact(monkeypatch, filter_fused)
     assert rel(filtered[:tail], exact[:tail]) > 1e-3, "the cuBLAS chunks must filter"
     tail_err = rel(filtered[tail:], exact[tail:])
     assert (tail_err < 1e-5) == (not filter_fused), tail_err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gather_kept_matches_torch(dtype):
+    # The filtered chunks' gather: kept columns of W, zero padding past num_kept, zero flat rows
+    # (eps 0), and the gathered row sums taken off row_skip.
+    import triton
+
+    from own_kernel.gather_kept import cce_gather_kept_kernel
+
+    g = torch.Generator().manual_seed(3)
+    n, width, num_kept, size = 45, 200, 37, 72
+    w_full = torch.randn(n, 256, generator=g).to(dtype)
+    w = w_full[:, :width]  # a slot with a wider row stride, as in the tail workspace
+    kept = torch.sort(torch.randperm(width, generator=g)[:num_kept]).values
+    kept = torch.cat([kept, torch.zeros(size - num_kept, dtype=torch.int64)])  # padded with column 0
+    row_eps = torch.full((n,), 1e-3)
+    row_eps[[0, 7, 44]] = 0.0  # flat rows
+    row_skip = torch.randn(n, generator=g)
+    out = torch.full((n, size), float("nan"), dtype=dtype)
+    got_skip = row_skip.clone()
+    cce_gather_kept_kernel[(triton.cdiv(n, 32),)](w, kept, row_eps, out, got_skip, n, num_kept, size,
+                                                 w.stride(0), out.stride(0), BLOCK_N=32, BLOCK_K=16)
+    want = w[:, kept].clone()
+    want[:, num_kept:] = 0
+    want[row_eps == 0] = 0
+    assert torch.equal(out, want)
+    torch.testing.assert_close(got_skip, row_skip - want.float().sum(dim=1), rtol=0, atol=1e-5)
