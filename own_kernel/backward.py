@@ -428,12 +428,22 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         k = dict(cfg["softmax_grad_filter" if filtered else "softmax_grad"])
         waves = k.pop("WAVES")
     # Arguments after the kernels' workspace ones; unused pointers get any tensor.
-    sums = (bias if bias is not None else g.col_sum, targets, lse, row_weight,
-            row_weight_lse if row_weight_lse is not None else row_weight,
-            row_eps if filtered else row_weight, g.row_round, g.col_round, g.row_skip,
-            g.col_wsum if filtered else g.col_round, g.col_keep if filtered else g.col_round)
-    flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filtered,
-                 HAS_GRAD_LSE=row_weight_lse is not None)
+    def kernel_args(filters):
+        sums = (bias if bias is not None else g.col_sum, targets, lse, row_weight,
+                row_weight_lse if row_weight_lse is not None else row_weight,
+                row_eps if filters else row_weight, g.row_round, g.col_round, g.row_skip,
+                g.col_wsum if filters else g.col_round, g.col_keep if filters else g.col_round)
+        return sums, dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+                          FILTER=filters, HAS_GRAD_LSE=row_weight_lse is not None)
+
+    # With tma, a chunk filters only when its dense GEMMs (4 N width D flops) would cost more
+    # than the host's wait for its kept-column count and its extra launches (filter_min_flops),
+    # and never in the tail, which has no look-ahead to hide that wait.
+    d = e.shape[1]
+    min_flops = cfg.get("filter_min_flops", 0)
+
+    def chunk_filters(i, width):
+        return filtered and (not tma or (i < len(chunks) and 4 * n * width * d >= min_flops))
     pending = None
     for i, (v_start, width) in enumerate(list(chunks) + list(tail)):
         if tma:
@@ -449,11 +459,12 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             w_desc = TensorDescriptor.from_tensor(w, [bn, bv // k["SUBTILES"]])  # stored by slices
             tiles = triton.cdiv(n, bn) * triton.cdiv(width, bv)
             grid = (min(tiles, num_sms(e.device)) if persistent else tiles,)
+            sums, flags = kernel_args(chunk_filters(i, width))
             LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[grid](
                 e_desc, c_desc, w_desc, *sums, g.col_sum, n, c.shape[0], v_start, width,
                 *softcap_scalars(softcap), float(smooth), D=e.shape[1],
                 DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
-            if filtered:
+            if flags["FILTER"]:
                 torch.sum(g.col_keep[v_start:v_start + width], dim=0, keepdim=True,
                           dtype=torch.int32, out=g.kept_count[i:i + 1])
                 # Copied before the previous chunk's GEMMs are queued: the host then waits
@@ -473,6 +484,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             strips = triton.cdiv(width, k["BLOCK_V"])
             splits = max(1, min(triton.cdiv(n, k["BLOCK_N"]), triton.cdiv(waves * num_sms(e.device), strips)))
             rows = triton.cdiv(triton.cdiv(n, splits), k["BLOCK_N"]) * k["BLOCK_N"]
+            sums, flags = kernel_args(filtered)
             LAST_COMPILED["softmax_grad"] = cce_softmax_grad_kernel[(strips * triton.cdiv(n, rows),)](
                 TensorDescriptor.from_tensor(x, [k["BLOCK_N"], k["BLOCK_V"]]),
                 TensorDescriptor.from_tensor(w, [k["BLOCK_N"], k["BLOCK_V"]]),

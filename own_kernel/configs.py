@@ -32,6 +32,7 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
 # keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
 # every column) the cuBLAS chunks do not filter at all.
+# filter_min_flops (tma): narrower chunks than 4 N width D = this run exact instead of filtered.
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at every grid shape: tune-v10).
 _INTERPRETER = {
@@ -94,6 +95,9 @@ _SM90_16BIT = {
                         num_stages=3, PERSISTENT=True, FLATTEN=True),
     "cublas_max_width": 8192,
     "filter_max_width": 16384,
+    # A filtered chunk costs the host ~0.5 ms (its count's wait, the gather's launches): about
+    # the dense GEMMs of 4 N width D = 3e11 flops (tune-v10: V 32000, 15 narrow chunks, 6.7 ms idle).
+    "filter_min_flops": 3e11,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -393,3 +393,36 @@ def test_gather_kept_matches_torch(dtype):
     want[row_eps == 0] = 0
     assert torch.equal(out, want)
     torch.testing.assert_close(got_skip, row_skip - want.float().sum(dim=1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("min_flops, exact", [(float("inf"), True), (50000, False)])
+def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact):
+    # tma chunks narrower than filter_min_flops (4 N width D) and the tail run exact inside a
+    # filtered backward: with every chunk below it the result is exact mode's; with some above
+    # (the 24-wide chunks here: 4 * 40 * 24 * 16 = 61440 flops) they filter, poison-safe.
+    import json
+    from own_kernel import backward
+
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
+        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
+        "filter_min_flops": min_flops}))
+    g = torch.Generator().manual_seed(1)
+    n, d, v = 40, 16, 203
+    c = torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+
+    def grads(filter_eps, poison=False):
+        monkeypatch.setattr(backward, "POISON", poison)
+        ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
+        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        return ee.grad, cc.grad
+
+    ref = grads(None)
+    filtered, poisoned = grads(0.03), grads(0.03, poison=True)
+    assert all(torch.equal(a, b) for a, b in zip(filtered, poisoned))
+    errs = [rel(a, b) for a, b in zip(filtered, ref)]
+    if exact:
+        assert max(errs) < 1e-6, errs
+    else:
+        assert 1e-4 < max(errs) < 0.15, errs  # some chunks filtered, within the filter's bound
