@@ -268,7 +268,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
 
     # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
     # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
-    # cuBLAS instead, which was faster at every measured shape). None = exact.
+    # cuBLAS instead: faster on an H200 at both shapes measured, tune-v10-filter-fused). With
+    # tma there are no fused chunks (the tail runs dlogits_tma.py). None = exact.
     cublas_eps = fused_eps = flat = None
     if filter_eps is not None and filter_eps > 0:
         # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep

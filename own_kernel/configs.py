@@ -34,7 +34,8 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # every column) the cuBLAS chunks do not filter at all.
 # filter_min_flops (tma): narrower chunks than 4 N width D = this run exact instead of filtered.
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
-# run exact on cuBLAS (faster on an H200 at every grid shape: tune-v10).
+# run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
+# measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).
 _INTERPRETER = {
     "fwd": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, num_warps=1, num_stages=1, TMA=True),
     "dlogits": dict(BLOCK_N=16, BLOCK_V=16, BLOCK_D=16, TILES=2, num_warps=1, num_stages=1),  # TILES>1 keeps that path tested

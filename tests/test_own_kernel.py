@@ -27,6 +27,15 @@ def rel(a, b):
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def peaked_inputs(n, d, v, seed):
+    """Hidden states near their target's classifier row: peaked softmax rows, many columns the
+    gradient filter skips."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    return c[t] + 0.3 * torch.randn(n, d, generator=g), c, t
+
+
 CASES = [  # dtype, shape of e, V, softcap, reduction, label smoothing, bias, shift, ignore_index
     (torch.float32, (37, 24), 101, None, "mean", 0.0, False, 0, -100),
     (torch.float32, (3, 13, 20), 97, 30.0, "none", 0.0, True, 2, -100),
@@ -267,11 +276,8 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
         "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
         "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas"}))
-    g = torch.Generator().manual_seed(0)
     n, d, v = 64, 16, 294  # cuBLAS chunks end at column 216 = 6 * 32 + 24
-    c = torch.randn(v, d, generator=g)
-    t = torch.randint(0, v, (n,), generator=g)
-    e = c[t] + 0.3 * torch.randn(n, d, generator=g)  # peaked rows: many tiles skipped (found by
+    e, c, t = peaked_inputs(n, d, v, seed=0)  # peaked rows: many tiles skipped (found by
     # search: with the mask read off by half a tile, these inputs read unwritten W)
     plan = backward.chunk_plan(n, v, d, 4, config_for(e.device, e.dtype), True, 64)
     fused_starts = [s for s, _, kind in plan if kind == "fused"]
@@ -304,11 +310,8 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
         "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
         "dlogits_tma": {"BLOCK_N": 8, "BLOCK_V": 32, "SUBTILES": subtiles, "PERSISTENT": persistent,
                         "FLATTEN": persistent}}))
-    g = torch.Generator().manual_seed(1)
     n, d, v = 40, 16, 203
-    c = torch.randn(v, d, generator=g)
-    t = torch.randint(0, v, (n,), generator=g)
-    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+    e, c, t = peaked_inputs(n, d, v, seed=1)
     plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True)
     assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
     assert plan[-1][2] == "fused" and plan[-1][1] % 8, "and a tail (odd width) past dC's space"
@@ -347,11 +350,8 @@ def test_filter_fused_false_runs_the_fused_tail_exact(monkeypatch, filter_fused)
         "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
         "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas",
         "filter_fused": filter_fused}))
-    g = torch.Generator().manual_seed(0)
     n, d, v = 64, 16, 294
-    c = torch.randn(v, d, generator=g)
-    t = torch.randint(0, v, (n,), generator=g)
-    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+    e, c, t = peaked_inputs(n, d, v, seed=0)
     plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64)
     tail = min(s for s, _, kind in plan if kind == "fused")
     assert 0 < tail < v, "the test needs cuBLAS chunks and a fused tail"
@@ -406,11 +406,8 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
         "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
         "filter_min_flops": min_flops}))
-    g = torch.Generator().manual_seed(1)
     n, d, v = 40, 16, 203
-    c = torch.randn(v, d, generator=g)
-    t = torch.randint(0, v, (n,), generator=g)
-    e = c[t] + 0.3 * torch.randn(n, d, generator=g)
+    e, c, t = peaked_inputs(n, d, v, seed=1)
 
     def grads(filter_eps, poison=False):
         monkeypatch.setattr(backward, "POISON", poison)
