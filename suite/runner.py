@@ -63,6 +63,7 @@ class Cell:
 # Each preset is a list of axis products; command-line axes replace the preset's.
 AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed")
 GRID_V = [20000, 32000, 50257, 128256, 151936, 256000]
+SLICE_V = [32000, 128256, 256000]
 PRESETS = {
     "smoke": [
         dict(dist=["uniform", "lm"], n=[64], d=[32], v=[257], dtype=["fp32"], softcap=[None]),
@@ -74,14 +75,16 @@ PRESETS = {
         dict(dist=["uniform", "lm"], n=[8192], d=[2304], v=[256000], dtype=["bf16"],
              softcap=[30.0]),
     ],
-    # bf16 over every token count; fp16 and fp32 at one token count each. The full product
-    # would cost ~3 GPU-hours in fp32 alone (true-fp32 matmuls, 8 calls x 4 phases x 11
-    # providers per cell); `--dtype fp32 --n 8192` measures any further slice on demand.
+    # bf16: the full product at N 2048 and 8192. Longer batches (N 32768, where naive runs
+    # out of memory and N*V passes 2^31) and the other dtypes are slices at Gemma 2's hidden
+    # size, the paper's shape, over three vocabularies (Llama 2, Llama 3, Gemma): the full
+    # product costs ~2.5 H200-hours (fp32's true-fp32 matmuls are ~14x slower than bf16's),
+    # these slices ~20 minutes. Any further slice on demand: `--dtype fp32 --n 8192 ...`.
     "grid": [
-        dict(dist=["uniform", "lm"], n=[2048, 8192, 32768], d=[2304, 4096], v=GRID_V,
-             dtype=["bf16"]),
-        dict(dist=["uniform", "lm"], n=[8192], d=[2304, 4096], v=GRID_V, dtype=["fp16"]),
-        dict(dist=["uniform", "lm"], n=[2048], d=[2304, 4096], v=GRID_V, dtype=["fp32"]),
+        dict(dist=["uniform", "lm"], n=[2048, 8192], d=[2304, 4096], v=GRID_V, dtype=["bf16"]),
+        dict(dist=["uniform", "lm"], n=[32768], d=[2304], v=SLICE_V, dtype=["bf16"]),
+        dict(dist=["uniform", "lm"], n=[8192], d=[2304], v=SLICE_V, dtype=["fp16"]),
+        dict(dist=["uniform", "lm"], n=[2048], d=[2304], v=SLICE_V, dtype=["fp32"]),
     ],
 }
 DEFAULTS = dict(softcap=[None], ignore_frac=[0.0], bias=[False], seed=[0])

@@ -137,9 +137,12 @@ def test_preset_cells_and_overrides():
     assert [(c.dist, c.n, c.d, c.v, c.dtype, c.softcap) for c in gemma] == [
         ("uniform", 8192, 2304, 256000, "bf16", 30.0), ("lm", 8192, 2304, 256000, "bf16", 30.0)]
     grid = runner.preset_cells("grid")
-    assert len(grid) == 6 * 2 * 2 * (3 + 1 + 1)  # v x d x dist x (bf16 n's, fp16, fp32)
+    # bf16 N 2048/8192: v x d x dist x n; then three slices (N 32768, fp16, fp32): 3 v x dist
+    assert len(grid) == 6 * 2 * 2 * 2 + 3 * (3 * 2)
     assert {(c.dtype, c.n) for c in grid} == {("bf16", 2048), ("bf16", 8192), ("bf16", 32768),
                                               ("fp16", 8192), ("fp32", 2048)}
+    assert {c.d for c in grid if c.n == 32768 or c.dtype != "bf16"} == {2304}
+    assert {c.v for c in grid if c.n == 32768} == {32000, 128256, 256000}
     small = runner.preset_cells("grid", n=[2048], v=[32000], dtype=["bf16"])
     assert len(small) == 2 * 2  # d x dist; the three products collapse to one after dedup
     assert len({c.cell_id for c in grid}) == len(grid)
