@@ -264,7 +264,8 @@ def _panel_matrix(nrows: int, ncols: int, *, width: float = 2.3, height: float =
     fig_w = max(width * ncols + 0.5, 6.5)
     side = (fig_w - width * ncols) / 2 / fig_w  # centre narrow grids
     fig, axes = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), squeeze=False)
-    fig.subplots_adjust(left=max(0.6 / fig_w, side), right=min(0.98, 1 - side + 0.6 / fig_w),
+    # 0.75 in on the left: room for the y label beside six-digit tick labels (MiB at N 32768)
+    fig.subplots_adjust(left=max(0.75 / fig_w, side), right=min(0.98, 1 - side + 0.6 / fig_w),
                         top=1 - 0.45 / fig_h, bottom=(legend_h + 0.4) / fig_h,
                         wspace=0.35, hspace=0.55)
     return fig, axes
