@@ -116,6 +116,17 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     return plan
 
 
+def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, tma: bool) -> bool:
+    """Whether a filtered backward of this shape would skip anything at all. With tma only the
+    cuBLAS chunks of at least filter_min_flops filter (cublas_chunks): at small N x V none does,
+    and the filter's decision (a host wait on reductions) would buy nothing."""
+    if not tma:
+        return True
+    min_flops = cfg.get("filter_min_flops", 0)
+    plan = chunk_plan(n, v, d, elt, cfg, cublas, max(v, 1), tma, filtered=True)
+    return any(kind == "cublas" and 4 * n * width * d >= min_flops for _, width, kind in plan)
+
+
 def w_slots(widths, dc_bytes: int, n: int, elt: int) -> list[int]:
     """Byte offsets inside dC of the tma chunks' W (n x width each). Chunk k's W is written
     before chunk k-1's GEMMs run, so consecutive chunks alternate between a slot ending at dC's
@@ -271,6 +282,11 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     # cuBLAS instead: faster on an H200 at both shapes measured, tune-v10-filter-fused). With
     # tma there are no fused chunks (the tail runs dlogits_tma.py). None = exact.
     cublas_eps = fused_eps = flat = None
+    filter_off = None
+    if filter_eps is not None and filter_eps > 0 and not filter_can_skip(
+            n, v, d, e.element_size(), cfg, cublas, tma):
+        filter_eps = None  # same result as exact, without the filter's host wait and launches
+        filter_off = "no chunk reaches filter_min_flops"
     if filter_eps is not None and filter_eps > 0:
         # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep
         # everything (eps 0); the rest skip entries below filter_eps.
@@ -327,7 +343,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
 
     # For own_kernel.tune: the last call's chunks and what its filter kept (device tensors).
     LAST_PLAN.clear()
-    LAST_PLAN.update(plan=plan, num_flat=flat.numel() if flat is not None else None)
+    LAST_PLAN.update(plan=plan, num_flat=flat.numel() if flat is not None else None,
+                     filter_off=filter_off)
     args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale)
     cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
     fused_plan = [(v0, w) for v0, w, kind in plan if kind == "fused"]

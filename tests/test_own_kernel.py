@@ -421,5 +421,8 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     errs = [rel(a, b) for a, b in zip(filtered, ref)]
     if exact:
         assert max(errs) < 1e-6, errs
+        # decided from the shape alone: no host wait for the filter's reductions
+        assert backward.LAST_PLAN["filter_off"] == "no chunk reaches filter_min_flops"
     else:
         assert 1e-4 < max(errs) < 0.15, errs  # some chunks filtered, within the filter's bound
+        assert backward.LAST_PLAN["filter_off"] is None
