@@ -98,6 +98,7 @@ _SM90_16BIT = {
     "filter_max_width": 16384,
     # A filtered chunk costs the host ~0.5 ms (its count's wait, the gather's launches): about
     # the dense GEMMs of 4 N width D = 3e11 flops (tune-v10: V 32000, 15 narrow chunks, 6.7 ms idle).
+    # 6e11 was slower or even at five more shapes (tune-v11: N 2048 / 8192, D 2304 / 4096).
     "filter_min_flops": 3e11,
 }
 
