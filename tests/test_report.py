@@ -129,3 +129,42 @@ def test_update_readme_rewrites_only_the_train_section(tmp_path):
     doc = readme.read_text()
     assert "keep" in doc and "old" not in doc and doc.endswith("outro\n")
     assert "| naive | 40.0 | 30.0 | 500 | 3 |" in doc
+
+
+def _lg_row(cell, provider, ms, mib, de, *, status="ok", ts="2026-01-01T00:00:00", floor=1.0):
+    n, v = cell
+    return {"cell_id": f"lm-n{n}-v{v}", "dtype": "bf16", "dist": "lm", "n": str(n), "d": "64",
+            "v": str(v), "provider": provider, "phase": "loss+grad", "status": status,
+            "ms": str(ms), "floor_ratio": str(ms / floor), "peak_extra_mib": str(mib),
+            "de_rel_err": str(de), "timestamp": ts}
+
+
+def test_versus_table_ratios_statuses_and_latest_rows():
+    rows = [
+        _lg_row((8, 100), "own_filter", 2.0, 10.0, 1e-3, floor=0.5),
+        _lg_row((8, 100), "apple_cce", 4.0, 5.0, 0.5),
+        _lg_row((8, 100), "apple_cce", 1.0, 5.0, 0.5, ts="2025-01-01T00:00:00"),  # older: ignored
+        _lg_row((8, 50), "own_filter", 3.0, 10.0, 2e-3, floor=1.0),
+        _lg_row((8, 50), "apple_cce", 0, 0, 0, status="error"),
+        _lg_row((8, 50), "own", 1.0, 1.0, 0.0, status="ok"),  # not asked for
+    ]
+    text = report.versus_table(rows, "own_filter", ["apple_cce"])
+    lines = [line for line in text.splitlines() if line.startswith("| bf16")]
+    # sorted by V; the failed peer shows its status, no ratio
+    assert lines == ["| bf16 | lm | 8 | 64 | 50 | 3.00 | error | – | 2.0e-03 | – |",
+                     "| bf16 | lm | 8 | 64 | 100 | 4.00 | 0.50 | 2.00 | 1.0e-03 | 5.0e-01 |"]
+    assert text.endswith("- own_filter faster than apple_cce (loss+grad) in 1 of 1 cells")
+    with pytest.raises(ValueError, match="no loss\\+grad rows of provider 'missing'"):
+        report.versus_table(rows, "missing", ["apple_cce"])
+
+
+def test_versus_command_over_a_run_folder(capsys):
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    run = FIXTURE / "synthetic_run"
+    assert report.main(parser.parse_args([str(run), "--versus", "own_filter"])) == 0
+    out = capsys.readouterr().out
+    assert "--versus own_filter --peers apple_cce,torch_compile" in out
+    assert "own_filter faster than torch_compile (loss+grad) in" in out
+    assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--peers", ""])) == 1
+    assert "--peers: expected comma-separated provider names" in capsys.readouterr().out
