@@ -130,8 +130,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerun", type=name_list, default=[], metavar="PROVIDERS",
                    help="with --resume: measure these providers again where rows exist (e.g. "
                         "after a kernel change); readers keep the latest rows")
-    p.add_argument("--isolate", action="store_true",
-                   help="one subprocess per cell; a crashing provider is recorded as 'crashed'")
+    p.add_argument("--isolate", nargs="?", const="cell", default=False,
+                   choices=["cell", "provider"],
+                   help="one subprocess per cell (or, with 'provider', per (cell, provider) "
+                        "pair: no provider's time then depends on what ran before it); a "
+                        "crashing provider is recorded as 'crashed'")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, so the providers it registers can be measured "

@@ -170,10 +170,13 @@ def read_rows(run_dir) -> list[dict]:
     return list(rows.values())
 
 
-def done_pairs(run_dir, phases=None) -> set[tuple[str, str]]:
-    """(cell_id, provider) pairs with a row for every phase in ``phases`` (any row if None)."""
+def done_pairs(run_dir, phases=None, run_id=None) -> set[tuple[str, str]]:
+    """(cell_id, provider) pairs with a row for every phase in ``phases`` (any row if None);
+    with ``run_id``, rows of that run only."""
     seen: dict[tuple[str, str], set] = {}
     for r in read_rows(run_dir):
+        if run_id is not None and r["run_id"] != run_id:
+            continue
         seen.setdefault((r["cell_id"], r["provider"]), set()).add(r["phase"])
     return {pair for pair, got in seen.items() if phases is None or set(phases) <= got}
 

@@ -1,9 +1,11 @@
 """Cells, presets and the benchmark loop: for each cell make inputs, the reference and the floor,
 then measure every provider and append its rows.
 
-``run(..., isolate=True)`` runs each cell in a child process (``python -m suite.runner RUN_DIR
+``run(..., isolate="cell")`` runs each cell in a child process (``python -m suite.runner RUN_DIR
 --cell CELL_ID``, reading ``plan.json``); if the child dies (segfault, poisoned CUDA context),
 the provider it was running is recorded as ``crashed`` and a new child resumes the cell.
+``isolate="provider"`` gives every (cell, provider) pair its own child, so no provider's time
+depends on what ran before it in the process (inputs and reference are rebuilt per child).
 """
 from __future__ import annotations
 
@@ -223,9 +225,12 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
         raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
                               f"or choose another --out")
     rerun = {registry.get(p).name for p in rerun}
-    if rerun and (not resume or isolate):
-        raise ValueError("rerun needs resume (it re-measures providers of an existing run) "
-                         "and cannot be combined with isolate")
+    if rerun and not resume:
+        raise ValueError("rerun needs resume (it re-measures providers of an existing run)")
+    if isolate is True:
+        isolate = "cell"
+    if isolate not in (False, None, "cell", "provider"):
+        raise ValueError(f"isolate must be False, 'cell' or 'provider', got {isolate!r}")
     done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
     todo = [(c, [p for p in providers if (c.cell_id, p) not in done]) for c in cells]
     todo = [(c, ps) for c, ps in todo if ps]
@@ -249,7 +254,7 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     t0 = time.time()
     for cell, pending in todo:
         if isolate:
-            _run_isolated(out, cell, pending, phases, bar)
+            _run_isolated(out, cell, pending, phases, bar, run_id, isolate == "provider")
         else:
             measure_cell(cell, pending, phases, device=device, reps=reps, warmup=warmup,
                          writer=writer, run_id=run_id, progress=bar)
@@ -265,30 +270,36 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     return out
 
 
-def _run_isolated(out: Path, cell: Cell, pending, phases, bar) -> None:
-    """Run one cell in child processes until every pending provider has rows."""
+def _run_isolated(out: Path, cell: Cell, pending, phases, bar, run_id: str,
+                  per_provider: bool = False) -> None:
+    """Run one cell in child processes until every pending provider has rows of this run
+    (``run_id``: a rerun's providers have older rows already); ``per_provider``: one child per
+    provider."""
     inflight = out / INFLIGHT
     while True:
-        done = done_pairs(out, phases)
+        done = done_pairs(out, phases, run_id=run_id)
         left = [p for p in pending if (cell.cell_id, p) not in done]
         if not left:
             return
         if inflight.exists():
             inflight.unlink()
         before = len(left)
+        batch = left[:1] if per_provider else left
         cmd = [sys.executable, "-m", "suite.runner", str(out), "--cell", cell.cell_id,
-               "--providers", ",".join(left)]
+               "--providers", ",".join(batch)]
         proc = subprocess.run(cmd)
-        done = done_pairs(out, phases)
+        done = done_pairs(out, phases, run_id=run_id)
         left_after = [p for p in pending if (cell.cell_id, p) not in done]
         bar.update(before - len(left_after))
         if proc.returncode == 0 and not left_after:
             return
-        # The child died. Blame the provider it was measuring, or every pair if it died before
-        # reaching one (inputs, reference); then go on with a fresh child.
+        if proc.returncode == 0 and per_provider and len(left_after) < before:
+            continue  # this child's provider is done: the next one gets a fresh child
+        # The child died. Blame the provider it was measuring, or every pair it was given if it
+        # died before reaching one (inputs, reference); then go on with a fresh child.
         why = (f"child process died (exit code {proc.returncode})" if proc.returncode >= 0 else
                f"child process killed by signal {-proc.returncode}")
-        blamed = left_after
+        blamed = [p for p in batch if p in left_after]
         if inflight.exists():
             cell_id, prov = json.loads(inflight.read_text())
             if cell_id == cell.cell_id and prov in left_after:

@@ -185,6 +185,50 @@ def test_isolate_records_a_crashing_provider_and_goes_on(tmp_path):
     assert "signal 9" in err and "fake_segv" in err
 
 
+def test_isolate_provider_gives_each_provider_its_own_process_and_reruns(tmp_path):
+    """--isolate provider: one child per (cell, provider), each a different process; with
+    --resume --rerun the rerun provider gets new rows (of the new run) beside its old ones."""
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "pid_providers.py").write_text(textwrap.dedent("""
+        import os
+        from pathlib import Path
+        from suite.providers.naive import naive
+        from suite.registry import register
+
+        def _logged(name):
+            def fn(e, c, targets, **kw):
+                with open(Path(os.environ["PID_LOG"]), "a") as f:
+                    f.write(f"{name} {os.getpid()}\\n")
+                return naive(e, c, targets, **kw)
+            return fn
+
+        register("pid_a", summary="naive, logs its pid")(_logged("pid_a"))
+        register("pid_b", summary="naive, logs its pid")(_logged("pid_b"))
+    """))
+    out, log = tmp_path / "run", tmp_path / "pids.txt"
+    base = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+            "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
+            "--softcap", "none", "--ignore-frac", "0", "--no-bias", "--plugin", "pid_providers",
+            "--reps", "1", "--warmup", "0", "--phases", "fwd", "--out", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": f"{plugin}{os.pathsep}{ROOT}", "PID_LOG": str(log)}
+
+    def bench(*extra):
+        res = subprocess.run(base + list(extra), cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    bench("--providers", "pid_a,pid_b", "--isolate", "provider")
+    pids = {}
+    for line in log.read_text().splitlines():
+        name, pid = line.split()
+        pids.setdefault(name, set()).add(pid)
+    assert pids.keys() == {"pid_a", "pid_b"} and not pids["pid_a"] & pids["pid_b"]
+    bench("--providers", "pid_a,pid_b", "--resume", "--rerun", "pid_b", "--isolate", "provider")
+    raw = Counter(r["provider"] for r in _raw_rows(out))
+    assert raw == {"pid_a": 1, "pid_b": 2}  # one fwd row each, pid_b measured again
+
+
 def test_numbers_are_consistent():
     from suite.measure import percentile, time_stats
 
