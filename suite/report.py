@@ -179,11 +179,15 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
     latest = {}
     for r in rows:
         key = (r["cell_id"], r["provider"], r["phase"])
-        if r["phase"] == "loss+grad" and (key not in latest or r["timestamp"] >= latest[key]["timestamp"]):
+        if r["phase"] != "loss+grad":
+            continue
+        if key not in latest or r["timestamp"] >= latest[key]["timestamp"]:
             latest[key] = r
-    cells = sorted({c for c, p, _ in latest if p == provider},
-                   key=lambda c: (lambda r: (r["dtype"], r["dist"], int(r["n"]), int(r["d"]), int(r["v"])))(
-                       latest[(c, provider, "loss+grad")]))
+    def shape(cell):
+        r = latest[(cell, provider, "loss+grad")]
+        return r["dtype"], r["dist"], int(r["n"]), int(r["d"]), int(r["v"])
+
+    cells = sorted({c for c, p, _ in latest if p == provider}, key=shape)
     if not cells:
         raise ValueError(f"--versus: no loss+grad rows of provider {provider!r}")
     head = ["dtype", "dist", "N", "D", "V", f"{provider} ×floor"]
