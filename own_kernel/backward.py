@@ -85,13 +85,19 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     below cublas_min_width. The workspace is X and W (n * (4 + elt) bytes per column, see
     slot_offsets) when cuBLAS recomputes the logits; with tma (dlogits_tma.py) it is W alone, but
     two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
-    (filter_max_width): the host waits on each one's kept-column count, so fewer is faster."""
+    (filter_max_width, or filter_max_entries / n): the host waits on each one's kept-column
+    count and then queues a dozen operations, so each chunk must carry enough GPU work to hide
+    that, or the GPU idles."""
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row, col = cfg["cublas_align"], d * elt, n * elt
         # Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
-        widest = cfg.get("filter_max_width", cfg["cublas_max_width"]) if filtered else cfg["cublas_max_width"]
-        max_width = max(widest, cfg.get("cublas_max_entries", 0) // n // align * align)
+        if filtered:
+            widest = max(cfg.get("filter_max_width", cfg["cublas_max_width"]),
+                         cfg.get("filter_max_entries", 0) // n)
+        else:
+            widest = cfg["cublas_max_width"]
+        max_width = max(widest, cfg.get("cublas_max_entries", 0) // n) // align * align
         end = v * row // WORKSPACE_ALIGN * WORKSPACE_ALIGN
         below = end  # tma: where the previous chunk's W slot starts
         while v_start < v:
