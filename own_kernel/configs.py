@@ -27,7 +27,7 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # (dlogits_tma.py), "cublas" recomputes them with cuBLAS into dC's unwritten tail (backward.py);
 # both in chunks of cublas_min_width..cublas_max_width columns (multiples of cublas_align; with few
 # tokens up to cublas_max_entries / N columns, the same workspace bytes; filtered chunks up to
-# filter_max_width), "triton" only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
+# filter_max_width or filter_max_entries / N), "triton" only uses the fused dlogits kernel. filter_max_kept: a filtered cuBLAS chunk whose kept columns
 # exceed this fraction runs dense; filter_kept_align: the gathered GEMMs' column count is padded to
 # a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
 # keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
@@ -96,6 +96,10 @@ _SM90_16BIT = {
                         num_stages=3, PERSISTENT=True, FLATTEN=True),
     "cublas_max_width": 8192,
     "filter_max_width": 16384,
+    # With few tokens a 16384-column chunk is too little GPU work to hide the host's per-chunk
+    # wait and launches (~0.3 ms of GPU at N 2048, D 2304): up to 2^28 / N columns, i.e. 131072 at
+    # N 2048, 32768 at N 8192 where dC's tail allows (tune-v12: N 2048, 2^26..2^28).
+    "filter_max_entries": 2**28,
     # A filtered chunk costs the host ~0.5 ms (its count's wait, the gather's launches): about
     # the dense GEMMs of 4 N width D = 3e11 flops (tune-v10: V 32000, 15 narrow chunks, 6.7 ms idle).
     # 6e11 was slower or even at five more shapes (tune-v11: N 2048 / 8192, D 2304 / 4096).
