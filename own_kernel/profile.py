@@ -33,13 +33,14 @@ def main(argv=None):
     ap.add_argument("--v", type=int, default=256000)
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none (host only)")
     ap.add_argument("--filter", action="store_true", help="filter_eps='auto' (host only)")
+    ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     args = ap.parse_args(argv)
     from suite.inputs import make_inputs
 
     inp = make_inputs("lm", args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
-        host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None)
+        host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace)
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
@@ -52,7 +53,7 @@ def main(argv=None):
     torch.cuda.synchronize()
 
 
-def host_profile(e, c, t, softcap, filter_eps, calls=20):
+def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20):
     e.requires_grad_(), c.requires_grad_()
 
     def call():
@@ -82,6 +83,14 @@ def host_profile(e, c, t, softcap, filter_eps, calls=20):
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(25)
     stats.sort_stats("cumulative").print_stats(45)
+    if trace:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+        p.export_chrome_trace(trace)
 
 
 if __name__ == "__main__":
