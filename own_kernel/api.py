@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from own_kernel.backward import HostScalar, backward as _backward
+from own_kernel.check_targets import cce_check_targets_kernel
 from own_kernel.configs import config_for
 from own_kernel.forward import forward as _forward
 
@@ -39,11 +40,7 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
     loss 0. softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
     probability is >= filter_min_p_max (both only affect the backward)."""
     cfg = config_for(e.device, e.dtype)
-    lse, z_tgt, z_sum, p_max = _forward(e, c, bias, targets, softcap or None, label_smoothing > 0, cfg)
-    loss = lse - (1.0 - label_smoothing) * z_tgt
-    if label_smoothing > 0:
-        loss = loss - label_smoothing / c.shape[0] * z_sum
-    return torch.where(targets != ignore_index, loss, 0.0), lse, p_max
+    return _forward(e, c, bias, targets, softcap or None, label_smoothing, ignore_index, cfg)
 
 
 @lce_rows.register_fake
@@ -137,14 +134,18 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
     _check_runnable(e.device)
 
 
-def _queue_target_check(targets: Tensor, v: int, ignore_index: int) -> HostScalar | None:
-    """Whether any target is outside [0, V) and not ignore_index, copied to the host without
-    waiting. Queued before the forward, read after it is queued (its kernels mask such
-    targets): the host then waits for this small reduction only, not for the forward, and runs
-    on into the backward's launches while the GPU computes."""
+def _check_and_count_targets(targets: Tensor, v: int, ignore_index: int):
+    """(check, count): whether any target is outside [0, V) and not ignore_index, copied to the
+    host without waiting, and the number of targets that are not ignore_index (a 0-d fp32 device
+    tensor). The check is queued before the forward and read after it is queued (its kernels
+    mask such targets): the host then waits for this small kernel only, not for the forward,
+    and runs on into the backward's launches while the GPU computes."""
     if torch.compiler.is_compiling() or not targets.numel():
-        return None  # a data-dependent check would break the graph; eager calls still check
-    return HostScalar(((targets != ignore_index) & ((targets < 0) | (targets >= v))).any())
+        # A data-dependent check would break the graph; eager calls still check.
+        return None, (targets != ignore_index).sum()
+    out = torch.empty(2, device=targets.device, dtype=torch.float32)
+    cce_check_targets_kernel[(1,)](targets, out, targets.numel(), v, int(ignore_index), BLOCK=1024)
+    return HostScalar(out[:1]), out[1]
 
 
 def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ignore_index: int):
@@ -178,15 +179,16 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if filter_eps == "auto":
         filter_eps, min_p_max = AUTO_EPS[e.dtype], AUTO_FLAT_P_MAX
 
-    check = _queue_target_check(targets, c.shape[0], ignore_index)
     lead = targets.shape
     if shift:
-        # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing.
+        # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing
+        # (and the first `shift` targets are never used, so they are not checked either).
         shifted = torch.full_like(targets, ignore_index)
         shifted[..., :-shift] = targets[..., shift:]
         targets = shifted
     e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
     t2 = targets.reshape(-1).to(torch.int64)
+    check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
     loss_rows, lse, _ = lce_rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
                                  float(label_smoothing),
                                  -1.0 if filter_eps is None else float(filter_eps), min_p_max)
@@ -194,13 +196,12 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     loss_rows, lse = loss_rows.view(lead), lse.view(lead)
     if shift:
         loss_rows, lse = loss_rows[..., :-shift], lse[..., :-shift]
-        t2 = t2.view(lead)[..., :-shift]
     if reduction == "none":
         loss = loss_rows
     elif reduction == "sum":
         loss = loss_rows.sum()
     else:
-        loss = loss_rows.sum() / (t2 != ignore_index).sum()
+        loss = loss_rows.sum() / count
     return (loss, lse) if return_lse else loss
 
 

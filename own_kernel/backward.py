@@ -271,29 +271,35 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     tma = cfg.get("recompute") == "tma" and fp32_acc and tma_ready(e) and tma_ready(c)
     cublas = (tma or cfg.get("recompute") == "cublas") and fp32_acc
 
-    # Normalise the row weights so d is O(1) in the workspace (a mean over N tokens would push
-    # fp16 values into subnormals); the scale comes back in dE's and dC's epilogues. Exact mode
-    # reads the scale on the host only when a GEMM first needs it (HostScalar): a sync here
-    # would idle the GPU for the host's whole setup.
-    scale = row_weight.abs().max()
-    if row_weight_lse is not None:
-        scale = torch.maximum(scale, (row_weight + row_weight_lse).abs().max())
-    divisor = torch.where(scale > 0, scale, 1.0)  # all weights 0: W = 0, every gradient 0
-    row_weight = row_weight / divisor
-    if row_weight_lse is not None:
-        row_weight_lse = row_weight_lse / divisor
-
-    # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
-    # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
-    # cuBLAS instead: faster on an H200 at both shapes measured, tune-v10-filter-fused). With
-    # tma there are no fused chunks (the tail runs dlogits_tma.py). None = exact.
     cublas_eps = fused_eps = flat = None
     filter_off = None
     if filter_eps is not None and filter_eps > 0 and not filter_can_skip(
             n, v, d, e.element_size(), cfg, cublas, tma):
         filter_eps = None  # same result as exact, without the filter's host wait and launches
         filter_off = "no chunk reaches filter_min_flops"
-    if filter_eps is not None and filter_eps > 0:
+    filtering = filter_eps is not None and filter_eps > 0
+
+    # Normalise the row weights so d is O(1) in the workspace: fp16 needs it (a mean over N
+    # tokens would push its values into subnormals), and the filter's eps is relative to it. The
+    # scale comes back in dE's and dC's epilogues; exact mode reads it on the host only when a
+    # GEMM first needs it (HostScalar): a sync here would idle the GPU for the host's whole
+    # setup. Exact bf16 and fp32 (fp32's exponent range) store d unscaled: the host knows the
+    # scale (1) without reading it, five launches and a copy fewer per call.
+    scale_dev = None
+    if e.dtype == torch.float16 or filtering:
+        scale_dev = row_weight.abs().max()
+        if row_weight_lse is not None:
+            scale_dev = torch.maximum(scale_dev, (row_weight + row_weight_lse).abs().max())
+        divisor = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
+        row_weight = row_weight / divisor
+        if row_weight_lse is not None:
+            row_weight_lse = row_weight_lse / divisor
+
+    # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
+    # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
+    # cuBLAS instead: faster on an H200 at both shapes measured, tune-v10-filter-fused). With
+    # tma there are no fused chunks (the tail runs dlogits_tma.py). None = exact.
+    if filtering:
         # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep
         # everything (eps 0); the rest skip entries below filter_eps.
         active = row_weight != 0
@@ -302,8 +308,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         peaked = active & (p_max >= filter_min_p_max)
         row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
         is_flat = row_eps == 0
-        # The host's three decisions: one wait, for these reductions only (HostScalar).
-        decisions = HostScalar(torch.stack([scale, peaked.sum().float(), is_flat.sum().float()]))
+        # The host's decisions: one wait, for these reductions only (HostScalar).
+        decisions = HostScalar(torch.stack([scale_dev, peaked.sum().float(), is_flat.sum().float()]))
         decisions.wait()
         scale_f, num_peaked, num_flat = decisions.host.tolist()
         scale = HostScalar(value=scale_f)
@@ -315,17 +321,17 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
                 cublas_eps = row_eps
                 flat = torch.nonzero_static(is_flat, size=int(num_flat)).squeeze(1)
     else:
-        scale = HostScalar(scale)
+        scale = HostScalar(scale_dev) if scale_dev is not None else HostScalar(value=1.0)
     filtered = cublas_eps is not None or fused_eps is not None
 
     # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
     # peak that dC and the dE accumulator make together.
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
     f32 = dict(device=e.device, dtype=torch.float32)
+    sums = torch.zeros(2 * n + 3 * v, **f32).split([n, n, v, v, v])  # one launch for five
     g = Grads(dc=torch.empty((v, d), device=e.device, dtype=e.dtype), de32=torch.zeros((n, d), **f32),
-              row_round=torch.zeros(n, **f32), col_round=torch.zeros(v, **f32),
-              row_skip=torch.zeros(n, **f32), col_skip=torch.zeros(v, **f32),
-              col_sum=torch.zeros(v, **f32))
+              row_round=sums[0], row_skip=sums[1], col_round=sums[2], col_skip=sums[3],
+              col_sum=sums[4])
 
     # The fused path's workspace: dE's output buffer (free until the end) when it holds at least
     # 3/4 of the configured chunk; narrower chunks re-read the fp32 accumulator too often.

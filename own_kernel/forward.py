@@ -4,8 +4,9 @@ Grid = (row blocks) x (vocabulary splits). Each program streams its split of C i
 and keeps an online log-sum-exp in fp32, base 2 (running max m2, running sum s). Row blocks vary
 fastest in the program id, so the programs resident at one time read the same C tiles and share
 them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
-first loads overlap this tile's epilogue). The splits' partial (m2, s) are combined in O(splits*N).
-The target logit comes from target.py; the sum of logits (label smoothing) from this loop.
+first loads overlap this tile's epilogue). The splits' partial (m2, s) are combined in O(splits*N),
+with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
+each row's loss (lse_combine.py).
 """
 import functools
 import heapq
@@ -15,8 +16,9 @@ import triton
 import triton.language as tl
 
 from own_kernel.forward_tma import cce_fwd_tma_kernel
+from own_kernel.lse_combine import cce_lse_combine_kernel
 from own_kernel.target import cce_target_logit_kernel
-from own_kernel.tile import LOG2E_F, logit_tile, lse_tile_update, softcap_scalars
+from own_kernel.tile import logit_tile, lse_tile_update, softcap_scalars
 
 
 @triton.jit
@@ -112,16 +114,17 @@ def tma_ready(t: torch.Tensor) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
-def forward(e, c, bias, targets, softcap, need_zsum, cfg):
-    """Returns (lse, z_target, z_sum or None, p_max), each (N,) fp32, natural log units; p_max is
-    each row's largest softmax probability (the gradient filter's flatness test). Rows whose
-    target is outside [0, V) get z_target 0 (the caller masks them)."""
+def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
+    """Returns (loss, lse, p_max), each (N,) fp32, natural log units: each row's loss (0 where
+    the target is ignore_index), log-sum-exp, and largest softmax probability (the gradient
+    filter's flatness test). Rows whose target is outside [0, V) and not ignore_index get a
+    loss without the target term (the caller raises on them)."""
     n, d = e.shape
     v = c.shape[0]
+    need_zsum = label_smoothing > 0
+    outs = [torch.empty(n, device=e.device, dtype=torch.float32) for _ in range(3)]
     if n == 0:
-        def empty():  # distinct tensors: a custom op's outputs may not alias each other
-            return torch.empty(0, device=e.device, dtype=torch.float32)
-        return empty(), empty(), (empty() if need_zsum else None), empty()
+        return tuple(outs)  # distinct tensors: a custom op's outputs may not alias each other
     k = dict(cfg["fwd"])
     bn, bv = k["BLOCK_N"], k["BLOCK_V"]
     k.setdefault("FLATTEN", False)
@@ -151,8 +154,10 @@ def forward(e, c, bias, targets, softcap, need_zsum, cfg):
             n, v, d, v_per_split, splits * n,
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
             *softcap_scalars(softcap), **common)
-    m2, s = part[0], part[1]
-    m2_max = m2.max(dim=0).values
-    lse2 = m2_max + torch.log2((s * torch.exp2(m2 - m2_max)).sum(dim=0))
-    z_sum = part[2].sum(dim=0) / LOG2E_F if need_zsum else None
-    return lse2 / LOG2E_F, target_logit(e, c, bias, targets, softcap), z_sum, torch.exp2(m2_max - lse2)
+    z_target = target_logit(e, c, bias, targets, softcap)
+    block = 256
+    cce_lse_combine_kernel[(triton.cdiv(n, block),)](
+        part, z_target, targets, *outs, n, splits, splits * n, int(ignore_index),
+        1.0 - float(label_smoothing), float(label_smoothing) / max(v, 1),
+        NEED_ZSUM=need_zsum, BLOCK_N=block)
+    return tuple(outs)

@@ -45,7 +45,7 @@ def main(argv=None):
         e @ c.T
         for tma in (False, True):
             os.environ["CCE_OWN_CONFIG"] = json.dumps({"fwd": {"TMA": tma}})
-            forward(e, c, None, t, 30.0, False, config_for(e.device, e.dtype))
+            forward(e, c, None, t, 30.0, 0.0, -100, config_for(e.device, e.dtype))
     else:
         e.requires_grad_(), c.requires_grad_()
         eps = "auto" if args.what == "bwd-filter" else None

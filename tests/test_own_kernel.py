@@ -426,3 +426,59 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     else:
         assert 1e-4 < max(errs) < 0.15, errs  # some chunks filtered, within the filter's bound
         assert backward.LAST_PLAN["filter_off"] is None
+
+
+def test_custom_ops_pass_opcheck():
+    # Schema, fake (meta) implementation and autograd registration of both ops, as
+    # torch.compile uses them.
+    from own_kernel.api import lce_rows, lce_rows_backward
+
+    g = torch.Generator().manual_seed(5)
+    e = torch.randn(9, 16, generator=g, requires_grad=True)
+    c = torch.randn(23, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 23, (9,), generator=g)
+    t[2] = -100
+    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0)
+    torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
+                                                       "test_autograd_registration"))
+    loss, lse, p_max = lce_rows(*args)
+    torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, p_max,
+                                              torch.ones(9), None, -100, 0.0, 0.0, -1.0, 0.0),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_works_inside_torch_compile():
+    # aot_eager traces the graph through the ops' fake implementations and runs the real ones:
+    # no code generation, so it runs on the interpreter's CPU.
+    g = torch.Generator().manual_seed(6)
+    e = torch.randn(2, 7, 16, generator=g)
+    c = torch.randn(31, 16, generator=g)
+    t = torch.randint(0, 31, (2, 7), generator=g)
+    t[0, 3] = -100
+
+    def step(e, c):
+        return linear_cross_entropy(e, c, t, shift=1, softcap=20.0)
+
+    e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    step(e1, c1).backward()
+    e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    loss = torch.compile(step, backend="aot_eager", fullgraph=True)(e2, c2)
+    loss.backward()
+    ref, er, cr, _ = reference(e, c, t, softcap=20.0, shift=1)
+    assert abs(loss.item() - ref.item()) < 1e-5
+    assert torch.allclose(e2.grad, e1.grad, atol=1e-6) and torch.allclose(c2.grad, c1.grad, atol=1e-6)
+
+
+def test_autocast_casts_inputs_to_its_dtype():
+    g = torch.Generator().manual_seed(7)
+    e = torch.randn(13, 16, generator=g, requires_grad=True)
+    c = torch.randn(29, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 29, (13,), generator=g)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = linear_cross_entropy(e, c, t)
+    loss.backward()
+    assert e.grad.dtype == torch.float32 and c.grad.dtype == torch.float32  # leaves stay fp32
+    ref, e2, c2, _ = reference(e.half(), c.half(), t)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) < 1e-3
+    assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
