@@ -100,6 +100,12 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
         max_width = max(widest, cfg.get("cublas_max_entries", 0) // n) // align * align
         end = v * row // WORKSPACE_ALIGN * WORKSPACE_ALIGN
         below = end  # tma: where the previous chunk's W slot starts
+        # tail_min_width (tma): a chunk narrower than the tail's goes to the tail, which runs the
+        # same kernels in fewer, wider chunks (the look-ahead it loses only hides the filter's
+        # waits, and chunks that narrow do not filter: filter_min_flops).
+        min_width = cfg["cublas_min_width"]
+        if tma and cfg.get("tail_min_width"):
+            min_width = max(min_width, fused_width)
         while v_start < v:
             if not tma:
                 fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (n * (4 + elt) + row)
@@ -112,7 +118,7 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
             width = min(max_width, fit // align * align, (v - v_start) // 8 * 8)
             if tma and plan:
                 width = min(width, plan[-1][1])  # never wider: see w_slots
-            if width <= 0 or (width < cfg["cublas_min_width"] and width < v - v_start):
+            if width <= 0 or (width < min_width and width < v - v_start):
                 break
             plan.append((v_start, width, "cublas"))
             below = _slot_start(end if len(plan) % 2 else below, n * width * elt)
@@ -124,13 +130,29 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
 
 def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, tma: bool) -> bool:
     """Whether a filtered backward of this shape would skip anything at all. With tma only the
-    cuBLAS chunks of at least filter_min_flops filter (cublas_chunks): at small N x V none does,
-    and the filter's decision (a host wait on reductions) would buy nothing."""
+    cuBLAS chunks of at least filter_min_flops filter (cublas_chunks), and only when those
+    chunks' dense GEMMs add up to filter_min_total_flops: below that the filter's fixed host
+    costs (its reductions, a wait per chunk, the gathers' launches) exceed what it can save."""
     if not tma:
         return True
     min_flops = cfg.get("filter_min_flops", 0)
-    plan = chunk_plan(n, v, d, elt, cfg, cublas, max(v, 1), tma, filtered=True)
-    return any(kind == "cublas" and 4 * n * width * d >= min_flops for _, width, kind in plan)
+    plan = chunk_plan(n, v, d, elt, cfg, cublas, tail_width(n, v, d, elt, cfg)[0], tma,
+                      filtered=True)
+    flops = [4 * n * width * d for _, width, kind in plan if kind == "cublas"]
+    filtering = sum(f for f in flops if f >= min_flops)
+    return any(f >= min_flops for f in flops) and filtering >= cfg.get("filter_min_total_flops", 0)
+
+
+def tail_width(n: int, v: int, d: int, elt: int, cfg: dict) -> tuple[int, bool]:
+    """The fused path's (with tma: the tail's) chunk width, and whether its workspace is dE's
+    output buffer (free until the end): it is when that holds at least 3/4 of chunk_size;
+    narrower chunks would re-read the fp32 accumulator too often."""
+    bv = cfg["dlogits"]["BLOCK_V"]
+    width = chunk_size(n, v, elt, cfg)
+    de_width = min(d // bv * bv, width)
+    if de_width >= max(bv, 3 * width // 4):
+        return de_width, True
+    return width, False
 
 
 def w_slots(widths, dc_bytes: int, n: int, elt: int) -> list[int]:
@@ -235,6 +257,46 @@ class HostScalar:
         return self.value
 
 
+class FilterDecision:
+    """Whether this call's filter skips anything, from three reductions read on the host: the
+    scale of the row weights, how many rows may skip (peaked), how many never do (flat). The
+    read is queued when this is made and waited for as late as possible (resolve): with the
+    cuBLAS path after its first chunk's kernel is queued, so the GPU never idles on it. Used as
+    the scale (float) once resolved."""
+
+    def __init__(self, scale_dev, peaked, row_eps, cfg, cublas):
+        self.is_flat = row_eps == 0
+        self.values = HostScalar(torch.stack([scale_dev, peaked.sum().float(),
+                                              self.is_flat.sum().float()]))
+        self.row_eps, self.cfg, self.cublas = row_eps, cfg, cublas
+        self.result = None
+
+    def resolve(self):
+        """(cublas_eps, fused_eps, flat): the row thresholds for the cuBLAS chunks (column
+        skipping) and for the fused ones (block-sparse Triton GEMMs; behind cuBLAS chunks,
+        filter_fused False runs them exact on cuBLAS instead: faster on an H200 at both shapes
+        measured, tune-v10-filter-fused; with tma there are no fused chunks), None = exact; the
+        rows that never skip."""
+        if self.result is None:
+            self.values.wait()
+            self.scale, num_peaked, num_flat = self.values.host.tolist()
+            cublas_eps = fused_eps = flat = None
+            n = self.row_eps.shape[0]
+            if num_peaked > 0:  # else no row may skip anything: exact is the same result
+                if not self.cublas or self.cfg.get("filter_fused", True):
+                    fused_eps = self.row_eps
+                # Too many rows keep every column: column skipping would skip nothing.
+                if self.cublas and num_flat <= self.cfg["filter_max_flat"] * n:
+                    cublas_eps = self.row_eps
+                    flat = torch.nonzero_static(self.is_flat, size=int(num_flat)).squeeze(1)
+            self.result = cublas_eps, fused_eps, flat
+        return self.result
+
+    def __float__(self) -> float:
+        self.resolve()
+        return self.scale
+
+
 @dataclass
 class Grads:
     """What the chunks accumulate into."""
@@ -276,7 +338,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     if filter_eps is not None and filter_eps > 0 and not filter_can_skip(
             n, v, d, e.element_size(), cfg, cublas, tma):
         filter_eps = None  # same result as exact, without the filter's host wait and launches
-        filter_off = "no chunk reaches filter_min_flops"
+        filter_off = "too few GEMM flops to filter (filter_min_flops, filter_min_total_flops)"
     filtering = filter_eps is not None and filter_eps > 0
 
     # Normalise the row weights so d is O(1) in the workspace: fp16 needs it (a mean over N
@@ -299,6 +361,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
     # cuBLAS instead: faster on an H200 at both shapes measured, tune-v10-filter-fused). With
     # tma there are no fused chunks (the tail runs dlogits_tma.py). None = exact.
+    decision = None
     if filtering:
         # Rows with no gradient never keep anything (eps inf); rows with a flat softmax keep
         # everything (eps 0); the rest skip entries below filter_eps.
@@ -307,44 +370,44 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
             active |= row_weight_lse != 0
         peaked = active & (p_max >= filter_min_p_max)
         row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
-        is_flat = row_eps == 0
-        # The host's decisions: one wait, for these reductions only (HostScalar).
-        decisions = HostScalar(torch.stack([scale_dev, peaked.sum().float(), is_flat.sum().float()]))
-        decisions.wait()
-        scale_f, num_peaked, num_flat = decisions.host.tolist()
-        scale = HostScalar(value=scale_f)
-        if num_peaked > 0:  # else no row may skip anything: exact is the same result, faster
-            if not cublas or cfg.get("filter_fused", True):
-                fused_eps = row_eps
-            # Too many rows keep every column: column skipping would skip nothing.
-            if cublas and num_flat <= cfg["filter_max_flat"] * n:
-                cublas_eps = row_eps
-                flat = torch.nonzero_static(is_flat, size=int(num_flat)).squeeze(1)
+        decision = FilterDecision(scale_dev, peaked, row_eps, cfg, cublas)
+        scale = decision
+        if not cublas:
+            cublas_eps, fused_eps, flat = decision.resolve()
     else:
         scale = HostScalar(scale_dev) if scale_dev is not None else HostScalar(value=1.0)
-    filtered = cublas_eps is not None or fused_eps is not None
-
+    # With the cuBLAS path the decision is read after its first chunk's kernel is queued
+    # (cublas_chunks): until then the chunks are planned and run as if filtering.
+    speculative = decision is not None and cublas
     # The sampled means first: their fp32 temporaries (MEAN_SAMPLE_ROWS x D) must not add to the
     # peak that dC and the dE accumulator make together.
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
+    fused_width, in_de = tail_width(n, v, d, e.element_size(), cfg)
+    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma,
+                      speculative or cublas_eps is not None)
+    cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
+    fused_plan = [(v0, w) for v0, w, kind in plan if kind == "fused"]
+    # With tma, the chunks past what dC's tail can hold run the same way, W in the fused path's
+    # workspace (one chunk at a time): dlogits_tma.py recomputes faster than dlogits.py.
+    tail = fused_plan if tma else []
+    # The O(N + V) sums in one zero-filled buffer (one launch); with the filter on the cuBLAS
+    # chunks also ColWSum, ColKeep and the kept counts (int32 views: zero bits are 0 either way).
+    filter_buffers = speculative and bool(cublas_plan + tail)
+    chunks = len(cublas_plan) + len(tail)
     f32 = dict(device=e.device, dtype=torch.float32)
-    sums = torch.zeros(2 * n + 3 * v, **f32).split([n, n, v, v, v])  # one launch for five
+    sizes = [n, n, v, v, v] + ([v, v, chunks] if filter_buffers else [])
+    sums = torch.zeros(sum(sizes), **f32).split(sizes)
     g = Grads(dc=torch.empty((v, d), device=e.device, dtype=e.dtype), de32=torch.zeros((n, d), **f32),
               row_round=sums[0], row_skip=sums[1], col_round=sums[2], col_skip=sums[3],
               col_sum=sums[4])
+    if filter_buffers:
+        g.col_wsum, g.col_keep, g.kept_count = sums[5], sums[6].view(torch.int32), sums[7].view(torch.int32)
+        g.row_eps = row_eps
 
-    # The fused path's workspace: dE's output buffer (free until the end) when it holds at least
-    # 3/4 of the configured chunk; narrower chunks re-read the fp32 accumulator too often.
-    bv = cfg["dlogits"]["BLOCK_V"]
-    fused_width = chunk_size(n, v, e.element_size(), cfg)
-    de_width = min(d // bv * bv, fused_width)
     de = work = None
-    if de_width >= max(bv, 3 * fused_width // 4):
-        fused_width = de_width
+    if in_de:
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
-        work = de.view(-1)[: n * de_width].view(n, de_width)
-    plan = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma,
-                      cublas_eps is not None)
+        work = de.view(-1)[: n * fused_width].view(n, fused_width)
     if POISON:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
@@ -355,25 +418,20 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
 
     # For own_kernel.tune: the last call's chunks and what its filter kept (device tensors).
     LAST_PLAN.clear()
-    LAST_PLAN.update(plan=plan, num_flat=flat.numel() if flat is not None else None,
-                     filter_off=filter_off)
+    LAST_PLAN.update(plan=plan, filter_off=filter_off)
     args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale)
-    cublas_plan = [(v0, w) for v0, w, kind in plan if kind == "cublas"]
-    fused_plan = [(v0, w) for v0, w, kind in plan if kind == "fused"]
     if fused_plan and work is None:
         work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
         if POISON:
             work.fill_(float("nan"))
-    # With tma, the chunks past what dC's tail can hold run the same way, W in the fused path's
-    # workspace (one chunk at a time): dlogits_tma.py recomputes faster than dlogits.py.
-    tail = fused_plan if tma else []
-    if cublas_eps is not None and cublas_plan + tail:
-        g.col_wsum, g.col_keep = torch.zeros(v, **f32), torch.zeros(v, device=e.device, dtype=torch.int32)
-        g.kept_count = torch.zeros(len(cublas_plan) + len(tail), device=e.device, dtype=torch.int32)
-        g.row_eps = cublas_eps
-        LAST_PLAN["kept_count"] = g.kept_count
-    cublas_chunks(cublas_plan, *args, cublas_eps if cublas_plan + tail else None, flat, tma,
-                  tail, work)
+    cublas_chunks(cublas_plan, *args, decision if filter_buffers else None, tma, tail, work)
+    if speculative:
+        cublas_eps, fused_eps, flat = decision.resolve()
+        if cublas_eps is None:
+            g.col_keep = None  # what the first chunk added for the filter is not used
+    filtered = cublas_eps is not None or fused_eps is not None
+    LAST_PLAN.update(num_flat=flat.numel() if flat is not None else None,
+                     kept_count=g.kept_count if g.col_keep is not None else None)
     for v_start, width in ([] if tma else fused_plan):
         fused_chunk(*args, fused_eps, work, e_mean, v_start, width)
     del work
@@ -430,7 +488,7 @@ class Chunk:
 
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
-                  cfg, g, scale, row_eps, flat, tma=False, tail=(), tail_work=None):
+                  cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None):
     """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits are queued
     before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
     columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
@@ -438,10 +496,12 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     with gradient filtering the host's launches, not the GPU, set the pace. With tma, one
     kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
     and softmax_grad.py turns it into W. tail (tma only): chunks after those, their W in
-    tail_work, without look-ahead (they share it)."""
+    tail_work, without look-ahead (they share it). decision (a FilterDecision, None = exact):
+    the first chunk runs as if filtering, then the host reads whether the rest do."""
     n = e.shape[0]
     elt = e.element_size()
-    filtered = row_eps is not None
+    filtered = decision is not None
+    row_eps, flat = g.row_eps, None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
     pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
               if e.is_cuda and filtered else None)
@@ -474,6 +534,13 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
 
     def chunk_filters(i, width):
         return filtered and (not tma or (i < len(chunks) and 4 * n * width * d >= min_flops))
+
+    def decide(ch):
+        # The first chunk's kernel is queued: the host may wait for the decision now.
+        nonlocal filtered, flat
+        cublas_eps, _, flat = decision.resolve()
+        if cublas_eps is None:  # nothing skips: the first chunk runs dense
+            filtered, ch.num_kept, ch.copied = False, None, None
     pending = None
     for i, (v_start, width) in enumerate(list(chunks) + list(tail)):
         if tma:
@@ -501,6 +568,8 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                 # for this kernel only, with those GEMMs still queued behind it (its W lives in
                 # the other slot).
                 count_to_host(ch, g, pinned)
+            if i == 0 and filtered:
+                decide(ch)
             if pending is not None:
                 finish_chunk(e, g, scale, flat, cfg, pending)
         else:
@@ -523,6 +592,8 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                 *softcap_scalars(softcap), float(smooth), **flags, **k)
             if filtered:
                 count_to_host(ch, g, pinned)
+                if i == 0:
+                    decide(ch)
         pending = ch
     if pending is not None:
         finish_chunk(e, g, scale, flat, cfg, pending)

@@ -32,7 +32,9 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # a multiple of it (an aligned count keeps cuBLAS on its Hopper kernels, and few distinct shapes
 # keep its per-shape heuristics warm across calls); filter_max_flat: above this fraction of flat rows (which keep
 # every column) the cuBLAS chunks do not filter at all.
-# filter_min_flops (tma): narrower chunks than 4 N width D = this run exact instead of filtered.
+# filter_min_flops (tma): narrower chunks than 4 N width D = this run exact instead of filtered;
+# filter_min_total_flops: a call whose filtering chunks' dense GEMMs add up to less runs exact.
+# tail_min_width (tma): cuBLAS chunks narrower than the tail's chunk go to the tail instead.
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).
@@ -104,6 +106,15 @@ _SM90_16BIT = {
     # the dense GEMMs of 4 N width D = 3e11 flops (tune-v10: V 32000, 15 narrow chunks, 6.7 ms idle).
     # 6e11 was slower or even at five more shapes (tune-v11: N 2048 / 8192, D 2304 / 4096).
     "filter_min_flops": 3e11,
+    # Filtered calls whose filtering chunks add up to less than this (one to two chunks at
+    # N 2048 and V <= 50257, N 32768 at V 32000) were slower than exact in every suite row at
+    # 4065e0d (results/grid-h200*): the filter's fixed host costs exceed what it skips.
+    "filter_min_total_flops": 1e12,
+    # With many tokens dC's free tail holds only narrow chunks (1024 columns at N 32768, V 32000):
+    # the tail's chunks in dE's buffer are wider, and 2048 wide beat 1024 there by 7 %
+    # (own_kernel/measurements/host-v14/tune-n32768-v32000.txt).
+    "min_chunk": 2048,
+    "tail_min_width": True,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -91,6 +91,44 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20):
                 call()
             torch.cuda.synchronize()
         p.export_chrome_trace(trace)
+        print_gpu_gaps(trace)
+
+
+def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15) -> None:
+    """Where the GPU idled in a torch.profiler trace: its busy time against the span of the
+    traced calls, and the longest gaps between GPU operations, each with the host operation
+    that launched the next one (the host was still busy there, or waiting)."""
+    with open(trace_path) as f:
+        events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
+    gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda ev: ev["ts"])
+    if not gpu:
+        print("no GPU operations in the trace")
+        return
+    launches = {ev["args"].get("correlation"): ev for ev in events
+                if ev.get("cat") in ("cuda_runtime", "cuda_driver")}
+    cpu_ops = [ev for ev in events if ev.get("cat") == "cpu_op"]
+
+    def launched_by(ev):
+        launch = launches.get(ev["args"].get("correlation"))
+        if launch is None:
+            return "?"
+        inside = [op for op in cpu_ops if op["tid"] == launch["tid"]
+                  and op["ts"] <= launch["ts"] <= op["ts"] + op["dur"]]
+        return min(inside, key=lambda op: op["dur"])["name"] if inside else launch["name"]
+
+    busy, gaps, end = 0.0, [], gpu[0]["ts"]
+    for ev in gpu:
+        if ev["ts"] > end + min_gap_us:
+            gaps.append((ev["ts"] - end, ev))
+        busy += max(0.0, ev["ts"] + ev["dur"] - max(ev["ts"], end))
+        end = max(end, ev["ts"] + ev["dur"])
+    span = end - gpu[0]["ts"]
+    print(f"GPU busy {busy / 1e3:.3f} ms of {span / 1e3:.3f} ms traced "
+          f"({len(gpu)} GPU operations); {len(gaps)} gaps over {min_gap_us:.0f} us, "
+          f"{sum(g for g, _ in gaps) / 1e3:.3f} ms in all. Longest:")
+    for gap, ev in sorted(gaps, key=lambda x: -x[0])[:top]:
+        print(f"  {gap:8.1f} us before {ev['name'][:60]!r} (launched in {launched_by(ev)[:50]!r})")
 
 
 if __name__ == "__main__":

@@ -422,7 +422,7 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     if exact:
         assert max(errs) < 1e-6, errs
         # decided from the shape alone: no host wait for the filter's reductions
-        assert backward.LAST_PLAN["filter_off"] == "no chunk reaches filter_min_flops"
+        assert backward.LAST_PLAN["filter_off"].startswith("too few GEMM flops")
     else:
         assert 1e-4 < max(errs) < 0.15, errs  # some chunks filtered, within the filter's bound
         assert backward.LAST_PLAN["filter_off"] is None
@@ -482,3 +482,67 @@ def test_autocast_casts_inputs_to_its_dtype():
     ref.backward()
     assert abs(loss.item() - ref.item()) < 1e-3
     assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
+
+
+@pytest.mark.parametrize("peaked_rows, filters", [(30, True), (10, False), (0, False)])
+def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, filters):
+    # The filter's decision (how many rows may skip, how many are flat) is read on the host only
+    # after the first tma chunk's kernel is queued, that chunk running as if filtering. When the
+    # answer is no (too many flat rows, or none peaked), what it added for the filter must be
+    # dropped: the gradients are exact mode's, poison-safe, and the later chunks run unfiltered.
+    import json
+    from own_kernel import api, backward
+
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
+        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8}))
+    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
+    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.01)
+    n, d, v = 40, 16, 203
+    e, c, t = peaked_inputs(n, d, v, seed=1)
+    e[peaked_rows:] *= 0.001  # flat softmax: p_max ~ 1/V, below AUTO_FLAT_P_MAX
+    flags = []
+    real = backward.cce_dlogits_tma_kernel
+    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **k: flags.append(k["FILTER"]) or real[grid](*a, **k))})())
+
+    def grads(filter_eps, poison=False):
+        monkeypatch.setattr(backward, "POISON", poison)
+        flags.clear()
+        ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
+        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        return ee.grad, cc.grad
+
+    exact = grads(None)
+    auto, poisoned = grads("auto"), grads("auto", poison=True)
+    assert len(flags) >= 4 and flags[0], "the first chunk runs as if filtering"
+    assert any(flags[1:]) == filters, flags
+    assert all(torch.equal(a, b) for a, b in zip(auto, poisoned))
+    errs = [rel(a, b) for a, b in zip(auto, exact)]
+    assert (max(errs) > 1e-6) == filters, errs
+    if not filters:
+        assert max(errs) < 1e-6 and backward.LAST_PLAN["kept_count"] is None
+
+
+def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
+    # Plans of the H200's config, without a GPU. tail_min_width: with many tokens dC's free tail
+    # holds only chunks narrower than the tail's (dE's buffer), so they all go to the tail.
+    # filter_min_total_flops: a filter whose chunks carry too little GEMM work is not run.
+    from own_kernel import backward
+    from own_kernel.configs import _SM90_16BIT
+
+    cfg = dict(_SM90_16BIT)
+    n, d, v = 32768, 2304, 32000
+    width, in_de = backward.tail_width(n, v, d, 2, cfg)
+    assert in_de and width == 2048
+    plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
+    assert all(kind == "fused" for _, _, kind in plan) and sum(w for _, w, _ in plan) == v
+    narrow = backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width, tma=True)
+    assert any(kind == "cublas" and w < width for _, w, kind in narrow)
+    for n, d, v in [(2048, 2304, 128256), (8192, 4096, 256000)]:
+        width = backward.tail_width(n, v, d, 2, cfg)[0]
+        plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True, filtered=True)
+        assert all(w >= width for _, w, kind in plan if kind == "cublas") and plan[0][2] == "cublas"
+        assert sum(w for _, w, _ in plan) == v
+    assert not backward.filter_can_skip(2048, 32000, 4096, 2, cfg, True, True)
+    assert backward.filter_can_skip(2048, 32000, 4096, 2, dict(cfg, filter_min_total_flops=0), True, True)
+    assert backward.filter_can_skip(8192, 256000, 2304, 2, cfg, True, True)
