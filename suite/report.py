@@ -232,9 +232,30 @@ def env_line(run_dir) -> str:
     env = json.loads(path.read_text())
     where = env.get("gpu_name") or f"CPU ({env.get('cpu', '?')}), not GPU numbers"
     commit = (env.get("git_commit") or "unknown")[:10]
-    return (f"Measured on {where}, torch {env.get('torch')}, triton {env.get('triton')}, "
+    line = (f"Measured on {where}, torch {env.get('torch')}, triton {env.get('triton')}, "
             f"CUDA {env.get('cuda')}, liger-kernel {env.get('liger_kernel')}, cut-cross-entropy "
             f"{env.get('cut_cross_entropy')}; commit {commit}, {env.get('date', '')[:10]}.")
+    later = remeasured(run_dir, env)
+    return line + (f" Re-measured since: {later}." if later else "")
+
+
+def remeasured(run_dir, first_env: dict) -> str:
+    """Which providers' latest rows come from a later session than env.json's (a resumed run
+    with --rerun), with that session's commit and date: '' when none do."""
+    from suite.reproduce import read_envs
+
+    envs = {e.get("run_id"): e for e in read_envs(run_dir)}
+    latest: dict[str, str] = {}
+    for row in read_rows(run_dir):
+        latest[row["provider"]] = row.get("run_id")
+    by_session: dict[str, list[str]] = {}
+    for provider, run_id in latest.items():
+        env = envs.get(run_id)
+        if env is None or run_id == first_env.get("run_id"):
+            continue
+        key = f"commit {(env.get('git_commit') or 'unknown')[:10]}, {env.get('date', '')[:10]}"
+        by_session.setdefault(key, []).append(provider)
+    return "; ".join(f"{', '.join(sorted(ps))} at {key}" for key, ps in sorted(by_session.items()))
 
 
 def render(run_dir) -> str:

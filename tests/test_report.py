@@ -168,3 +168,23 @@ def test_versus_command_over_a_run_folder(capsys):
     assert "own_filter faster than torch_compile (loss+grad) in" in out
     assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--peers", ""])) == 1
     assert "--peers: expected comma-separated provider names" in capsys.readouterr().out
+
+
+def test_env_line_names_the_session_that_re_measured_a_provider(tmp_path):
+    # A resumed run with --rerun appends a provider's new rows and an env-2.json: the header
+    # must say which commit measured the rows it shows, not only env.json's.
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE / "synthetic_run", run)
+    assert "Re-measured" not in report.env_line(run)
+    env = json.loads((run / "env.json").read_text())
+    (run / "env-2.json").write_text(json.dumps(dict(env, run_id="LATER", git_commit="abc1234",
+                                                    date="2030-01-02T00:00:00")))
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(run / "results.csv", "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writerows(dict(r, run_id="LATER") for r in rows if r["provider"] == "own")
+    line = report.env_line(run)
+    assert line.endswith("Re-measured since: own at commit abc1234, 2030-01-02."), line
