@@ -538,9 +538,14 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     assert all(kind == "fused" for _, _, kind in plan) and sum(w for _, w, _ in plan) == v
     narrow = backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width, tma=True)
     assert any(kind == "cublas" and w < width for _, w, kind in narrow)
+    # filtered, chunks wide enough to filter stay on the cuBLAS path (the tail does not filter)
+    filtered = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True, filtered=True)
+    assert filtered == backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width,
+                                           tma=True, filtered=True)
+    assert any(kind == "cublas" for _, _, kind in filtered)
     for n, d, v in [(2048, 2304, 128256), (8192, 4096, 256000)]:
         width = backward.tail_width(n, v, d, 2, cfg)[0]
-        plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True, filtered=True)
+        plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
         assert all(w >= width for _, w, kind in plan if kind == "cublas") and plan[0][2] == "cublas"
         assert sum(w for _, w, _ in plan) == v
     assert not backward.filter_can_skip(2048, 32000, 4096, 2, cfg, True, True)
