@@ -103,7 +103,7 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
         # tail_min_width (tma): a chunk narrower than the tail's goes to the tail, which runs the
         # same kernels in fewer, wider chunks; the look-ahead it loses only hides the filter's
         # waits. Filtered, chunks wide enough to filter (filter_min_flops) stay: the tail does
-        # not filter (N 32768, V 128256: 118 ms with them in the tail, 107 ms without, tune-v14).
+        # not filter (slower with them in the tail at N 32768, V 128256: measurements/tune-v14).
         min_width = cfg["cublas_min_width"]
         if tma and cfg.get("tail_min_width"):
             min_width = max(min_width, fused_width)

@@ -111,7 +111,7 @@ _SM90_16BIT = {
     # 4065e0d (results/grid-h200*): the filter's fixed host costs exceed what it skips.
     "filter_min_total_flops": 1e12,
     # With many tokens dC's free tail holds only narrow chunks (1024 columns at N 32768, V 32000):
-    # the tail's chunks in dE's buffer are wider, and 2048 wide beat 1024 there by 7 %
+    # the tail's chunks in dE's buffer are wider, and 2048 wide were faster than 1024 there
     # (own_kernel/measurements/host-v14/tune-n32768-v32000.txt).
     "min_chunk": 2048,
     "tail_min_width": True,
