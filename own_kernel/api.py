@@ -39,6 +39,10 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
     """(loss per row, lse per row, largest probability per row) for 2-D e; ignored rows have
     loss 0. softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
     probability is >= filter_min_p_max (both only affect the backward)."""
+    return _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing)
+
+
+def _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing):
     cfg = config_for(e.device, e.dtype)
     return _forward(e, c, bias, targets, softcap or None, label_smoothing, ignore_index, cfg)
 
@@ -54,6 +58,12 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor], ignore_index: int,
                       softcap: float, label_smoothing: float, filter_eps: float,
                       filter_min_p_max: float) -> tuple[Tensor, Tensor, Tensor]:
+    return _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index,
+                          softcap, label_smoothing, filter_eps, filter_min_p_max)
+
+
+def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
+                   label_smoothing, filter_eps, filter_min_p_max):
     row_weight = torch.where(targets != ignore_index, grad_loss.float(), 0.0)
     de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight,
                               grad_lse.float() if grad_lse is not None else None,
@@ -86,6 +96,33 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
 
 
 lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+class _LceRowsEager(torch.autograd.Function):
+    """lce_rows with its backward for eager calls: the same two passes as the custom ops, called
+    directly. The custom ops are what torch.compile sees; eagerly, their dispatch and generated
+    autograd wrapper cost the host about half a millisecond per loss+grad call, which at small
+    shapes is time the GPU waits (own_kernel/measurements/host-v15)."""
+
+    @staticmethod
+    def forward(ctx, e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
+                filter_min_p_max):
+        loss, lse, p_max = _rows_forward(e, c, targets, bias, ignore_index, softcap,
+                                         label_smoothing)
+        ctx.save_for_backward(e, c, targets, bias, lse, p_max)
+        ctx.mark_non_differentiable(p_max)
+        ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
+        ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
+        return loss, lse, p_max
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_lse, grad_p_max):
+        e, c, targets, bias, lse, p_max = ctx.saved_tensors
+        if grad_loss is None:
+            grad_loss = torch.zeros_like(lse)
+        de, dc, dbias = _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
+                                       *ctx.options)
+        return de, dc, None, (dbias if bias is not None else None), None, None, None, None, None
 
 
 # ---- the public function ---------------------------------------------------------------------
@@ -189,9 +226,10 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
     t2 = targets.reshape(-1).to(torch.int64)
     check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
-    loss_rows, lse, _ = lce_rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
-                                 float(label_smoothing),
-                                 -1.0 if filter_eps is None else float(filter_eps), min_p_max)
+    rows = lce_rows if torch.compiler.is_compiling() else _LceRowsEager.apply
+    loss_rows, lse, _ = rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
+                             float(label_smoothing),
+                             -1.0 if filter_eps is None else float(filter_eps), min_p_max)
     _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
     loss_rows, lse = loss_rows.view(lead), lse.view(lead)
     if shift:

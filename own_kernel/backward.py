@@ -83,8 +83,8 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     its own dC rows at the front of what is unwritten: as wide as both fit (up to
     cublas_max_width columns, or cublas_max_entries / n when that is more), until that falls
     below cublas_min_width. The workspace is X and W (n * (4 + elt) bytes per column, see
-    slot_offsets) when cuBLAS recomputes the logits; with tma (dlogits_tma.py) it is W alone, but
-    two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
+    slot_offsets) when cuBLAS recomputes the logits; with tma (dlogits_tma.py) it is W alone, and
+    filtered, two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
     (filter_max_width, or filter_max_entries / n): the host waits on each one's kept-column
     count and then queues a dozen operations, so each chunk must carry enough GPU work to hide
     that, or the GPU idles."""
@@ -113,6 +113,8 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
         while v_start < v:
             if not tma:
                 fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (n * (4 + elt) + row)
+            elif not filtered:  # no look-ahead: every chunk's W at the top, one at a time
+                fit = (end - WORKSPACE_ALIGN - v_start * row) // (col + row)
             elif len(plan) % 2 == 0:  # top slot; the next chunk's (no wider) goes right below
                 fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (2 * col + row)
             else:  # below the previous chunk's slot
@@ -159,15 +161,18 @@ def tail_width(n: int, v: int, d: int, elt: int, cfg: dict) -> tuple[int, bool]:
     return width, False
 
 
-def w_slots(widths, dc_bytes: int, n: int, elt: int) -> list[int]:
-    """Byte offsets inside dC of the tma chunks' W (n x width each). Chunk k's W is written
-    before chunk k-1's GEMMs run, so consecutive chunks alternate between a slot ending at dC's
-    end and one right below the previous slot. With widths that never grow, a top slot lies
-    above every slot but the previous one's."""
+def w_slots(widths, dc_bytes: int, n: int, elt: int, lookahead: bool = True) -> list[int]:
+    """Byte offsets inside dC of the tma chunks' W (n x width each). With the look-ahead
+    (filtered calls), chunk k's W is written before chunk k-1's GEMMs run, so consecutive chunks
+    alternate between a slot ending at dC's end and one right below the previous slot; with
+    widths that never grow, a top slot lies above every slot but the previous one's. Without
+    it, every chunk's W ends at dC's end (the stream orders each chunk after the last one's
+    GEMMs), so chunks are twice as wide for the same bytes."""
     end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
     starts = []
     for k, width in enumerate(widths):
-        starts.append(_slot_start(end if k % 2 == 0 else starts[-1], n * width * elt))
+        top = end if k % 2 == 0 or not lookahead else starts[-1]
+        starts.append(_slot_start(top, n * width * elt))
     return starts
 
 
@@ -493,9 +498,10 @@ class Chunk:
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
                   cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None):
-    """The cuBLAS path over its chunks, one chunk of look-ahead: chunk k+1's logits are queued
-    before chunk k's GEMMs, so the GPU keeps working while the host waits for the number of
-    columns the filter kept (it sizes the gathered GEMMs). The filter's sums go straight into
+    """The cuBLAS path over its chunks. Filtered, with one chunk of look-ahead: chunk k+1's
+    logits are queued before chunk k's GEMMs, so the GPU keeps working while the host waits for
+    the number of columns the filter kept (it sizes the gathered GEMMs); exact calls (nothing to
+    wait for) run each chunk's GEMMs right after its kernel, and with tma get wider chunks. The filter's sums go straight into
     whole-vocabulary buffers (g.col_wsum, g.col_keep, g.row_skip): few launches per chunk, since
     with gradient filtering the host's launches, not the GPU, set the pace. With tma, one
     kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
@@ -504,7 +510,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     the first chunk runs as if filtering, then the host reads whether the rest do."""
     n = e.shape[0]
     elt = e.element_size()
-    filtered = decision is not None
+    filtered = lookahead = decision is not None
     row_eps, flat = g.row_eps, None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
     pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
@@ -515,7 +521,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         k.setdefault("GROUP_N", 8)
         k.setdefault("FLATTEN", False)
         persistent = k.pop("PERSISTENT", False)  # one program per SM, looping over the tiles
-        slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt)
+        slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt, lookahead)
         e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
         c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])
     else:
@@ -576,6 +582,9 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                 decide(ch)
             if pending is not None:
                 finish_chunk(e, g, scale, flat, cfg, pending)
+            if not lookahead:
+                finish_chunk(e, g, scale, flat, cfg, ch)
+                continue
         else:
             w_start, x_start, end = slot_offsets(dc_bytes.numel(), n, width, elt)
             x = dc_bytes[x_start:end].view(torch.float32).view(n, width)

@@ -68,8 +68,13 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def target_logit(e, c, bias, targets, softcap):

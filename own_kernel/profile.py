@@ -129,6 +129,13 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15) -> 
           f"{sum(g for g, _ in gaps) / 1e3:.3f} ms in all. Longest:")
     for gap, ev in sorted(gaps, key=lambda x: -x[0])[:top]:
         print(f"  {gap:8.1f} us before {ev['name'][:60]!r} (launched in {launched_by(ev)[:50]!r})")
+    totals: dict = {}
+    for ev in gpu:
+        count, us = totals.get(ev["name"][:60], (0, 0.0))
+        totals[ev["name"][:60]] = (count + 1, us + ev["dur"])
+    print("GPU time by operation (all traced calls):")
+    for name, (count, us) in sorted(totals.items(), key=lambda x: -x[1][1])[:top]:
+        print(f"  {us / 1e3:8.3f} ms {count:5d}x {name!r}")
 
 
 if __name__ == "__main__":

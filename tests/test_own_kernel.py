@@ -96,6 +96,21 @@ def test_lse_gradient_and_module():
     assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
 
 
+@pytest.mark.parametrize("used", ["lse", "loss"])
+def test_gradient_of_one_output_only(used):
+    # The other output gets no gradient (None in the backward), which must count as zero.
+    g = torch.Generator().manual_seed(12)
+    e = torch.randn(11, 16, generator=g).requires_grad_()
+    c = torch.randn(37, 16, generator=g).requires_grad_()
+    t = torch.randint(0, 37, (11,), generator=g)
+    loss, lse = linear_cross_entropy(e, c, t, return_lse=True)
+    (lse.square().mean() if used == "lse" else loss).backward()
+    e2, c2 = e.detach().double().requires_grad_(), c.detach().double().requires_grad_()
+    z = e2 @ c2.T
+    (torch.logsumexp(z, -1).square().mean() if used == "lse" else F.cross_entropy(z, t)).backward()
+    assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
+
+
 def test_filter_skips_tiles_and_stays_close():
     # Flat softmax: every non-target entry is ~1/V, below eps, so most tiles are skipped; the
     # rank-1 compensation keeps the gradient close, the exact path must be exact.
@@ -233,9 +248,10 @@ def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
                                           (8192, 32000, 4096, 2), (1, 7, 16, 2), (4096, 50257, 768, 2)])
 def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
-    # With recompute "tma", chunk k's W is written before chunk k-1's GEMMs, which write
-    # dC[chunk k-1] and read W[k-1]: W[k-1] and W[k] must be disjoint, and no chunk's dC rows may
-    # reach a W slot that is still to be read.
+    # With recompute "tma" and the filter's look-ahead, chunk k's W is written before chunk
+    # k-1's GEMMs, which write dC[chunk k-1] and read W[k-1]: W[k-1] and W[k] must be disjoint,
+    # and no chunk's dC rows may reach a W slot that is still to be read. Exact calls have no
+    # look-ahead: one W at a time, and twice the width for the same bytes.
     import itertools
 
     from own_kernel.backward import chunk_plan, w_slots
@@ -248,16 +264,20 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
         widths = [w for _, w in chunks]
         assert widths == sorted(widths, reverse=True)
         assert all(w % 8 == 0 for w in widths), "TMA row strides are 16-byte multiples"
-        slots = w_slots(widths, v * d * elt, n, elt)
+        slots = w_slots(widths, v * d * elt, n, elt, lookahead=filtered)
         span = [(a, a + n * w * elt) for a, w in zip(slots, widths)]
         assert all(b <= v * d * elt for _, b in span)
         for k, (s, w) in enumerate(chunks):
             dc_end = (s + w) * d * elt
-            live = span[k:k + 2]  # its own W and the look-ahead's
+            live = span[k:k + 2] if filtered else span[k:k + 1]  # its own W and the look-ahead's
             assert all(dc_end <= a for a, _ in live), f"chunk {k}'s dC rows reach a live W"
-            if k:
+            if k and filtered:
                 (a0, b0), (a1, b1) = span[k - 1], span[k]
                 assert b1 <= a0 or b0 <= a1, f"chunks {k - 1} and {k} share W bytes"
+        if not filtered:
+            two_slots = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True,
+                                   filtered=True)
+            assert sum(widths) >= sum(w for _, w, k in two_slots if k == "cublas")
         # W alone (2 of the 6 bytes per entry) covers at least what X and W did
         x_and_w = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, filtered=filtered)
         assert sum(widths) >= sum(w for _, w, k in x_and_w if k == "cublas")
@@ -312,7 +332,8 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
                         "FLATTEN": persistent}}))
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
-    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True)
+    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True,
+                               filtered=filter_eps is not None)
     assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
     assert plan[-1][2] == "fused" and plan[-1][1] % 8, "and a tail (odd width) past dC's space"
     calls = []
@@ -448,8 +469,9 @@ def test_custom_ops_pass_opcheck():
 
 
 def test_works_inside_torch_compile():
-    # aot_eager traces the graph through the ops' fake implementations and runs the real ones:
-    # no code generation, so it runs on the interpreter's CPU.
+    # aot_autograd traces the graph through the ops' fake implementations and runs the real
+    # ones: no code generation, so it runs on the interpreter's CPU. Eager calls take another
+    # route (api._LceRowsEager); both must agree.
     g = torch.Generator().manual_seed(6)
     e = torch.randn(2, 7, 16, generator=g)
     c = torch.randn(31, 16, generator=g)
@@ -462,8 +484,18 @@ def test_works_inside_torch_compile():
     e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
     step(e1, c1).backward()
     e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
-    loss = torch.compile(step, backend="aot_eager", fullgraph=True)(e2, c2)
+    traced = []
+    from torch._dynamo.backends.common import aot_autograd
+
+    def backend(gm, example_inputs):  # what dynamo hands the compiler: the custom op, opaque
+        traced.extend(node.target for node in gm.graph.nodes)
+        from functorch.compile import make_boxed_func
+        run = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))
+        return run(gm, example_inputs)
+
+    loss = torch.compile(step, backend=backend, fullgraph=True)(e2, c2)
     loss.backward()
+    assert torch.ops.own_kernel.lce_rows.default in traced
     ref, er, cr, _ = reference(e, c, t, softcap=20.0, shift=1)
     assert abs(loss.item() - ref.item()) < 1e-5
     assert torch.allclose(e2.grad, e1.grad, atol=1e-6) and torch.allclose(c2.grad, c1.grad, atol=1e-6)
@@ -535,7 +567,8 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     width, in_de = backward.tail_width(n, v, d, 2, cfg)
     assert in_de and width == 2048
     plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
-    assert all(kind == "fused" for _, _, kind in plan) and sum(w for _, w, _ in plan) == v
+    assert all(w >= width for _, w, kind in plan if kind == "cublas")
+    assert sum(w for _, w, _ in plan) == v and plan[-1][2] == "fused"
     narrow = backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width, tma=True)
     assert any(kind == "cublas" and w < width for _, w, kind in narrow)
     # filtered, chunks wide enough to filter stay on the cuBLAS path (the tail does not filter)
