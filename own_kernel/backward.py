@@ -78,7 +78,7 @@ def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
 
 
 def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int,
-               tma: bool = False, filtered: bool = False):
+               tma: bool = False, filtered: bool = False, lookahead: bool | None = None):
     """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's workspace sits at the end of dC,
     its own dC rows at the front of what is unwritten: as wide as both fit (up to
     cublas_max_width columns, or cublas_max_entries / n when that is more), until that falls
@@ -87,7 +87,10 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     filtered, two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
     (filter_max_width, or filter_max_entries / n): the host waits on each one's kept-column
     count and then queues a dozen operations, so each chunk must carry enough GPU work to hide
-    that, or the GPU idles."""
+    that, or the GPU idles. lookahead (tma; default: filtered and the config's filter_lookahead):
+    whether W takes two slots (see w_slots)."""
+    if lookahead is None:
+        lookahead = filtered and cfg.get("filter_lookahead", True)
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row, col = cfg["cublas_align"], d * elt, n * elt
@@ -113,7 +116,7 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
         while v_start < v:
             if not tma:
                 fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (n * (4 + elt) + row)
-            elif not filtered:  # no look-ahead: every chunk's W at the top, one at a time
+            elif not lookahead:  # every chunk's W at the top, one at a time
                 fit = (end - WORKSPACE_ALIGN - v_start * row) // (col + row)
             elif len(plan) % 2 == 0:  # top slot; the next chunk's (no wider) goes right below
                 fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (2 * col + row)
@@ -433,7 +436,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
         if POISON:
             work.fill_(float("nan"))
-    cublas_chunks(cublas_plan, *args, decision if filter_buffers else None, tma, tail, work)
+    cublas_chunks(cublas_plan, *args, decision if filter_buffers else None, tma, tail, work,
+                  lookahead=speculative and cfg.get("filter_lookahead", True))
     if speculative:
         cublas_eps, fused_eps, flat = decision.resolve()
         if cublas_eps is None:
@@ -497,11 +501,13 @@ class Chunk:
 
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
-                  cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None):
-    """The cuBLAS path over its chunks. Filtered, with one chunk of look-ahead: chunk k+1's
+                  cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None,
+                  lookahead=False):
+    """The cuBLAS path over its chunks. lookahead (filtered calls, by default): chunk k+1's
     logits are queued before chunk k's GEMMs, so the GPU keeps working while the host waits for
-    the number of columns the filter kept (it sizes the gathered GEMMs); exact calls (nothing to
-    wait for) run each chunk's GEMMs right after its kernel, and with tma get wider chunks. The filter's sums go straight into
+    the number of columns the filter kept (it sizes the gathered GEMMs); the plan gave W two
+    slots. Otherwise (exact calls: nothing to wait for) each chunk's GEMMs run right after its
+    kernel, and with tma the chunks are wider. The filter's sums go straight into
     whole-vocabulary buffers (g.col_wsum, g.col_keep, g.row_skip): few launches per chunk, since
     with gradient filtering the host's launches, not the GPU, set the pace. With tma, one
     kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
@@ -510,7 +516,8 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     the first chunk runs as if filtering, then the host reads whether the rest do."""
     n = e.shape[0]
     elt = e.element_size()
-    filtered = lookahead = decision is not None
+    filtered = decision is not None
+    lookahead = lookahead and tma
     row_eps, flat = g.row_eps, None
     dc_bytes = g.dc.view(-1).view(torch.uint8)
     pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]

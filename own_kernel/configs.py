@@ -35,6 +35,8 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # filter_min_flops (tma): narrower chunks than 4 N width D = this run exact instead of filtered;
 # filter_min_total_flops: a call whose filtering chunks' dense GEMMs add up to less runs exact.
 # tail_min_width (tma): cuBLAS chunks narrower than the tail's chunk go to the tail instead.
+# filter_lookahead (tma, default True): filtered calls queue chunk k+1's kernel before chunk k's
+# GEMMs (two W slots, so narrower chunks) to hide the wait for chunk k's kept-column count.
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).

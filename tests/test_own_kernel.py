@@ -317,9 +317,11 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
     assert rel(clean[0], e2.grad) < 0.15 and rel(clean[1], c2.grad) < 0.15
 
 
-@pytest.mark.parametrize("filter_eps, subtiles, persistent", [(None, 1, False), (0.03, 2, False),
-                                                              (None, 4, True), (0.03, 4, True)])
-def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles, persistent):
+@pytest.mark.parametrize("filter_eps, subtiles, persistent, lookahead",
+                         [(None, 1, False, True), (0.03, 2, False, True), (None, 4, True, True),
+                          (0.03, 4, True, True), (0.03, 2, True, False)])
+def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles, persistent,
+                                              lookahead):
     # Many narrow tma chunks: their W slots alternate inside dC's unwritten tail while dC fills
     # up (w_slots). dC and the workspaces start as NaN (POISON): a GEMM reading a W slot that a
     # later chunk's dC rows or the look-ahead's W overwrote shows as NaN or as a difference.
@@ -328,6 +330,7 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
 
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
         "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
+        "filter_lookahead": lookahead,
         "dlogits_tma": {"BLOCK_N": 8, "BLOCK_V": 32, "SUBTILES": subtiles, "PERSISTENT": persistent,
                         "FLATTEN": persistent}}))
     n, d, v = 40, 16, 203
