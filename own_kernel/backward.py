@@ -87,10 +87,10 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     filtered, two chunks' W are live at once (the look-ahead; see w_slots). Filtered chunks may be wider
     (filter_max_width, or filter_max_entries / n): the host waits on each one's kept-column
     count and then queues a dozen operations, so each chunk must carry enough GPU work to hide
-    that, or the GPU idles. lookahead (tma; default: filtered and the config's filter_lookahead):
-    whether W takes two slots (see w_slots)."""
+    that, or the GPU idles. lookahead (tma; default: looks_ahead): whether W takes two slots
+    (see w_slots)."""
     if lookahead is None:
-        lookahead = filtered and cfg.get("filter_lookahead", True)
+        lookahead = looks_ahead(n, cfg, filtered)
     plan, v_start = [], 0
     if cublas and n > 0:
         align, row, col = cfg["cublas_align"], d * elt, n * elt
@@ -135,6 +135,13 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     for start in range(v_start, v, fused_width):
         plan.append((start, min(fused_width, v - start), "fused"))
     return plan
+
+
+def looks_ahead(n: int, cfg: dict, filtered: bool) -> bool:
+    """Whether a call's tma chunks look ahead (cublas_chunks): filtered calls, unless the config
+    turns it off (filter_lookahead) or the call has more than filter_lookahead_max_n tokens."""
+    return (filtered and cfg.get("filter_lookahead", True)
+            and n <= cfg.get("filter_lookahead_max_n", n))
 
 
 def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, tma: bool) -> bool:
@@ -437,7 +444,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         if POISON:
             work.fill_(float("nan"))
     cublas_chunks(cublas_plan, *args, decision if filter_buffers else None, tma, tail, work,
-                  lookahead=speculative and cfg.get("filter_lookahead", True))
+                  lookahead=looks_ahead(n, cfg, speculative))
     if speculative:
         cublas_eps, fused_eps, flat = decision.resolve()
         if cublas_eps is None:

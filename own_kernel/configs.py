@@ -36,7 +36,9 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # filter_min_total_flops: a call whose filtering chunks' dense GEMMs add up to less runs exact.
 # tail_min_width (tma): cuBLAS chunks narrower than the tail's chunk go to the tail instead.
 # filter_lookahead (tma, default True): filtered calls queue chunk k+1's kernel before chunk k's
-# GEMMs (two W slots, so narrower chunks) to hide the wait for chunk k's kept-column count.
+# GEMMs (two W slots, so narrower chunks) to hide the wait for chunk k's kept-column count;
+# filter_lookahead_max_n: not with more tokens than this (their chunks are narrow, and wide ones
+# carry enough GPU work to absorb the wait).
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).
@@ -117,6 +119,9 @@ _SM90_16BIT = {
     # (own_kernel/measurements/host-v14/tune-n32768-v32000.txt).
     "min_chunk": 2048,
     "tail_min_width": True,
+    # Filtered lm calls without the look-ahead were faster at N 32768 (V 32000, 128256) and
+    # slower at N 2048 and 8192 (measurements/tune-v15).
+    "filter_lookahead_max_n": 16384,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -254,7 +254,7 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
     # look-ahead: one W at a time, and twice the width for the same bytes.
     import itertools
 
-    from own_kernel.backward import chunk_plan, w_slots
+    from own_kernel.backward import chunk_plan, looks_ahead, w_slots
     from own_kernel.configs import _SM90_16BIT, _INTERPRETER
 
     for cfg, filtered in itertools.product((_INTERPRETER, _SM90_16BIT), (False, True)):
@@ -264,14 +264,15 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
         widths = [w for _, w in chunks]
         assert widths == sorted(widths, reverse=True)
         assert all(w % 8 == 0 for w in widths), "TMA row strides are 16-byte multiples"
-        slots = w_slots(widths, v * d * elt, n, elt, lookahead=filtered)
+        lookahead = looks_ahead(n, cfg, filtered)
+        slots = w_slots(widths, v * d * elt, n, elt, lookahead)
         span = [(a, a + n * w * elt) for a, w in zip(slots, widths)]
         assert all(b <= v * d * elt for _, b in span)
         for k, (s, w) in enumerate(chunks):
             dc_end = (s + w) * d * elt
-            live = span[k:k + 2] if filtered else span[k:k + 1]  # its own W and the look-ahead's
+            live = span[k:k + 2] if lookahead else span[k:k + 1]  # its own W and the look-ahead's
             assert all(dc_end <= a for a, _ in live), f"chunk {k}'s dC rows reach a live W"
-            if k and filtered:
+            if k and lookahead:
                 (a0, b0), (a1, b1) = span[k - 1], span[k]
                 assert b1 <= a0 or b0 <= a1, f"chunks {k - 1} and {k} share W bytes"
         if not filtered:
@@ -584,6 +585,17 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
         plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
         assert all(w >= width for _, w, kind in plan if kind == "cublas") and plan[0][2] == "cublas"
         assert sum(w for _, w, _ in plan) == v
+    # Filtered calls look ahead (two W slots) up to filter_lookahead_max_n tokens; beyond, one
+    # slot and wider chunks.
+    for n, looks in [(8192, True), (32768, False)]:
+        width = backward.tail_width(n, 128256, d, 2, cfg)[0]
+        plan = backward.chunk_plan(n, 128256, d, 2, cfg, True, width, tma=True, filtered=True)
+        two = backward.chunk_plan(n, 128256, d, 2, cfg, True, width, tma=True, filtered=True,
+                                  lookahead=True)
+        assert backward.looks_ahead(n, cfg, True) == looks and (plan == two) == looks
+        if not looks:
+            assert plan[0][1] > two[0][1]
+    assert not backward.looks_ahead(8192, cfg, False)
     assert not backward.filter_can_skip(2048, 32000, 4096, 2, cfg, True, True)
     assert backward.filter_can_skip(2048, 32000, 4096, 2, dict(cfg, filter_min_total_flops=0), True, True)
     assert backward.filter_can_skip(8192, 256000, 2304, 2, cfg, True, True)
