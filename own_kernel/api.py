@@ -86,13 +86,18 @@ def _setup_context(ctx, inputs, output):
     ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
 
 
-def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
+def _input_grads(ctx, grad_loss, grad_lse, rows_backward):
+    """Gradients of lce_rows' nine inputs from those of its (loss, lse) outputs (None: unused)."""
     e, c, targets, bias, lse, p_max = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
-    de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
-                                      *ctx.options)
+    de, dc, dbias = rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
+                                  *ctx.options)
     return de, dc, None, (dbias if bias is not None else None), None, None, None, None, None
+
+
+def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
+    return _input_grads(ctx, grad_loss, grad_lse, lce_rows_backward)
 
 
 lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -101,28 +106,22 @@ lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
 class _LceRowsEager(torch.autograd.Function):
     """lce_rows with its backward for eager calls: the same two passes as the custom ops, called
     directly. The custom ops are what torch.compile sees; eagerly, their dispatch and generated
-    autograd wrapper cost the host about half a millisecond per loss+grad call, which at small
-    shapes is time the GPU waits (own_kernel/measurements/host-v15)."""
+    autograd wrapper cost the host more per call than this Function does, and at small shapes
+    the GPU waits for the host (own_kernel/measurements/host-v15)."""
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
                 filter_min_p_max):
-        loss, lse, p_max = _rows_forward(e, c, targets, bias, ignore_index, softcap,
-                                         label_smoothing)
-        ctx.save_for_backward(e, c, targets, bias, lse, p_max)
-        ctx.mark_non_differentiable(p_max)
+        inputs = (e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
+                  filter_min_p_max)
+        output = _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing)
+        _setup_context(ctx, inputs, output)
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
-        ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
-        return loss, lse, p_max
+        return output
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, grad_p_max):
-        e, c, targets, bias, lse, p_max = ctx.saved_tensors
-        if grad_loss is None:
-            grad_loss = torch.zeros_like(lse)
-        de, dc, dbias = _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
-                                       *ctx.options)
-        return de, dc, None, (dbias if bias is not None else None), None, None, None, None, None
+        return _input_grads(ctx, grad_loss, grad_lse, _rows_backward)
 
 
 # ---- the public function ---------------------------------------------------------------------
