@@ -78,7 +78,8 @@ def chunk_size(n: int, v: int, elt: int, cfg: dict) -> int:
 
 
 def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_width: int,
-               tma: bool = False, filtered: bool = False, lookahead: bool | None = None):
+               tma: bool = False, filtered: bool = False, lookahead: bool | None = None,
+               v_first: int = 0):
     """[(v_start, width, "cublas" | "fused")]. A cuBLAS chunk's workspace sits at the end of dC,
     its own dC rows at the front of what is unwritten: as wide as both fit (up to
     cublas_max_width columns, or cublas_max_entries / n when that is more), until that falls
@@ -88,10 +89,13 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
     (filter_max_width, or filter_max_entries / n): the host waits on each one's kept-column
     count and then queues a dozen operations, so each chunk must carry enough GPU work to hide
     that, or the GPU idles. lookahead (tma; default: looks_ahead): whether W takes two slots
-    (see w_slots)."""
+    (see w_slots). v_first: plan the columns from there on (dC's rows before it are written).
+    The last chunk is split at a multiple of 8 columns: with an unaligned width (V 50257) cuBLAS
+    runs that chunk's GEMMs on pre-Hopper kernels, several times slower
+    (measurements/epilogue-v16/host-n2048v50257.txt)."""
     if lookahead is None:
         lookahead = looks_ahead(n, cfg, filtered)
-    plan, v_start = [], 0
+    plan, v_start = [], v_first
     if cublas and n > 0:
         align, row, col = cfg["cublas_align"], d * elt, n * elt
         # Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
@@ -132,8 +136,11 @@ def chunk_plan(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, fused_
             plan.append((v_start, width, "cublas"))
             below = _slot_start(end if len(plan) % 2 else below, n * width * elt)
             v_start += width
-    for start in range(v_start, v, fused_width):
-        plan.append((start, min(fused_width, v - start), "fused"))
+    aligned_end = v_start + (v - v_start) // 8 * 8
+    for start in range(v_start, aligned_end, fused_width):
+        plan.append((start, min(fused_width, aligned_end - start), "fused"))
+    if aligned_end < v:
+        plan.append((aligned_end, v - aligned_end, "fused"))
     return plan
 
 
@@ -443,8 +450,20 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
         if POISON:
             work.fill_(float("nan"))
+    def replan(v_next):
+        # The filter turned out off after the first chunk: plan the rest as an exact call would
+        # (one W slot, so wider chunks; see cublas_chunks).
+        nonlocal work
+        rest = chunk_plan(n, v, d, e.element_size(), cfg, cublas, fused_width, tma,
+                          lookahead=False, v_first=v_next)
+        LAST_PLAN["plan"] = plan[:1] + rest
+        rest_tail = [(v0, w) for v0, w, kind in rest if kind == "fused"]
+        if rest_tail and work is None:
+            work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
+        return [(v0, w) for v0, w, kind in rest if kind == "cublas"], rest_tail, work
+
     cublas_chunks(cublas_plan, *args, decision if filter_buffers else None, tma, tail, work,
-                  lookahead=looks_ahead(n, cfg, speculative))
+                  lookahead=looks_ahead(n, cfg, speculative), replan=replan if tma else None)
     if speculative:
         cublas_eps, fused_eps, flat = decision.resolve()
         if cublas_eps is None:
@@ -475,11 +494,16 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
         g.de32.stride(0), de.stride(0), de.stride(1), scale_f,
         FILTER=filtered, BLOCK_N=32, BLOCK_D=block_d)
     # What rounding W removed from each column of dC (the chunks that grad_c.py wrote have added
-    # theirs already and zeroed it), and the skip model of the filtered cuBLAS chunks.
+    # theirs already and zeroed it; with tma and col_round off nothing was summed), and the skip
+    # model of the filtered cuBLAS chunks.
+    col_round = not tma or cfg.get("col_round", True)
     if e_skip_mean is None:
-        rank1_dc(g.dc, g.col_round, e_mean, scale_f)
-    else:
+        if col_round:
+            rank1_dc(g.dc, g.col_round, e_mean, scale_f)
+    elif col_round:
         rank1_dc(g.dc, g.col_round, e_mean, scale_f, a2=cublas_skip, x2=e_skip_mean)
+    else:
+        rank1_dc(g.dc, cublas_skip, e_skip_mean, scale_f)
     if bias is not None:
         dbias.copy_(g.col_sum * scale_f)
     del hungry  # held to the end, so it raises the backward's peak whatever phase peaks
@@ -509,7 +533,7 @@ class Chunk:
 
 def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
                   cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None,
-                  lookahead=False):
+                  lookahead=False, replan=None):
     """The cuBLAS path over its chunks. lookahead (filtered calls, by default): chunk k+1's
     logits are queued before chunk k's GEMMs, so the GPU keeps working while the host waits for
     the number of columns the filter kept (it sizes the gathered GEMMs); the plan gave W two
@@ -520,7 +544,9 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     kernel (dlogits_tma.py) recomputes the logits and writes W; otherwise cuBLAS writes fp32 X
     and softmax_grad.py turns it into W. tail (tma only): chunks after those, their W in
     tail_work, without look-ahead (they share it). decision (a FilterDecision, None = exact):
-    the first chunk runs as if filtering, then the host reads whether the rest do."""
+    the first chunk runs as if filtering, then the host reads whether the rest do; when they do
+    not, replan(v_next) -> (chunks, tail, tail_work) gives the rest of the vocabulary's chunks
+    without look-ahead (tma), and the first chunk's GEMMs run at once."""
     n = e.shape[0]
     elt = e.element_size()
     filtered = decision is not None
@@ -535,6 +561,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         k.setdefault("GROUP_N", 8)
         k.setdefault("FLATTEN", False)
         persistent = k.pop("PERSISTENT", False)  # one program per SM, looping over the tiles
+        col_round = cfg.get("col_round", True)
         slots = w_slots([w for _, w in chunks], dc_bytes.numel(), n, elt, lookahead)
         e_desc = TensorDescriptor.from_tensor(e, [k["BLOCK_N"], k["BLOCK_D"]])
         c_desc = TensorDescriptor.from_tensor(c, [k["BLOCK_V"], k["BLOCK_D"]])
@@ -556,8 +583,10 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
     d = e.shape[1]
     min_flops = cfg.get("filter_min_flops", 0)
 
+    todo, num_cublas = list(chunks) + list(tail), len(chunks)
+
     def chunk_filters(i, width):
-        return filtered and (not tma or (i < len(chunks) and 4 * n * width * d >= min_flops))
+        return filtered and (not tma or (i < num_cublas and 4 * n * width * d >= min_flops))
 
     def decide(ch):
         # The first chunk's kernel is queued: the host may wait for the decision now.
@@ -565,10 +594,12 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         cublas_eps, _, flat = decision.resolve()
         if cublas_eps is None:  # nothing skips: the first chunk runs dense
             filtered, ch.num_kept, ch.copied = False, None, None
-    pending = None
-    for i, (v_start, width) in enumerate(list(chunks) + list(tail)):
+    pending, i = None, -1
+    while i + 1 < len(todo):
+        i += 1
+        v_start, width = todo[i]
         if tma:
-            if i < len(chunks):
+            if i < num_cublas:
                 w = dc_bytes[slots[i]:slots[i] + elt * n * width].view(e.dtype).view(n, width)
             else:
                 if pending is not None:  # its W may be in tail_work too
@@ -584,7 +615,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
             LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[grid](
                 e_desc, c_desc, w_desc, *sums, g.col_sum, n, c.shape[0], v_start, width,
                 *softcap_scalars(softcap), float(smooth), D=e.shape[1],
-                DOT_PRECISION=dot_precision(e.dtype), **flags, **k)
+                DOT_PRECISION=dot_precision(e.dtype), COL_ROUND=col_round, **flags, **k)
             if flags["FILTER"]:
                 torch.sum(g.col_keep[v_start:v_start + width], dim=0, keepdim=True,
                           dtype=torch.int32, out=g.kept_count[i:i + 1])
@@ -594,6 +625,13 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
                 count_to_host(ch, g, pinned)
             if i == 0 and filtered:
                 decide(ch)
+                if not filtered and lookahead and replan is not None:
+                    finish_chunk(e, g, scale, flat, cfg, ch)
+                    rest, rest_tail, tail_work = replan(v_start + width)
+                    todo, num_cublas, lookahead = todo[:1] + rest + rest_tail, 1 + len(rest), False
+                    slots = slots[:1] + w_slots([w for _, w in rest], dc_bytes.numel(), n, elt,
+                                                lookahead=False)
+                    continue
             if pending is not None:
                 finish_chunk(e, g, scale, flat, cfg, pending)
             if not lookahead:

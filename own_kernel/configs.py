@@ -39,6 +39,8 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # GEMMs (two W slots, so narrower chunks) to hide the wait for chunk k's kept-column count;
 # filter_lookahead_max_n: not with more tokens than this (their chunks are narrow, and wide ones
 # carry enough GPU work to absorb the wait).
+# col_round (tma, default True): whether dlogits_tma.py sums per column what rounding W removed,
+# for dC's correction through E's mean row (the row sums, for dE's, stay).
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).
@@ -122,6 +124,10 @@ _SM90_16BIT = {
     # Filtered lm calls without the look-ahead were faster at N 32768 (V 32000, 128256) and
     # slower at N 2048 and 8192 (measurements/tune-v15).
     "filter_lookahead_max_n": 16384,
+    # The column sum is the epilogue's most expensive part (measurements/epilogue-v16/
+    # epilogue-*.txt), and it barely changes dC: the final rounding to bf16 dominates dC's error
+    # (epilogue-v16/colround.txt: fp64 simulation on lm inputs, against the naive baseline's).
+    "col_round": False,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -12,6 +12,8 @@ X (4 bytes per entry written, then read back) never exist, so a chunk's workspac
 (2 bytes per entry). The sums the GEMMs will miss are kept exactly as softmax_grad.py keeps them
 (see there): RowRound / ColRound, with FILTER RowWSum / ColWSum / ColKeep, ColSum
 for dbias. Here they are reduced per tile and added with atomics, once per tile of D-deep work.
+ColRound is optional (COL_ROUND; configs.py's col_round): a sum across the tile's rows crosses
+warps through shared memory, the epilogue's most expensive part.
 
 TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores at N and width.
 """
@@ -26,7 +28,7 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                   tanh_scale, softcap_log2e, smooth,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-                  SUB_V: tl.constexpr):
+                  COL_ROUND: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
     # slice's row sums (rounding removed, rounded values of the rows that may skip).
     offs_w = w0 + tl.arange(0, SUB_V)
@@ -41,7 +43,8 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
     W.store([n0, w0], d_used)
     d_used = d_used.to(tl.float32)
     r = d - d_used
-    tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
+    if COL_ROUND:
+        tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
     if HAS_BIAS:
         tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=w_mask)
     row_wsum = tl.zeros_like(lse2)
@@ -70,16 +73,17 @@ def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                tanh_scale, softcap_log2e, smooth,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-               BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
+               COL_ROUND: tl.constexpr, BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
-                          tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
+                          tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                          COL_ROUND, SUB_V)
     r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                             n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start,
                             width, tanh_scale, softcap_log2e, smooth,
-                            HAS_BIAS, HAS_SOFTCAP, FILTER, SUB_V)
+                            HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, SUB_V)
     return r + r1, ws + ws1
 
 
@@ -89,7 +93,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
                            N, V, v_start, width,
                            tanh_scale, softcap_log2e, smooth,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                           FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
+                           FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                            SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
                            D: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -126,23 +130,23 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
             r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                   tanh_scale, softcap_log2e, smooth,
-                                  HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_V)
+                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_V)
         elif SUBTILES == 2:
             r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 2)
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
             r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
                                  n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
                                  v_start, width, tanh_scale, softcap_log2e, smooth,
-                                 HAS_BIAS, HAS_SOFTCAP, FILTER, BLOCK_N, BLOCK_V // 4)
+                                 HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
             r += r1
             ws += ws1
         tl.atomic_add(RowRound + offs_n, r, mask=n_mask)

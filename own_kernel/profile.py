@@ -8,7 +8,7 @@ profiler (nothing is timed here):
 
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
-pace): python -m own_kernel.profile host --n 2048 --v 20000 --softcap 0 [--filter]
+pace): python -m own_kernel.profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
 """
 import argparse
 import cProfile
@@ -33,11 +33,12 @@ def main(argv=None):
     ap.add_argument("--v", type=int, default=256000)
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none (host only)")
     ap.add_argument("--filter", action="store_true", help="filter_eps='auto' (host only)")
+    ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     args = ap.parse_args(argv)
     from suite.inputs import make_inputs
 
-    inp = make_inputs("lm", args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
+    inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
         host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace)

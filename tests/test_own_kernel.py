@@ -234,6 +234,8 @@ def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
         assert [s + w for s, w, _ in plan] == starts[1:] + [v], "chunks tile the vocabulary"
         kinds = [k for _, _, k in plan]
         assert kinds == sorted(kinds), "cuBLAS chunks first, then fused"
+        assert all(w % 8 == 0 for _, w, _ in plan[:-1]) and plan[-1][1] % 8 == v % 8, \
+            "unaligned widths (slow cuBLAS kernels) only for the last V mod 8 columns"
         dc_bytes = v * d * elt
         widths = [w for _, w, k in plan if k == "cublas"]
         assert widths == sorted(widths, reverse=True), "never wider: the look-ahead's X stays off W"
@@ -260,6 +262,7 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
     for cfg, filtered in itertools.product((_INTERPRETER, _SM90_16BIT), (False, True)):
         plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True, filtered=filtered)
         assert [s + w for s, w, _ in plan] == [s for s, _, _ in plan][1:] + [v]
+        assert all(w % 8 == 0 for _, w, _ in plan[:-1]) and plan[-1][1] % 8 == v % 8
         chunks = [(s, w) for s, w, k in plan if k == "cublas"]
         widths = [w for _, w in chunks]
         assert widths == sorted(widths, reverse=True)
@@ -318,11 +321,13 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
     assert rel(clean[0], e2.grad) < 0.15 and rel(clean[1], c2.grad) < 0.15
 
 
-@pytest.mark.parametrize("filter_eps, subtiles, persistent, lookahead",
-                         [(None, 1, False, True), (0.03, 2, False, True), (None, 4, True, True),
-                          (0.03, 4, True, True), (0.03, 2, True, False)])
+@pytest.mark.parametrize("filter_eps, subtiles, persistent, lookahead, col_round",
+                         [(None, 1, False, True, True), (0.03, 2, False, True, True),
+                          (None, 4, True, True, True), (0.03, 4, True, True, True),
+                          (0.03, 2, True, False, True), (None, 4, True, True, False),
+                          (0.03, 4, True, True, False)])
 def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles, persistent,
-                                              lookahead):
+                                              lookahead, col_round):
     # Many narrow tma chunks: their W slots alternate inside dC's unwritten tail while dC fills
     # up (w_slots). dC and the workspaces start as NaN (POISON): a GEMM reading a W slot that a
     # later chunk's dC rows or the look-ahead's W overwrote shows as NaN or as a difference.
@@ -331,7 +336,7 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
 
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
         "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
-        "filter_lookahead": lookahead,
+        "filter_lookahead": lookahead, "col_round": col_round,
         "dlogits_tma": {"BLOCK_N": 8, "BLOCK_V": 32, "SUBTILES": subtiles, "PERSISTENT": persistent,
                         "FLATTEN": persistent}}))
     n, d, v = 40, 16, 203
@@ -340,13 +345,17 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
                                filtered=filter_eps is not None)
     assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
     assert plan[-1][2] == "fused" and plan[-1][1] % 8, "and a tail (odd width) past dC's space"
-    calls = []
+    calls, col_rounds = [], []
     # With tma, the tail runs dlogits_tma.py too, its W in the fused path's workspace.
     monkeypatch.setattr(backward, "cce_softmax_grad_kernel", None)  # must not be used
     monkeypatch.setattr(backward, "cce_dlogits_kernel", None)
     real = backward.cce_dlogits_tma_kernel
-    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel",
-                        type("Spy", (), {"__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
+    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        calls.append(grid) or (lambda *a, **k: col_rounds.append(k["COL_ROUND"]) or real[grid](*a, **k)))})())
+    # Without the column rounding sums an exact call adds no rank-1 correction to dC.
+    real_rank1 = backward.rank1_dc
+    rank1 = []
+    monkeypatch.setattr(backward, "rank1_dc", lambda *a, **k: rank1.append(a) or real_rank1(*a, **k))
 
     def grads(poison):
         monkeypatch.setattr(backward, "POISON", poison)
@@ -356,6 +365,8 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
 
     clean, poisoned = grads(False), grads(True)
     assert len(calls) == 2 * len(plan), "every chunk, the tail's too, runs the tma kernel"
+    assert set(col_rounds) == {col_round}
+    assert len(rank1) == 2 * (col_round or filter_eps is not None)
     assert all(torch.isfinite(x).all() for x in poisoned)
     assert all(torch.equal(a, b) for a, b in zip(clean, poisoned))
     ref, e2, c2, _ = reference(e, c, t)
@@ -557,6 +568,14 @@ def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, fi
     assert (max(errs) > 1e-6) == filters, errs
     if not filters:
         assert max(errs) < 1e-6 and backward.LAST_PLAN["kept_count"] is None
+        # past the first chunk, the plan an exact call has from there: one W slot, no look-ahead
+        cfg = backward.config_for(e.device, e.dtype)
+        plan = backward.LAST_PLAN["plan"]
+        assert plan[1:] == backward.chunk_plan(
+            n, v, d, 4, cfg, True, backward.tail_width(n, v, d, 4, cfg)[0], tma=True,
+            lookahead=False, v_first=plan[0][1])
+        assert plan != backward.chunk_plan(n, v, d, 4, cfg, True, backward.tail_width(n, v, d, 4, cfg)[0],
+                                           tma=True, filtered=True), "the test needs a different plan"
 
 
 def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
