@@ -52,6 +52,8 @@ def main(argv=None):
                     help="JSON list of config overrides timed for exact fwd+bwd (default: BWD)")
     ap.add_argument("--filter", type=json.loads, default=FILTER,
                     help="JSON list of config overrides timed filtered (default: FILTER)")
+    ap.add_argument("--fwd", type=json.loads, default=None,
+                    help="JSON list of config overrides timed for the forward (default: FWD)")
     ap.add_argument("--dists", default="uniform,lm", help="input distributions of the filtered runs")
     args = ap.parse_args(argv)
     args.softcap = args.softcap or None
@@ -97,7 +99,8 @@ def main(argv=None):
     def fwd_checked(softcap=args.softcap):
         return forward(e, c, None, t, softcap, 0.0, -100, config_for(dev, e.dtype))
 
-    for k in ([] if args.no_fwd_variants else FWD) + [{}]:
+    fwd_variants = args.fwd if args.fwd is not None else ([] if args.no_fwd_variants else FWD)
+    for k in fwd_variants + [{}]:
         os.environ["CCE_OWN_CONFIG"] = json.dumps(k)
         try:
             err = (fwd_checked()[1][rows] - lse_ref).abs().max().item()
