@@ -12,6 +12,8 @@ from own_kernel.forward import num_sms, dot_precision
 from own_kernel.tile import softcap_scalars
 import os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "dlogits_tma_diag.py")):
+    import make_diag  # noqa: F401  (writes it)
 import dlogits_tma_diag as scratch_dlv  # ran as scratch_dlv.py next to this script
 
 n, d, width, chunks = (int(x) for x in sys.argv[1:5])
