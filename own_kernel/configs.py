@@ -39,6 +39,7 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # GEMMs (two W slots, so narrower chunks) to hide the wait for chunk k's kept-column count;
 # filter_lookahead_max_n: not with more tokens than this (their chunks are narrow, and wide ones
 # carry enough GPU work to absorb the wait).
+# fwd_l2_mib (default 0 = off): L2 bytes for E's row blocks in the forward; see split_plan.
 # col_round (tma, default True): whether dlogits_tma.py sums per column what rounding W removed,
 # for dC's correction through E's mean row (the row sums, for dE's, stay).
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
@@ -128,6 +129,11 @@ _SM90_16BIT = {
     # epilogue-*.txt), and it barely changes dC: the final rounding to bf16 dominates dC's error
     # (epilogue-v16/colround.txt: fp64 simulation on lm inputs, against the naive baseline's).
     "col_round": False,
+    # The forward's resident programs read at most this many MiB of E's row blocks (forward.py's
+    # split_plan): at N 32768 all-row-blocks order read 19 GB from DRAM per call against 1.7 GB
+    # with 24 (measurements/fwd-l2-v17: ncu); 24 was the fastest of 16..40 at six of seven
+    # shapes from N 2048 to 32768, 3 % behind 32 at the seventh.
+    "fwd_l2_mib": 24,
 }
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers/shared memory).

@@ -18,12 +18,12 @@ import triton.language as tl
 from own_kernel.forward_tma import cce_fwd_tma_kernel
 from own_kernel.lse_combine import cce_lse_combine_kernel
 from own_kernel.target import cce_target_logit_kernel
-from own_kernel.tile import logit_tile, lse_tile_update, softcap_scalars
+from own_kernel.tile import logit_tile, lse_tile_update, row_block_and_split, softcap_scalars
 
 
 @triton.jit
 def cce_fwd_kernel(E, C, Bias, Part,
-                   N, V, D, v_per_split, plane,
+                   N, V, D, v_per_split, plane, splits, group_rows,
                    stride_en, stride_ed, stride_cv, stride_cd,
                    tanh_scale, softcap_log2e,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
@@ -31,8 +31,7 @@ def cce_fwd_kernel(E, C, Bias, Part,
                    FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
-    nb = pid % num_nb
-    split = pid // num_nb
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     v_start = split * v_per_split
@@ -92,14 +91,17 @@ def target_logit(e, c, bias, targets, softcap):
 
 
 @functools.lru_cache(maxsize=256)
-def balanced_splits(num_nb: int, num_tiles: int, slots: int) -> int:
-    """Vocabulary splits per row block. Every program of a split streams the same number of
-    tiles, so the GPU runs them in waves of `slots` (resident programs); a last wave that is
-    partly empty idles the rest of the GPU for a whole program's time (Gemma 2 (2B) on 132 SMs:
-    64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose simulated
-    makespan (tiles, plus one tile of per-program overhead) is least; fewer splits on ties."""
-    best, best_time = 1, None
-    for splits in range(1, min(num_tiles, max(1, 8 * slots // num_nb + 2)) + 1):
+def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1) -> int:
+    """Vocabulary splits per row block (at least min_splits). Every program of a split streams
+    the same number of tiles, so the GPU runs them in waves of `slots` (resident programs); a
+    last wave that is partly empty idles the rest of the GPU for a whole program's time (Gemma 2
+    (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose
+    simulated makespan (tiles, plus one tile of per-program overhead) is least; fewer splits on
+    ties."""
+    lo = max(1, min(min_splits, num_tiles))
+    hi = max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2)))
+    best, best_time = lo, None
+    for splits in range(lo, hi + 1):
         per = triton.cdiv(num_tiles, splits)
         lengths = [min(per, num_tiles - k * per) + 1 for k in range(triton.cdiv(num_tiles, per))]
         free = [0] * slots  # list scheduling in launch order, as the hardware dispatches
@@ -111,6 +113,30 @@ def balanced_splits(num_nb: int, num_tiles: int, slots: int) -> int:
         if best_time is None or time < best_time * 0.995:
             best, best_time = splits, time
     return best
+
+
+def split_plan(n: int, v: int, d: int, elt: int, cfg: dict, slots: int) -> tuple[int, int]:
+    """(vocabulary splits, row blocks per launch group) of the forward's grid. Each program
+    re-reads its E block (BLOCK_N x D) for every C tile. With many row blocks resident at once
+    (N 32768: 132 blocks of 128 x 2304 = 78 MB) those blocks do not fit in L2 and come from DRAM
+    on every tile; fwd_l2_mib bounds the E bytes the resident programs share: at least enough
+    splits that slots / splits row blocks fit, launched in groups of that many row blocks
+    (tile.py's row_block_and_split)."""
+    k = cfg["fwd"]
+    num_nb, num_tiles = triton.cdiv(n, k["BLOCK_N"]), max(1, triton.cdiv(v, k["BLOCK_V"]))
+    e_block = k["BLOCK_N"] * d * elt
+    budget = cfg.get("fwd_l2_mib", 0) * 2**20
+    min_splits = 1
+    if budget and min(num_nb, slots) * e_block > budget:
+        min_splits = triton.cdiv(slots, max(1, int(budget // e_block)))
+    if cfg.get("fwd_balance", True):
+        splits = balanced_splits(num_nb, num_tiles, slots, min_splits)
+    else:  # enough splits to fill the GPU `waves` times
+        splits = max(1, min(triton.cdiv(cfg["waves"] * slots, num_nb), num_tiles))
+    v_per_split = triton.cdiv(num_tiles, splits) * k["BLOCK_V"]
+    splits = max(1, triton.cdiv(v, v_per_split))  # no empty split
+    group_rows = num_nb if min_splits == 1 else min(num_nb, triton.cdiv(slots, splits))
+    return splits, group_rows
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -136,12 +162,8 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
     tma = k.pop("TMA", False) and v > 0 and tma_ready(e) and tma_ready(c)
     slots = k.pop("SLOTS_PER_SM", 1) * num_sms(e.device)
     num_nb, num_tiles = triton.cdiv(n, bn), max(1, triton.cdiv(v, bv))
-    if cfg.get("fwd_balance", True):
-        splits = balanced_splits(num_nb, num_tiles, slots)
-    else:  # enough splits to fill the GPU `waves` times
-        splits = max(1, min(triton.cdiv(cfg["waves"] * slots, num_nb), num_tiles))
+    splits, group_rows = split_plan(n, v, d, e.element_size(), cfg, slots)
     v_per_split = triton.cdiv(num_tiles, splits) * bv
-    splits = max(1, triton.cdiv(v, v_per_split))
     part = torch.empty((3 if need_zsum else 2, splits, n), device=e.device, dtype=torch.float32)
     common = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
                   NEED_ZSUM=need_zsum, DOT_PRECISION=dot_precision(e.dtype), **k)
@@ -151,12 +173,12 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
         bd = k["BLOCK_D"]
         LAST_COMPILED["fwd"] = cce_fwd_tma_kernel[(num_nb * splits,)](
             TensorDescriptor.from_tensor(e, [bn, bd]), TensorDescriptor.from_tensor(c, [bv, bd]),
-            bias if bias is not None else e, part, n, v, v_per_split, splits * n,
+            bias if bias is not None else e, part, n, v, v_per_split, splits * n, splits, group_rows,
             *softcap_scalars(softcap), D=d, **common)
     else:
         LAST_COMPILED["fwd"] = cce_fwd_kernel[(num_nb * splits,)](
             e, c, bias if bias is not None else e, part,
-            n, v, d, v_per_split, splits * n,
+            n, v, d, v_per_split, splits * n, splits, group_rows,
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
             *softcap_scalars(softcap), **common)
     z_target = target_logit(e, c, bias, targets, softcap)

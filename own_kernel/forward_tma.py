@@ -13,20 +13,19 @@ inputs take the pointer kernel).
 import triton
 import triton.language as tl
 
-from own_kernel.tile import lse_tile_update
+from own_kernel.tile import lse_tile_update, row_block_and_split
 
 
 @triton.jit
 def cce_fwd_tma_kernel(E, C, Bias, Part,
-                       N, V, v_per_split, plane,
+                       N, V, v_per_split, plane, splits, group_rows,
                        tanh_scale, softcap_log2e,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
-    nb = pid % num_nb  # row blocks vary fastest: resident programs share C tiles through L2
-    split = pid // num_nb
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
     n0 = nb * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     v_start = split * v_per_split

@@ -33,6 +33,19 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
 
 
 @triton.jit
+def row_block_and_split(pid, num_nb, splits, group_rows):
+    # Launch order: groups of group_rows row blocks, every split of a group before the next
+    # group, row blocks fastest inside it. The programs resident at once then share C tiles
+    # (same split) and E blocks (same group) through L2; group_rows = num_nb is plain
+    # row-blocks-fastest order.
+    in_group = group_rows * splits
+    first = (pid // in_group) * group_rows
+    rows = tl.minimum(num_nb - first, group_rows)
+    local = pid % in_group
+    return first + local % rows, local // rows
+
+
+@triton.jit
 def lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
                     HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr):
     # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the

@@ -196,6 +196,35 @@ def test_bad_input_names_the_argument(kwargs, match):
         linear_cross_entropy(args["e"], args["c"], args["targets"], **kwargs)
 
 
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("l2_rows", [1, 2, 3])
+def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
+    # fwd_l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
+    # blocks (the last group partial); every (row block, split) must still run exactly once.
+    import json
+
+    from own_kernel.configs import config_for
+    from own_kernel.forward import num_sms, split_plan
+
+    n, d, v = 100, 24, 300
+    cfg = config_for(torch.device("cpu"), torch.float32)
+    e_block = cfg["fwd"]["BLOCK_N"] * d * 4
+    override = {"fwd_l2_mib": l2_rows * e_block / 2**20, "fwd": {"TMA": tma}}
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
+    cfg = config_for(torch.device("cpu"), torch.float32)
+    slots = num_sms(torch.device("cpu"))
+    splits, group_rows = split_plan(n, v, d, 4, cfg, slots)
+    assert splits >= -(-slots // l2_rows) and group_rows <= -(-slots // splits)
+    assert group_rows < -(-n // cfg["fwd"]["BLOCK_N"])  # the grouped order is what runs
+    g = torch.Generator().manual_seed(5)
+    e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    loss, lse = linear_cross_entropy(e, c, t, reduction="none", return_lse=True)
+    z = e.double() @ c.double().T
+    assert torch.allclose(lse.double(), torch.logsumexp(z, 1), atol=1e-4)
+    assert torch.allclose(loss.double(), F.cross_entropy(z, t, reduction="none"), atol=1e-4)
+
+
 @pytest.mark.parametrize("recompute", ["tma", "cublas", "triton"])
 @pytest.mark.parametrize("dtype, softcap, has_bias", [(torch.float32, 30.0, True), (torch.float16, None, False)])
 def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, softcap, has_bias):
