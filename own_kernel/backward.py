@@ -169,10 +169,12 @@ def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: dict, cublas: bool, t
 def tail_width(n: int, v: int, d: int, elt: int, cfg: dict) -> tuple[int, bool]:
     """The fused path's (with tma: the tail's) chunk width, and whether its workspace is dE's
     output buffer (free until the end): it is when that holds at least 3/4 of chunk_size;
-    narrower chunks would re-read the fp32 accumulator too often."""
+    narrower chunks would re-read the fp32 accumulator too often. In dE's buffer the chunks take
+    all of it, even past chunk_size (many tokens: N 32768, D 2304 gives 2304 columns against
+    2048), since each chunk reads and writes the whole fp32 accumulator once."""
     bv = cfg["dlogits"]["BLOCK_V"]
     width = chunk_size(n, v, elt, cfg)
-    de_width = min(d // bv * bv, width)
+    de_width = min(d // bv * bv, triton.cdiv(v, bv) * bv)
     if de_width >= max(bv, 3 * width // 4):
         return de_width, True
     return width, False

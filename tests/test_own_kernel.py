@@ -617,7 +617,9 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     cfg = dict(_SM90_16BIT)
     n, d, v = 32768, 2304, 32000
     width, in_de = backward.tail_width(n, v, d, 2, cfg)
-    assert in_de and width == 2048
+    assert in_de and width == 2304  # all of dE's buffer (chunk_size would be 2048)
+    assert backward.tail_width(n, v, 4096, 2, cfg) == (4096, True)
+    assert backward.tail_width(n, 1000, d, 2, cfg) == (1024, True)  # never much wider than V
     plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
     assert all(w >= width for _, w, kind in plan if kind == "cublas")
     assert sum(w for _, w, _ in plan) == v and plan[-1][2] == "fused"
