@@ -258,6 +258,26 @@ def remeasured(run_dir, first_env: dict) -> str:
     return "; ".join(f"{', '.join(sorted(ps))} at {key}" for key, ps in sorted(by_session.items()))
 
 
+def remeasured_train(run_dir, chosen: list[dict]) -> str:
+    """' Re-measured since: ...' for the chosen training rows of run_dir that a later session
+    wrote (its env-<k>.json has their run_id): '' when none did."""
+    from suite.reproduce import read_envs
+
+    envs = read_envs(run_dir)
+    later = {e.get("run_id"): e for e in envs[1:] if e.get("run_id")}
+    by_session: dict[str, set] = {}
+    for row in chosen:
+        env = later.get(row.get("run_id"))
+        if env is None or row.get("source") != Path(run_dir).as_posix():
+            continue
+        key = f"commit {(env.get('git_commit') or 'unknown')[:10]}, {env.get('date', '')[:10]}"
+        by_session.setdefault(key, set()).add(row["backend"])
+    if not by_session:
+        return ""
+    return " Re-measured since: " + "; ".join(
+        f"{', '.join(sorted(bs))} at {key}" for key, bs in sorted(by_session.items())) + "."
+
+
 def render(run_dir) -> str:
     run_dir = Path(run_dir)
     rows = read_rows(run_dir)
@@ -463,7 +483,8 @@ def render_train(run_dirs) -> str:
         "starts from the random init (a nearly flat softmax), where gradient filtering "
         "(apple_cce, own_filter) skips more of the backward than in a trained model; the "
         "convergence table's tokens/s is the fairer number for them.",
-        "\n".join(f"- `{d.as_posix()}`: {env_line(d) or 'no env.json'}" for d in run_dirs)]
+        "\n".join(f"- `{d.as_posix()}`: {env_line(d) or 'no env.json'}"
+                  + remeasured_train(d, bench + conv) for d in run_dirs)]
     key = [k for k in results.TRAIN_BENCH_KEY if k != "backend"]
     settings = _by_setting(bench, key)
     if not settings:

@@ -54,9 +54,11 @@ Isolation: jobs run in one worker subprocess (``python -m suite.train --worker``
 a time; a job that kills the process or its CUDA context (segfault, illegal address) is recorded
 as ``crashed`` and a fresh worker takes the remaining jobs. ``--in-process`` skips this.
 
-Files written into ``--out`` (8 at most): ``env.json``, ``train_bench.csv``,
-``train_curves.csv``, ``train_convergence.csv``, ``train_bench.{png,pdf}``,
-``train_convergence.{png,pdf}``.
+Files written into ``--out``: ``env.json``, ``train_bench.csv``, ``train_curves.csv``,
+``train_convergence.csv``, ``train_bench.{png,pdf}``, ``train_convergence.{png,pdf}``. Run again
+into the same folder (e.g. ``--backends own`` after a kernel change), the CSVs get the new rows
+appended (readers take each backend's latest) and the session's environment goes to
+``env-<k>.json``.
 
 train_bench.csv columns (BENCH_FIELDS):
   run_id, timestamp, device      the run and the device it was measured on
@@ -842,10 +844,19 @@ def _device_name(dev):
 
 
 class CsvAppender:
-    """Append rows to a CSV as they come (a killed run keeps what it measured)."""
+    """Append rows to a CSV as they come (a killed run keeps what it measured). An existing file
+    with the same columns is appended to (a later session re-measuring some backends keeps the
+    earlier rows; readers take each backend's latest); one with other columns is an error."""
 
     def __init__(self, path: Path, fields):
         self.path, self.fields = path, fields
+        if path.exists() and path.stat().st_size:
+            with open(path, newline="") as f:
+                header = next(csv.reader(f), [])
+            if header != list(fields):
+                raise ValueError(f"{path}: its columns are not this version's ({', '.join(fields)}); "
+                                 f"move it aside or pick another --out")
+            return
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fields).writeheader()
 
@@ -1137,10 +1148,16 @@ def main(args) -> int:
     deadline = t0 + args.budget_s
     runner = InProcessRunner() if args.in_process else IsolatedRunner()
     env = runner.run({"kind": "env", "device": args.device}, timeout_s=120)
-    common = {"run_id": out.name, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    common = {"run_id": f"{out.name}-{stamp.replace(':', '')}", "timestamp": stamp,
               "device": env.get("device_name", "unknown")}
-    (out / "env.json").write_text(json.dumps(
-        {**env.get("env", {"error": env.get("error")}),
+    # A folder measured again (some backends, a later commit) keeps the first session's
+    # env.json; each later session's goes to env-<k>.json, its run_id tying it to its rows.
+    env_path, session = out / "env.json", 2
+    while env_path.exists():
+        env_path, session = out / f"env-{session}.json", session + 1
+    env_path.write_text(json.dumps(
+        {**env.get("env", {"error": env.get("error")}), "run_id": common["run_id"],
          "train_args": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}},
         indent=2, default=str))
     est = estimate_seconds(args)

@@ -324,6 +324,25 @@ def test_cli_end_to_end_cpu(tmp_path):
     assert len(curves) == 3 * 30  # naive, its rerun, chunked
     env = json.loads((out / "env.json").read_text())
     assert env["train_args"]["steps"] == 30
+    # Measured again into the same folder: earlier rows and env.json stay, the new rows are
+    # appended, the session's environment is env-2.json, and the report says who was re-measured.
+    assert tr.main(parse(TINY_ARGS + ["--out", str(out), "--vocab", "97", "--mode", "bench",
+                                      "--backends", "naive"])) == 0
+    again = list(csv.DictReader(open(out / "train_bench.csv")))
+    assert again[:6] == bench and len(again) == 7 and again[6]["backend"] == "naive"
+    env2 = json.loads((out / "env-2.json").read_text())
+    assert env2["run_id"] == again[6]["run_id"] != bench[0]["run_id"]
+    assert json.loads((out / "env.json").read_text()) == env
+    from suite.report import render_train
+    assert "Re-measured since: naive at commit" in render_train([out])
+
+
+def test_train_csv_with_other_columns_is_not_overwritten(tmp_path):
+    path = tmp_path / "train_bench.csv"
+    path.write_text("run_id,backend\nold,naive\n")
+    with pytest.raises(ValueError, match="columns"):
+        tr.CsvAppender(path, tr.BENCH_FIELDS)
+    assert path.read_text() == "run_id,backend\nold,naive\n"
 
 
 def test_replot_draws_from_the_csvs_through_suite_plots(tmp_path):
