@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from own_kernel.backward import HostScalar, backward as _backward
+from own_kernel.backward import HostScalar, backward as _backward, tail_width
 from own_kernel.check_targets import cce_check_targets_kernel
 from own_kernel.configs import config_for
 from own_kernel.forward import forward as _forward
@@ -35,20 +35,23 @@ def _check_runnable(device: torch.device) -> None:
 @torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: float, label_smoothing: float, filter_eps: float,
-             filter_min_p_max: float) -> tuple[Tensor, Tensor, Tensor]:
+             filter_min_p_max: float, ignored_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(loss per row, lse per row, largest probability per row) for 2-D e; ignored rows have
-    loss 0. softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
+    loss 0, and lse +inf unless ignored_lse (then the forward skips their logits where it can).
+    softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
     probability is >= filter_min_p_max (both only affect the backward)."""
-    return _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing)
+    return _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing, ignored_lse)
 
 
-def _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing):
+def _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing, ignored_lse):
     cfg = config_for(e.device, e.dtype)
-    return _forward(e, c, bias, targets, softcap or None, label_smoothing, ignore_index, cfg)
+    return _forward(e, c, bias, targets, softcap or None, label_smoothing, ignore_index, cfg,
+                    skip_ignored=not ignored_lse)
 
 
 @lce_rows.register_fake
-def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max):
+def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
+      ignored_lse):
     n = e.shape[0]
     return tuple(e.new_empty(n, dtype=torch.float32) for _ in range(3))
 
@@ -63,12 +66,35 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
 
 
 def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
-                   label_smoothing, filter_eps, filter_min_p_max):
-    row_weight = torch.where(targets != ignore_index, grad_loss.float(), 0.0)
-    de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight,
-                              grad_lse.float() if grad_lse is not None else None,
-                              softcap or None, label_smoothing,
-                              filter_eps if filter_eps >= 0 else None, filter_min_p_max)
+                   label_smoothing, filter_eps, filter_min_p_max, num_used=None):
+    """dE, dC, dbias (empty without bias). num_used: the number of targets that are not
+    ignore_index, when the host knows it already (else it is read here, when it matters)."""
+    options = (softcap or None, label_smoothing, filter_eps if filter_eps >= 0 else None,
+               filter_min_p_max)
+    used = targets != ignore_index
+    row_weight = torch.where(used, grad_loss.float(), 0.0)
+    n = e.shape[0]
+    rows = None
+    if grad_lse is None and n:  # an lse gradient reaches ignored rows too: nothing to drop
+        if num_used is None:
+            num_used = int(used.sum())
+        if compaction_pays(n, num_used, c.shape[0], e.shape[1], e.element_size(),
+                           config_for(e.device, e.dtype)):
+            # Rows with no gradient, out of the backward: gather the used ones (no host sync:
+            # nonzero_static's size is known) and scatter their dE back.
+            rows = torch.nonzero_static(used, size=num_used).squeeze(1)
+    if rows is None:
+        de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight,
+                                  grad_lse.float() if grad_lse is not None else None, *options)
+    elif num_used == 0:
+        de, dc = torch.zeros_like(e), torch.zeros_like(c)
+        dbias = torch.zeros_like(bias) if bias is not None else None
+    else:
+        e_used = e.index_select(0, rows)
+        de_used, dc, dbias = _backward(e_used, c, bias, targets[rows], lse[rows], p_max[rows],
+                                       row_weight[rows], None, *options, de_out=e_used)
+        del e_used  # dE's rows may have been written into its buffer
+        de = torch.zeros_like(e).index_copy_(0, rows, de_used)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -79,21 +105,39 @@ def _(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softca
         torch.empty_like(bias) if bias is not None else e.new_empty(0))
 
 
+def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict) -> bool:
+    """Whether the backward runs on the used rows only. Their gathered E costs memory the full
+    call does not have, while the full call holds an fp32 dE accumulator for every row: drop
+    rows when that leaves the peak no higher, and when enough are dropped to outweigh the
+    gather (compact_max_used)."""
+    if num_used == 0:
+        return True
+    if num_used > cfg.get("compact_max_used", 15 / 16) * n:
+        return False
+    # Peak bytes in units of one dE row. Full call: fp32 accumulator (2) and dE (1) per row.
+    # Used rows only: gathered E (1) and accumulator (2) per used row, and their dE (1) unless
+    # it goes into the gathered E's buffer (it cannot when the backward's tail works in dE's,
+    # tail_width); then the full dE (1 per row) beside the used rows' dE.
+    in_de = tail_width(num_used, v, d, elt, cfg)[1]
+    peak_used = max((4 if in_de else 3) * num_used, n + num_used)
+    return peak_used <= 3 * n
+
+
 def _setup_context(ctx, inputs, output):
-    e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max = inputs
+    e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max, _ = inputs
     ctx.save_for_backward(e, c, targets, bias, output[1], output[2])
     ctx.mark_non_differentiable(output[2])
     ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
 
 
-def _input_grads(ctx, grad_loss, grad_lse, rows_backward):
-    """Gradients of lce_rows' nine inputs from those of its (loss, lse) outputs (None: unused)."""
+def _input_grads(ctx, grad_loss, grad_lse, rows_backward, **kw):
+    """Gradients of lce_rows' ten inputs from those of its (loss, lse) outputs (None: unused)."""
     e, c, targets, bias, lse, p_max = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
     de, dc, dbias = rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
-                                  *ctx.options)
-    return de, dc, None, (dbias if bias is not None else None), None, None, None, None, None
+                                  *ctx.options, **kw)
+    return (de, dc, None, (dbias if bias is not None else None)) + (None,) * 6
 
 
 def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
@@ -107,21 +151,25 @@ class _LceRowsEager(torch.autograd.Function):
     """lce_rows with its backward for eager calls: the same two passes as the custom ops, called
     directly. The custom ops are what torch.compile sees; eagerly, their dispatch and generated
     autograd wrapper cost the host more per call than this Function does, and at small shapes
-    the GPU waits for the host (own_kernel/measurements/host-v15)."""
+    the GPU waits for the host (own_kernel/measurements/host-v15). counts: the targets' check
+    and count (_check_and_count_targets), read on the host by the time the backward runs."""
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
-                filter_min_p_max):
+                filter_min_p_max, ignored_lse, counts):
         inputs = (e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
-                  filter_min_p_max)
-        output = _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing)
+                  filter_min_p_max, ignored_lse)
+        output = _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing,
+                               ignored_lse)
         _setup_context(ctx, inputs, output)
+        ctx.counts = counts
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
         return output
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, grad_p_max):
-        return _input_grads(ctx, grad_loss, grad_lse, _rows_backward)
+        num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
+        return _input_grads(ctx, grad_loss, grad_lse, _rows_backward, num_used=num_used) + (None,)
 
 
 # ---- the public function ---------------------------------------------------------------------
@@ -171,9 +219,9 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
 
 
 def _check_and_count_targets(targets: Tensor, v: int, ignore_index: int):
-    """(check, count): whether any target is outside [0, V) and not ignore_index, copied to the
-    host without waiting, and the number of targets that are not ignore_index (a 0-d fp32 device
-    tensor). The check is queued before the forward and read after it is queued (its kernels
+    """(check, count): [whether any target is outside [0, V) and not ignore_index, how many are
+    not ignore_index], copied to the host without waiting (HostScalar; the backward reads the
+    count there), and that count as a 0-d fp32 device tensor (the mean's divisor). The check is queued before the forward and read after it is queued (its kernels
     mask such targets): the host then waits for this small kernel only, not for the forward,
     and runs on into the backward's launches while the GPU computes."""
     if torch.compiler.is_compiling() or not targets.numel():
@@ -181,11 +229,11 @@ def _check_and_count_targets(targets: Tensor, v: int, ignore_index: int):
         return None, (targets != ignore_index).sum()
     out = torch.empty(2, device=targets.device, dtype=torch.float32)
     cce_check_targets_kernel[(1,)](targets, out, targets.numel(), v, int(ignore_index), BLOCK=1024)
-    return HostScalar(out[:1]), out[1]
+    return HostScalar(out), out[1]
 
 
 def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ignore_index: int):
-    if check is not None and float(check):
+    if check is not None and check.values()[0]:
         bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
         first = targets[bad][0].item()
         raise ValueError(f"targets: value {first} is outside [0, {v}) and is not "
@@ -225,10 +273,12 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
     t2 = targets.reshape(-1).to(torch.int64)
     check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
-    rows = lce_rows if torch.compiler.is_compiling() else _LceRowsEager.apply
-    loss_rows, lse, _ = rows(e2, c, t2, bias, int(ignore_index), float(softcap or 0.0),
-                             float(label_smoothing),
-                             -1.0 if filter_eps is None else float(filter_eps), min_p_max)
+    args = (e2, c, t2, bias, int(ignore_index), float(softcap or 0.0), float(label_smoothing),
+            -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse))
+    if torch.compiler.is_compiling():
+        loss_rows, lse, _ = lce_rows(*args)
+    else:
+        loss_rows, lse, _ = _LceRowsEager.apply(*args, check)
     _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
     loss_rows, lse = loss_rows.view(lead), lse.view(lead)
     if shift:

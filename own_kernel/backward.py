@@ -284,6 +284,11 @@ class HostScalar:
             self.value = float(self.host)
         return self.value
 
+    def values(self) -> list[float]:
+        """All of the tensor's values (for a tensor of several)."""
+        self.wait()
+        return self.host.tolist()
+
 
 class FilterDecision:
     """Whether this call's filter skips anything, from three reductions read on the host: the
@@ -344,10 +349,12 @@ class Grads:
 
 
 def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
-             filter_eps, filter_min_p_max=0.0):
+             filter_eps, filter_min_p_max=0.0, de_out=None):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
     row_weight is already 0 on ignored rows. With filter_eps, rows whose largest probability
-    p_max is below filter_min_p_max are never skipped (their threshold is 0)."""
+    p_max is below filter_min_p_max are never skipped (their threshold is 0). de_out: an (N, D)
+    buffer that dE may be written into, e.g. e itself when the caller no longer needs it (e is
+    not read after the chunks)."""
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
@@ -489,7 +496,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     if scale_f == 0.0 or not math.isfinite(scale_f):
         return torch.zeros_like(e), torch.zeros_like(c), dbias
     if de is None:
-        de = torch.empty((n, d), device=e.device, dtype=e.dtype)
+        de = de_out if de_out is not None else torch.empty((n, d), device=e.device, dtype=e.dtype)
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
     cce_finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, block_d))](
         g.de32, g.row_round, c_mean, g.row_skip, c_skip_mean, de, n, d,

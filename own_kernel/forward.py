@@ -18,15 +18,17 @@ import triton.language as tl
 from own_kernel.forward_tma import cce_fwd_tma_kernel
 from own_kernel.lse_combine import cce_lse_combine_kernel
 from own_kernel.target import cce_target_logit_kernel
-from own_kernel.tile import logit_tile, lse_tile_update, row_block_and_split, softcap_scalars
+from own_kernel.tile import (logit_tile, lse_tile_update, row_block_and_split, skip_if_all_ignored,
+                             softcap_scalars)
 
 
 @triton.jit
-def cce_fwd_kernel(E, C, Bias, Part,
-                   N, V, D, v_per_split, plane, splits, group_rows,
+def cce_fwd_kernel(E, C, Bias, Targets, Part,
+                   N, V, D, v_per_split, plane, splits, group_rows, ignore_index,
                    stride_en, stride_ed, stride_cv, stride_cd,
                    tanh_scale, softcap_log2e,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                   SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
@@ -36,6 +38,8 @@ def cce_fwd_kernel(E, C, Bias, Part,
     n_mask = offs_n < N
     v_start = split * v_per_split
     v_end = tl.minimum(v_start + v_per_split, V)
+    if SKIP_IGNORED:
+        v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
     m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -145,11 +149,13 @@ def tma_ready(t: torch.Tensor) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
-def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
+def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg, skip_ignored=False):
     """Returns (loss, lse, p_max), each (N,) fp32, natural log units: each row's loss (0 where
     the target is ignore_index), log-sum-exp, and largest softmax probability (the gradient
     filter's flatness test). Rows whose target is outside [0, V) and not ignore_index get a
-    loss without the target term (the caller raises on them)."""
+    loss without the target term (the caller raises on them). skip_ignored: rows whose target
+    is ignore_index get lse +inf and p_max 0 (no gradient flows through them: the backward's
+    softmax exp(z - lse) is 0 there), and row blocks with only such rows compute no logits."""
     n, d = e.shape
     v = c.shape[0]
     need_zsum = label_smoothing > 0
@@ -166,19 +172,20 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
     v_per_split = triton.cdiv(num_tiles, splits) * bv
     part = torch.empty((3 if need_zsum else 2, splits, n), device=e.device, dtype=torch.float32)
     common = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
-                  NEED_ZSUM=need_zsum, DOT_PRECISION=dot_precision(e.dtype), **k)
+                  NEED_ZSUM=need_zsum, SKIP_IGNORED=skip_ignored,
+                  DOT_PRECISION=dot_precision(e.dtype), **k)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bd = k["BLOCK_D"]
         LAST_COMPILED["fwd"] = cce_fwd_tma_kernel[(num_nb * splits,)](
             TensorDescriptor.from_tensor(e, [bn, bd]), TensorDescriptor.from_tensor(c, [bv, bd]),
-            bias if bias is not None else e, part, n, v, v_per_split, splits * n, splits, group_rows,
-            *softcap_scalars(softcap), D=d, **common)
+            bias if bias is not None else e, targets, part, n, v, v_per_split, splits * n, splits,
+            group_rows, int(ignore_index), *softcap_scalars(softcap), D=d, **common)
     else:
         LAST_COMPILED["fwd"] = cce_fwd_kernel[(num_nb * splits,)](
-            e, c, bias if bias is not None else e, part,
-            n, v, d, v_per_split, splits * n, splits, group_rows,
+            e, c, bias if bias is not None else e, targets, part,
+            n, v, d, v_per_split, splits * n, splits, group_rows, int(ignore_index),
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
             *softcap_scalars(softcap), **common)
     z_target = target_logit(e, c, bias, targets, softcap)
@@ -186,5 +193,5 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg):
     cce_lse_combine_kernel[(triton.cdiv(n, block),)](
         part, z_target, targets, *outs, n, splits, splits * n, int(ignore_index),
         1.0 - float(label_smoothing), float(label_smoothing) / max(v, 1),
-        NEED_ZSUM=need_zsum, BLOCK_N=block)
+        NEED_ZSUM=need_zsum, SKIP_IGNORED=skip_ignored, BLOCK_N=block)
     return tuple(outs)

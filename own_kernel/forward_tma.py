@@ -13,15 +13,15 @@ inputs take the pointer kernel).
 import triton
 import triton.language as tl
 
-from own_kernel.tile import lse_tile_update, row_block_and_split
+from own_kernel.tile import lse_tile_update, row_block_and_split, skip_if_all_ignored
 
 
 @triton.jit
-def cce_fwd_tma_kernel(E, C, Bias, Part,
-                       N, V, v_per_split, plane, splits, group_rows,
+def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
+                       N, V, v_per_split, plane, splits, group_rows, ignore_index,
                        tanh_scale, softcap_log2e,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
@@ -30,6 +30,9 @@ def cce_fwd_tma_kernel(E, C, Bias, Part,
     offs_n = n0 + tl.arange(0, BLOCK_N)
     v_start = split * v_per_split
     v_end = tl.minimum(v_start + v_per_split, V)
+    n_mask = offs_n < N
+    if SKIP_IGNORED:
+        v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
     m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -45,7 +48,6 @@ def cce_fwd_tma_kernel(E, C, Bias, Part,
         m2, s, z2_sum = lse_tile_update(acc, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
                                         HAS_SOFTCAP, NEED_ZSUM)
 
-    n_mask = offs_n < N
     base = Part + split.to(tl.int64) * N + offs_n
     tl.store(base, m2, mask=n_mask)
     tl.store(base + plane, s, mask=n_mask)

@@ -46,6 +46,15 @@ def row_block_and_split(pid, num_nb, splits, group_rows):
 
 
 @triton.jit
+def skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end):
+    # The split's end, or its start (no tiles) when every row of the block is ignored: their
+    # loss is 0 and, when the caller does not ask for their lse, nothing else needs their logits.
+    t = tl.load(Targets + offs_n, mask=n_mask, other=ignore_index)
+    any_used = tl.max((t != ignore_index).to(tl.int32), axis=0)
+    return tl.where(any_used > 0, v_end, v_start)
+
+
+@triton.jit
 def lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
                     HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr):
     # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the

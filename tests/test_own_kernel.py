@@ -197,6 +197,70 @@ def test_bad_input_names_the_argument(kwargs, match):
 
 
 @pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("filter_eps", [None, "auto"])
+def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, compact, filter_eps):
+    # Prompt-style masking: whole row blocks ignored (the forward computes none of their logits)
+    # plus scattered ignored rows. The backward runs on the used rows only (compact) or on all
+    # rows, the ignored ones inert through their +inf lse; both must match fp64.
+    import json
+
+    import own_kernel.api as api
+    from own_kernel.configs import config_for
+
+    override = {"fwd": {"TMA": tma}} | ({} if compact else {"compact_max_used": 0.0})
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
+    bn = config_for(torch.device("cpu"), torch.float32)["fwd"]["BLOCK_N"]
+    seen = []
+    real = api._backward
+    monkeypatch.setattr(api, "_backward", lambda e, *a, **k: seen.append(e.shape[0]) or real(e, *a, **k))
+    g = torch.Generator().manual_seed(11)
+    n, d, v = 5 * bn + 3, 24, 61
+    e, c, t = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g) / 3, torch.randint(0, v, (n,), generator=g)
+    t[: 2 * bn] = -100       # two whole blocks
+    t[3 * bn + 1::4] = -100  # and every fourth row of the rest but one block
+    e = e.requires_grad_()
+    c = c.requires_grad_()
+    loss, lse = linear_cross_entropy(e, c, t, filter_eps=filter_eps, return_lse=True)
+    z = e.detach().double() @ c.detach().double().T
+    assert torch.allclose(lse.double(), torch.logsumexp(z, 1), atol=1e-4)  # asked for: every row
+    assert seen == []
+    loss = linear_cross_entropy(e, c, t, filter_eps=filter_eps)
+    ref, e2, c2, _ = reference(e, c, t)
+    assert abs(loss.item() - ref.item()) < 1e-5
+    loss.backward()
+    ref.backward()
+    used = int((t != -100).sum())
+    assert seen == [used if compact else t.numel()]
+    bound = 1e-5 if filter_eps is None else 0.05
+    assert rel(e.grad, e2.grad) < bound and rel(c.grad, c2.grad) < bound
+    assert not e.grad[t == -100].any()
+    # lse of ignored rows, not asked for: +inf, inert in the backward
+    _, lse_rows, p_max = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
+                                      False)
+    assert torch.isinf(lse_rows[t == -100]).all() and not p_max[t == -100].any()
+    assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
+
+
+@pytest.mark.parametrize("n, used, v, d, in_de, expect", [
+    (1000, 0, 100, 64, False, True),             # nothing to compute
+    (1000, 1000, 100, 64, False, False),         # nothing to drop
+    (1000, 950, 100, 64, False, False),          # too few dropped to pay for the gather
+    (2048, 1800, 32000, 2304, False, True),      # dE into the gathered E: peak below the full call's
+    (32768, 24576, 32000, 2304, True, True),     # dE separate: 3/4 of the rows at most
+    (32768, 24577, 32000, 2304, True, False),
+])
+def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
+    from own_kernel.api import compaction_pays
+    from own_kernel.backward import tail_width
+    from own_kernel.configs import _SM90_16BIT
+
+    assert compaction_pays(n, used, v, d, 2, _SM90_16BIT) is expect
+    if used:
+        assert tail_width(used, v, d, 2, _SM90_16BIT)[1] is in_de
+
+
+@pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])
 def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
     # fwd_l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
@@ -503,7 +567,7 @@ def test_custom_ops_pass_opcheck():
     c = torch.randn(23, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 23, (9,), generator=g)
     t[2] = -100
-    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0)
+    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0, False)
     torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
                                                        "test_autograd_registration"))
     loss, lse, p_max = lce_rows(*args)
