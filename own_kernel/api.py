@@ -105,11 +105,13 @@ def _(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softca
         torch.empty_like(bias) if bias is not None else e.new_empty(0))
 
 
-def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict) -> bool:
+def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict,
+                    de_into_e: bool = True) -> bool:
     """Whether the backward runs on the used rows only. Their gathered E costs memory the full
     call does not have, while the full call holds an fp32 dE accumulator for every row: drop
     rows when that leaves the peak no higher, and when enough are dropped to outweigh the
-    gather (compact_max_used)."""
+    gather (compact_max_used). de_into_e: whether dE's rows may go into the gathered E's buffer
+    (not when the forward gathered it: autograd keeps it for a second backward)."""
     if num_used == 0:
         return True
     if num_used > cfg.get("compact_max_used", 15 / 16) * n:
@@ -117,9 +119,9 @@ def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict) 
     # Peak bytes in units of one dE row. Full call: fp32 accumulator (2) and dE (1) per row.
     # Used rows only: gathered E (1) and accumulator (2) per used row, and their dE (1) unless
     # it goes into the gathered E's buffer (it cannot when the backward's tail works in dE's,
-    # tail_width); then the full dE (1 per row) beside the used rows' dE.
-    in_de = tail_width(num_used, v, d, elt, cfg)[1]
-    peak_used = max((4 if in_de else 3) * num_used, n + num_used)
+    # tail_width); then the full dE (1 per row) beside the used rows' dE (the gathered E freed).
+    separate_de = tail_width(num_used, v, d, elt, cfg)[1] or not de_into_e
+    peak_used = max((4 if separate_de else 3) * num_used, n + num_used)
     return peak_used <= 3 * n
 
 
@@ -240,6 +242,24 @@ def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ign
                          f"ignore_index={ignore_index}")
 
 
+def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
+                    check: HostScalar) -> Tensor | None:
+    """The used rows, when forward and backward should run on them only (else None). This
+    reads the targets' count on the host before the forward is queued: the GPU then idles while
+    the host queues the gather and the forward, so only calls whose forward is long enough
+    (compact_fwd_min_flops) do; smaller ones drop rows in the backward only."""
+    n, d = e.shape
+    v = c.shape[0]
+    cfg = config_for(e.device, e.dtype)
+    if 2 * n * v * d < cfg.get("compact_fwd_min_flops", 0):
+        return None
+    num_used = int(check.values()[1])
+    if num_used == n or not compaction_pays(n, num_used, v, d, e.element_size(), cfg,
+                                            de_into_e=False):
+        return None
+    return torch.nonzero_static(targets != ignore_index, size=num_used).squeeze(1)
+
+
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
@@ -273,16 +293,27 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
     t2 = targets.reshape(-1).to(torch.int64)
     check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
-    args = (e2, c, t2, bias, int(ignore_index), float(softcap or 0.0), float(label_smoothing),
-            -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse))
+    options = (int(ignore_index), float(softcap or 0.0), float(label_smoothing),
+               -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse))
     if torch.compiler.is_compiling():
-        loss_rows, lse, _ = lce_rows(*args)
+        loss_rows, lse, _ = lce_rows(e2, c, t2, bias, *options)
     else:
-        loss_rows, lse, _ = _LceRowsEager.apply(*args, check)
+        rows = None if return_lse or check is None else _rows_to_gather(e2, c, t2, ignore_index, check)
+        if rows is None:
+            loss_rows, lse, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)
+        else:
+            # Only the used rows, gathered (index_select's backward scatters their dE back).
+            # Their lse is not returned, so the others' is not needed.
+            loss_used, _, _ = _LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias,
+                                                  *options, check)
+            loss_rows = loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used)
+            lse = None
     _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
-    loss_rows, lse = loss_rows.view(lead), lse.view(lead)
+    loss_rows = loss_rows.view(lead)
     if shift:
-        loss_rows, lse = loss_rows[..., :-shift], lse[..., :-shift]
+        loss_rows = loss_rows[..., :-shift]
+    if return_lse:
+        lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
     if reduction == "none":
         loss = loss_rows
     elif reduction == "sum":

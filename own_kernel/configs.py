@@ -42,6 +42,9 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # fwd_l2_mib (default 0 = off): L2 bytes for E's row blocks in the forward; see split_plan.
 # col_round (tma, default True): whether dlogits_tma.py sums per column what rounding W removed,
 # for dC's correction through E's mean row (the row sums, for dE's, stay).
+# compact_max_used (default 15/16): the backward runs on the used rows only (gathered) when at
+# most this fraction of targets is not ignore_index, and the peak allows (api.compaction_pays);
+# compact_fwd_min_flops (default 0): from this many forward flops on, the forward does too.
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).
@@ -84,6 +87,10 @@ _CUBLAS_BACKWARD = {
     "filter_kept_align": 256,
     "filter_max_flat": 0.25,
     "filter_fused": False,
+    # Calls with targets to ignore gather the used rows before the forward when it does at
+    # least this many flops (2 N V D): the count's read idles the GPU for the host's next
+    # launches (api._rows_to_gather); smaller calls drop ignored rows in the backward only.
+    "compact_fwd_min_flops": 4e12,
 }
 
 # Hopper (sm90), 16-bit inputs.

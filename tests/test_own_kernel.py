@@ -197,23 +197,27 @@ def test_bad_input_names_the_argument(kwargs, match):
 
 
 @pytest.mark.parametrize("tma", [True, False])
-@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("drop", ["forward", "backward", "none"])
 @pytest.mark.parametrize("filter_eps", [None, "auto"])
-def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, compact, filter_eps):
-    # Prompt-style masking: whole row blocks ignored (the forward computes none of their logits)
-    # plus scattered ignored rows. The backward runs on the used rows only (compact) or on all
-    # rows, the ignored ones inert through their +inf lse; both must match fp64.
+def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, drop, filter_eps):
+    # Prompt-style masking: whole row blocks ignored plus scattered ignored rows. Ignored rows
+    # are dropped before the forward (gathered), before the backward only, or not at all: then
+    # the forward computes no logits for the all-ignored blocks and the backward runs on every
+    # row, the ignored ones inert through their +inf lse. All must match fp64.
     import json
 
     import own_kernel.api as api
     from own_kernel.configs import config_for
 
-    override = {"fwd": {"TMA": tma}} | ({} if compact else {"compact_max_used": 0.0})
+    override = {"fwd": {"TMA": tma}, "compact_fwd_min_flops": 0 if drop == "forward" else 1e30}
+    if drop == "none":
+        override["compact_max_used"] = 0.0
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
     bn = config_for(torch.device("cpu"), torch.float32)["fwd"]["BLOCK_N"]
-    seen = []
-    real = api._backward
+    seen, fwd_rows = [], []
+    real, real_fwd = api._backward, api._forward
     monkeypatch.setattr(api, "_backward", lambda e, *a, **k: seen.append(e.shape[0]) or real(e, *a, **k))
+    monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
     g = torch.Generator().manual_seed(11)
     n, d, v = 5 * bn + 3, 24, 61
     e, c, t = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g) / 3, torch.randint(0, v, (n,), generator=g)
@@ -224,17 +228,21 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, com
     loss, lse = linear_cross_entropy(e, c, t, filter_eps=filter_eps, return_lse=True)
     z = e.detach().double() @ c.detach().double().T
     assert torch.allclose(lse.double(), torch.logsumexp(z, 1), atol=1e-4)  # asked for: every row
-    assert seen == []
+    assert seen == [] and fwd_rows == [t.numel()]  # lse asked for: no row dropped
     loss = linear_cross_entropy(e, c, t, filter_eps=filter_eps)
     ref, e2, c2, _ = reference(e, c, t)
     assert abs(loss.item() - ref.item()) < 1e-5
-    loss.backward()
+    loss.backward(retain_graph=True)
     ref.backward()
     used = int((t != -100).sum())
-    assert seen == [used if compact else t.numel()]
+    assert fwd_rows[1:] == [used if drop == "forward" else t.numel()]
+    assert seen == [t.numel() if drop == "none" else used]
     bound = 1e-5 if filter_eps is None else 0.05
     assert rel(e.grad, e2.grad) < bound and rel(c.grad, c2.grad) < bound
     assert not e.grad[t == -100].any()
+    first = e.grad.clone(), c.grad.clone()
+    loss.backward()  # a second backward reads what the first left (the gathered rows intact)
+    assert torch.allclose(e.grad, 2 * first[0], rtol=1e-6) and torch.allclose(c.grad, 2 * first[1], rtol=1e-6)
     # lse of ignored rows, not asked for: +inf, inert in the backward
     _, lse_rows, p_max = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
                                       False)
