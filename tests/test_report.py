@@ -158,6 +158,18 @@ def test_versus_table_ratios_statuses_and_latest_rows():
         report.versus_table(rows, "missing", ["apple_cce"])
 
 
+def test_versus_table_shows_ignored_fraction_where_any_cell_has_one():
+    rows = [_lg_row((8, 100), "own", 2.0, 10.0, 1e-3), _lg_row((8, 100), "apple_cce", 4.0, 5.0, 0.5)]
+    masked = [{**r, "cell_id": r["cell_id"] + "-ig0.6", "ignore_frac": "0.6"} for r in rows]
+    plain = report.versus_table(rows, "own", ["apple_cce"])
+    assert "ignored" not in plain
+    lines = [line for line in report.versus_table(rows + masked, "own", ["apple_cce"]).splitlines()
+             if line.startswith("| ")]
+    assert lines[0].startswith("| dtype | dist | N | D | V | ignored | own ×floor |")
+    assert lines[1].startswith("| bf16 | lm | 8 | 64 | 100 | 0 | 2.00 | 0.50 |")
+    assert lines[2].startswith("| bf16 | lm | 8 | 64 | 100 | 0.6 | 2.00 | 0.50 |")
+
+
 def test_versus_command_over_a_run_folder(capsys):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
@@ -165,6 +177,8 @@ def test_versus_command_over_a_run_folder(capsys):
     assert report.main(parser.parse_args([str(run), "--versus", "own_filter"])) == 0
     out = capsys.readouterr().out
     assert "--versus own_filter --peers apple_cce,torch_compile" in out
+    assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--section", "x"])) == 0
+    assert "--versus own_filter --peers apple_cce,torch_compile --section x`" in capsys.readouterr().out
     assert "own_filter faster than torch_compile (loss+grad) in" in out
     assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--peers", ""])) == 1
     assert "--peers: expected comma-separated provider names" in capsys.readouterr().out
