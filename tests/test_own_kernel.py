@@ -250,6 +250,29 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
 
 
+def test_forward_gathers_when_the_last_call_had_rows_to_drop(monkeypatch):
+    # Reading the count before the forward idles the GPU: done only after a call on the same
+    # device had ignored rows to drop (a training loop's masking repeats). Same results either way.
+    import json
+
+    import own_kernel.api as api
+
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({"compact_fwd_min_flops": 0}))
+    monkeypatch.setattr(api, "_RECENT_USED", {})
+    fwd_rows = []
+    real_fwd = api._forward
+    monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
+    g = torch.Generator().manual_seed(12)
+    e, c = torch.randn(40, 16, generator=g), torch.randn(23, 16, generator=g)
+    t = torch.randint(0, 23, (40,), generator=g)
+    masked = t.clone()
+    masked[::2] = -100
+    losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t)]
+    assert fwd_rows == [40, 40, 20, 40]  # no history: read, nothing to drop; then as predicted
+    assert losses[1] == pytest.approx(losses[2], rel=1e-6)
+    assert losses[0] == pytest.approx(losses[3], rel=1e-6)
+
+
 @pytest.mark.parametrize("n, used, v, d, in_de, expect", [
     (1000, 0, 100, 64, False, True),             # nothing to compute
     (1000, 1000, 100, 64, False, False),         # nothing to drop
