@@ -126,7 +126,7 @@ def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict,
 
 
 def _setup_context(ctx, inputs, output):
-    e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max, _ = inputs
+    e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max = inputs[:9]
     ctx.save_for_backward(e, c, targets, bias, output[1], output[2])
     ctx.mark_non_differentiable(output[2])
     ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
@@ -223,9 +223,10 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
 def _check_and_count_targets(targets: Tensor, v: int, ignore_index: int):
     """(check, count): [whether any target is outside [0, V) and not ignore_index, how many are
     not ignore_index], copied to the host without waiting (HostScalar; the backward reads the
-    count there), and that count as a 0-d fp32 device tensor (the mean's divisor). The check is queued before the forward and read after it is queued (its kernels
-    mask such targets): the host then waits for this small kernel only, not for the forward,
-    and runs on into the backward's launches while the GPU computes."""
+    count there), and that count as a 0-d fp32 device tensor (the mean's divisor). The check is
+    queued before the forward and read after it is queued (its kernels mask such targets): the
+    host then waits for this small kernel only, not for the forward, and runs on into the
+    backward's launches while the GPU computes (unless _rows_to_gather reads it earlier)."""
     if torch.compiler.is_compiling() or not targets.numel():
         # A data-dependent check would break the graph; eager calls still check.
         return None, (targets != ignore_index).sum()
@@ -250,8 +251,8 @@ def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
                     check: HostScalar) -> Tensor | None:
     """The used rows, when forward and backward should run on them only (else None). This
     reads the targets' count on the host before the forward is queued: the GPU then idles while
-    the host queues the gather and the forward (0.4 ms at Gemma 2 (2B) under the profiler,
-    measurements/d512-v18), so only calls whose forward is long enough do
+    the host queues the gather and the forward (measurements/ignored-v18), so only calls whose
+    forward is long enough do
     (compact_fwd_min_flops), and only when the last call on this device had rows to drop: a
     training loop's masking is alike from step to step, and a call without ignored targets
     after one with them costs one such wait. Calls that do not read it here drop rows in the
@@ -260,7 +261,8 @@ def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
     max_used = cfg.get("compact_max_used", 15 / 16)
-    if 2 * n * v * d < cfg.get("compact_fwd_min_flops", 0) or _RECENT_USED.get(e.device, 0.0) > max_used:
+    if (2 * n * v * d < cfg.get("compact_fwd_min_flops", 0)
+            or _RECENT_USED.get(e.device, 0.0) > max_used):
         return None
     num_used = int(check.values()[1])
     if num_used == n or not compaction_pays(n, num_used, v, d, e.element_size(), cfg,
@@ -307,7 +309,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if torch.compiler.is_compiling():
         loss_rows, lse, _ = lce_rows(e2, c, t2, bias, *options)
     else:
-        rows = None if return_lse or check is None else _rows_to_gather(e2, c, t2, ignore_index, check)
+        rows = (None if return_lse or check is None
+                else _rows_to_gather(e2, c, t2, ignore_index, check))
         if rows is None:
             loss_rows, lse, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)
         else:
