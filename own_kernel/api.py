@@ -84,8 +84,11 @@ def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_
             # nonzero_static's size is known) and scatter their dE back.
             rows = torch.nonzero_static(used, size=num_used).squeeze(1)
     if rows is None:
-        de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight,
-                                  grad_lse.float() if grad_lse is not None else None, *options)
+        # The kernels index the lse weights per row: autograd hands e.g. lse.sum()'s gradient
+        # over as one value expanded (stride 0), which they would read past its storage.
+        weight_lse = grad_lse.float().contiguous() if grad_lse is not None else None
+        de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight, weight_lse,
+                                  *options)
     elif num_used == 0:
         de, dc = torch.zeros_like(e), torch.zeros_like(c)
         dbias = torch.zeros_like(bias) if bias is not None else None

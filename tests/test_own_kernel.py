@@ -96,6 +96,21 @@ def test_lse_gradient_and_module():
     assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
 
 
+def test_lse_gradient_handed_over_expanded():
+    # lse.sum()'s gradient reaches the backward as one value expanded over N (stride 0); the
+    # kernels index it per row, so it must be made contiguous first.
+    g = torch.Generator().manual_seed(3)
+    e = torch.randn(40, 16, generator=g).requires_grad_()
+    c = torch.randn(37, 16, generator=g).requires_grad_()
+    t = torch.randint(0, 37, (40,), generator=g)
+    loss, lse = linear_cross_entropy(e, c, t, return_lse=True)
+    (loss + 0.5 * lse.sum()).backward()
+    e2, c2 = e.detach().double().requires_grad_(), c.detach().double().requires_grad_()
+    z = e2 @ c2.T
+    (F.cross_entropy(z, t) + 0.5 * torch.logsumexp(z, -1).sum()).backward()
+    assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
+
+
 @pytest.mark.parametrize("used", ["lse", "loss"])
 def test_gradient_of_one_output_only(used):
     # The other output gets no gradient (None in the backward), which must count as zero.
@@ -744,3 +759,115 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     assert not backward.filter_can_skip(2048, 32000, 4096, 2, cfg, True, True)
     assert backward.filter_can_skip(2048, 32000, 4096, 2, dict(cfg, filter_min_total_flops=0), True, True)
     assert backward.filter_can_skip(8192, 256000, 2304, 2, cfg, True, True)
+
+
+# ---- property-based: random shapes and options against fp64 -----------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _calls(draw):
+    batch = draw(st.sampled_from([(), (2,), (1, 3)]))
+    seq = draw(st.integers(0, 23))
+    d = draw(st.integers(1, 40))
+    v = draw(st.sampled_from([1, 2, 13, 31, 61, 97]))  # primes: no block divides them
+    shift = draw(st.integers(0, 2)) if batch and seq > 2 else 0
+    return dict(
+        shape=batch + (seq, d), v=v, shift=shift,
+        softcap=draw(st.sampled_from([None, 2.0, 30.0])),
+        reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+        ls=draw(st.sampled_from([0.0, 0.15])),
+        bias=draw(st.booleans()),
+        ignore=draw(st.sampled_from(["none", "random", "prefix", "all"])),
+        ignore_index=draw(st.sampled_from([-100, 0, 5])),
+        filter_eps=draw(st.sampled_from([None, None, "auto"])),
+        lse_weight=draw(st.sampled_from([0.0, 0.5])),  # z-loss on the lse: needs every row's lse
+        scale=draw(st.sampled_from([1.0, 8.0])),  # 8: large logits
+        # where ignored rows are dropped: before the forward, before the backward, never
+        drop=draw(st.sampled_from(["forward", "backward", "none"])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+DROP_CONFIGS = {"forward": {"compact_fwd_min_flops": 0},
+                "backward": {"compact_fwd_min_flops": 1e30},
+                "none": {"compact_fwd_min_flops": 1e30, "compact_max_used": 0.0}}
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(_calls())
+def test_random_calls_match_fp64(call):
+    import json
+    import os
+
+    import own_kernel.api as api
+
+    before = os.environ.get("CCE_OWN_CONFIG")
+    os.environ["CCE_OWN_CONFIG"] = json.dumps(DROP_CONFIGS[call["drop"]])
+    api._RECENT_USED.clear()  # no history: the forward reads the count (when its config lets it)
+    try:
+        _check_call(call)
+    finally:
+        if before is None:
+            os.environ.pop("CCE_OWN_CONFIG")
+        else:
+            os.environ["CCE_OWN_CONFIG"] = before
+
+
+def _check_call(call):
+    g = torch.Generator().manual_seed(call["seed"])
+    shape, v = call["shape"], call["v"]
+    e = (call["scale"] * torch.randn(shape, generator=g) / max(1, shape[-1]) ** 0.5).requires_grad_()
+    c = torch.randn(v, shape[-1], generator=g).requires_grad_()
+    bias = (0.3 * torch.randn(v, generator=g)).requires_grad_() if call["bias"] else None
+    ii = call["ignore_index"]
+    t = torch.randint(0, v, shape[:-1], generator=g)
+    flat = t.view(-1)
+    if ii >= 0:
+        flat[flat == ii] = (ii + 1) % v if v > 1 else -100  # ii must only mark ignored targets
+        ii = ii if v > 1 else -100
+    if call["ignore"] == "random":
+        flat[torch.rand(flat.shape, generator=g) < 0.5] = ii
+    elif call["ignore"] == "prefix":
+        flat[: flat.numel() * 2 // 3] = ii
+    elif call["ignore"] == "all":
+        flat[:] = ii
+    kw = dict(bias=bias, softcap=call["softcap"], reduction=call["reduction"],
+              label_smoothing=call["ls"], shift=call["shift"], ignore_index=ii,
+              filter_eps=call["filter_eps"])
+    zw = call["lse_weight"]
+    if zw:
+        loss, lse = linear_cross_entropy(e, c, t, return_lse=True, **kw)
+    else:
+        loss, lse = linear_cross_entropy(e, c, t, **kw), None
+    ref, e2, c2, b2 = reference(e, c, t, bias, call["softcap"], call["reduction"], call["ls"], ii,
+                                call["shift"])
+    assert loss.shape == ref.shape
+    if call["reduction"] == "mean" and not (ref == ref).all():  # nothing to average: NaN both
+        assert torch.isnan(loss).all()
+        return
+    w = torch.randn(loss.shape, generator=g) if call["reduction"] == "none" else torch.tensor(1.0)
+    total, ref_total = (loss * w).sum(), (ref * w.double()).sum()
+    if zw:  # lse of every position that predicts a target, against fp64
+        z = e2 @ c2.T + (b2 if b2 is not None else 0)
+        if call["softcap"]:
+            z = call["softcap"] * torch.tanh(z / call["softcap"])
+        ref_lse = torch.logsumexp(z, -1)
+        if call["shift"]:  # the positions that predict a target, as the loss's
+            ref_lse = ref_lse[..., :-call["shift"]]
+        assert lse.shape == ref_lse.shape
+        assert rel(lse.detach(), ref_lse.detach()) < 1e-5
+        total, ref_total = total + zw * lse.sum(), ref_total + zw * ref_lse.sum()
+    if not total.requires_grad:  # empty input: a constant 0
+        assert total.item() == 0.0
+        return
+    total.backward()
+    ref_total.backward()
+    tol = 1e-5 if call["filter_eps"] is None else 0.1
+    # relative error, with an absolute floor for fp32 rounding where the reference is (near) 0
+    # (V = 1: loss and gradients exactly 0)
+    assert (loss.detach().double() - ref.detach()).norm() <= 1e-5 * ref.detach().norm() + 1e-5
+    pairs = [(e.grad, e2.grad), (c.grad, c2.grad)] + ([(bias.grad, b2.grad)] if bias is not None else [])
+    for got, want in pairs:
+        assert (got.double() - want).norm() <= tol * want.norm() + 1e-5
