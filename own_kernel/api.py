@@ -312,7 +312,11 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if torch.compiler.is_compiling():
         loss_rows, lse, _ = lce_rows(e2, c, t2, bias, *options)
     else:
-        rows = (None if return_lse or check is None
+        # Gathered rows are what the backward needs anyway; a call without one (evaluation)
+        # keeps the forward's few floats of memory and relies on its skipped row blocks.
+        needs_grad = torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (e2, c, bias))
+        rows = (None if return_lse or check is None or not needs_grad
                 else _rows_to_gather(e2, c, t2, ignore_index, check))
         if rows is None:
             loss_rows, lse, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)

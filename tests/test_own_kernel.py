@@ -267,14 +267,17 @@ def test_forward_gathers_when_the_last_call_had_rows_to_drop(monkeypatch):
     real_fwd = api._forward
     monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
     g = torch.Generator().manual_seed(12)
-    e, c = torch.randn(40, 16, generator=g), torch.randn(23, 16, generator=g)
+    e, c = torch.randn(40, 16, generator=g).requires_grad_(), torch.randn(23, 16, generator=g)
     t = torch.randint(0, 23, (40,), generator=g)
     masked = t.clone()
     masked[::2] = -100
-    losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t)]
-    assert fwd_rows == [40, 40, 20, 40]  # no history: read, nothing to drop; then as predicted
+    losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t, masked)]
+    with torch.no_grad():  # no backward to feed: no gathered copy (the loss keeps its few floats)
+        losses.append(linear_cross_entropy(e, c, masked).item())
+    assert fwd_rows == [40, 40, 20, 40, 40, 40]  # no history: read, none to drop; then predicted
     assert losses[1] == pytest.approx(losses[2], rel=1e-6)
     assert losses[0] == pytest.approx(losses[3], rel=1e-6)
+    assert losses[5] == pytest.approx(losses[2], rel=1e-6)
 
 
 @pytest.mark.parametrize("n, used, v, d, in_de, expect", [
