@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from own_kernel.backward import HostScalar, backward as _backward, tail_width
+from own_kernel.backward_low_memory import backward_low_memory
 from own_kernel.check_targets import cce_check_targets_kernel
 from own_kernel.configs import config_for
 from own_kernel.forward import forward as _forward
@@ -35,11 +36,13 @@ def _check_runnable(device: torch.device) -> None:
 @torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: float, label_smoothing: float, filter_eps: float,
-             filter_min_p_max: float, ignored_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
+             filter_min_p_max: float, ignored_lse: bool,
+             low_memory: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(loss per row, lse per row, largest probability per row) for 2-D e; ignored rows have
     loss 0, and lse +inf unless ignored_lse (then the forward skips their logits where it can).
     softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
-    probability is >= filter_min_p_max (both only affect the backward)."""
+    probability is >= filter_min_p_max; low_memory picks backward_low_memory.py (these three
+    only affect the backward)."""
     return _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing, ignored_lse)
 
 
@@ -51,7 +54,7 @@ def _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing, i
 
 @lce_rows.register_fake
 def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
-      ignored_lse):
+      ignored_lse, low_memory):
     n = e.shape[0]
     return tuple(e.new_empty(n, dtype=torch.float32) for _ in range(3))
 
@@ -60,21 +63,28 @@ def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, f
 def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], lse: Tensor,
                       p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor], ignore_index: int,
                       softcap: float, label_smoothing: float, filter_eps: float,
-                      filter_min_p_max: float) -> tuple[Tensor, Tensor, Tensor]:
+                      filter_min_p_max: float, low_memory: bool) -> tuple[Tensor, Tensor, Tensor]:
     return _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index,
-                          softcap, label_smoothing, filter_eps, filter_min_p_max)
+                          softcap, label_smoothing, filter_eps, filter_min_p_max, low_memory)
 
 
 def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
-                   label_smoothing, filter_eps, filter_min_p_max, num_used=None):
+                   label_smoothing, filter_eps, filter_min_p_max, low_memory, num_used=None):
     """dE, dC, dbias (empty without bias). num_used: the number of targets that are not
-    ignore_index, when the host knows it already (else it is read here, when it matters)."""
+    ignore_index, when the host knows it already (else it is read here, when it matters).
+    low_memory: backward_low_memory.py, on every row (gathering the used ones would cost more
+    memory than its workspace; the forward's lse +inf keeps the ignored ones' W zero)."""
     options = (softcap or None, label_smoothing, filter_eps if filter_eps >= 0 else None,
                filter_min_p_max)
     used = targets != ignore_index
     row_weight = torch.where(used, grad_loss.float(), 0.0)
     n = e.shape[0]
     rows = None
+    if low_memory:
+        weight_lse = grad_lse.float().contiguous() if grad_lse is not None else None
+        de, dc, dbias = backward_low_memory(e, c, bias, targets, lse, p_max, row_weight,
+                                            weight_lse, *options)
+        return de, dc, dbias if dbias is not None else e.new_empty(0)
     if grad_lse is None and n:  # an lse gradient reaches ignored rows too: nothing to drop
         if num_used is None:
             num_used = int(used.sum())
@@ -103,7 +113,7 @@ def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_
 
 @lce_rows_backward.register_fake
 def _(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
-      label_smoothing, filter_eps, filter_min_p_max):
+      label_smoothing, filter_eps, filter_min_p_max, low_memory):
     return torch.empty_like(e), torch.empty_like(c), (
         torch.empty_like(bias) if bias is not None else e.new_empty(0))
 
@@ -132,17 +142,17 @@ def _setup_context(ctx, inputs, output):
     e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max = inputs[:9]
     ctx.save_for_backward(e, c, targets, bias, output[1], output[2])
     ctx.mark_non_differentiable(output[2])
-    ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max)
+    ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max, inputs[10])
 
 
 def _input_grads(ctx, grad_loss, grad_lse, rows_backward, **kw):
-    """Gradients of lce_rows' ten inputs from those of its (loss, lse) outputs (None: unused)."""
+    """Gradients of lce_rows' eleven inputs from those of its (loss, lse) outputs (None: unused)."""
     e, c, targets, bias, lse, p_max = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
     de, dc, dbias = rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
                                   *ctx.options, **kw)
-    return (de, dc, None, (dbias if bias is not None else None)) + (None,) * 6
+    return (de, dc, None, (dbias if bias is not None else None)) + (None,) * 7
 
 
 def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
@@ -161,9 +171,9 @@ class _LceRowsEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
-                filter_min_p_max, ignored_lse, counts):
+                filter_min_p_max, ignored_lse, low_memory, counts):
         inputs = (e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps,
-                  filter_min_p_max, ignored_lse)
+                  filter_min_p_max, ignored_lse, low_memory)
         output = _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing,
                                ignored_lse)
         _setup_context(ctx, inputs, output)
@@ -180,7 +190,7 @@ class _LceRowsEager(torch.autograd.Function):
 # ---- the public function ---------------------------------------------------------------------
 
 def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
-              filter_eps):
+              filter_eps, low_memory):
     if not isinstance(e, Tensor) or not isinstance(c, Tensor) or not isinstance(targets, Tensor):
         raise TypeError("e, c and targets must be torch.Tensors")
     if e.dtype not in DTYPES:
@@ -220,6 +230,11 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
     if filter_eps is not None and filter_eps != "auto":
         if isinstance(filter_eps, str) or not float(filter_eps) >= 0:
             raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
+    if not isinstance(low_memory, bool):
+        raise TypeError(f"low_memory: expected True or False; got {low_memory!r}")
+    if low_memory and filter_eps is not None:
+        raise ValueError(f"low_memory: computes exact gradients only; got filter_eps={filter_eps!r} "
+                         f"(pass filter_eps=None)")
     _check_runnable(e.device)
 
 
@@ -277,7 +292,8 @@ def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
-                         filter_eps: float | str | None = None, return_lse: bool = False):
+                         filter_eps: float | str | None = None, return_lse: bool = False,
+                         low_memory: bool = False):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
@@ -286,13 +302,16 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     copying e. ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every
     entry is below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
     (AUTO_FLAT_P_MAX). ``return_lse=True`` also returns the per-token log-sum-exp.
+    ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
+    gradients' size, at the cost of a second recompute of the logits (backward_low_memory.py);
+    by default the backward holds an fp32 copy of dE (4 bytes per entry of e).
     """
     if torch.is_autocast_enabled(e.device.type):
         dtype = torch.get_autocast_dtype(e.device.type)
         e, c = e.to(dtype), c.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
-              filter_eps)
+              filter_eps, low_memory)
     min_p_max = 0.0
     if filter_eps == "auto":
         filter_eps, min_p_max = AUTO_EPS[e.dtype], AUTO_FLAT_P_MAX
@@ -308,7 +327,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     t2 = targets.reshape(-1).to(torch.int64)
     check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
     options = (int(ignore_index), float(softcap or 0.0), float(label_smoothing),
-               -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse))
+               -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse),
+               low_memory)
     if torch.compiler.is_compiling():
         loss_rows, lse, _ = lce_rows(e2, c, t2, bias, *options)
     else:
@@ -316,7 +336,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         # keeps the forward's few floats of memory and relies on its skipped row blocks.
         needs_grad = torch.is_grad_enabled() and any(
             x is not None and x.requires_grad for x in (e2, c, bias))
-        rows = (None if return_lse or check is None or not needs_grad
+        rows = (None if return_lse or low_memory or check is None or not needs_grad
                 else _rows_to_gather(e2, c, t2, ignore_index, check))
         if rows is None:
             loss_rows, lse, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)
@@ -349,11 +369,12 @@ class LinearCrossEntropy(nn.Module):
 
     def __init__(self, *, ignore_index: int = -100, softcap: float | None = None,
                  reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
-                 filter_eps: float | str | None = None, return_lse: bool = False):
+                 filter_eps: float | str | None = None, return_lse: bool = False,
+                 low_memory: bool = False):
         super().__init__()
         self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
                             shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
-                            return_lse=return_lse)
+                            return_lse=return_lse, low_memory=low_memory)
 
     def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
         return linear_cross_entropy(e, c, targets, bias=bias, **self.options)

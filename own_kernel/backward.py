@@ -348,6 +348,21 @@ class Grads:
     kept_count: torch.Tensor = None   # (chunks,) int32
 
 
+def normalise_weights(e, row_weight, row_weight_lse, filtering):
+    """(row_weight, row_weight_lse, scale_dev): the weights divided by their largest magnitude
+    scale_dev (a device scalar) for fp16 inputs or a filtered call; else unchanged, scale None."""
+    if e.dtype != torch.float16 and not filtering:
+        return row_weight, row_weight_lse, None
+    scale_dev = row_weight.abs().max()
+    if row_weight_lse is not None:
+        scale_dev = torch.maximum(scale_dev, (row_weight + row_weight_lse).abs().max())
+    divisor = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
+    row_weight = row_weight / divisor
+    if row_weight_lse is not None:
+        row_weight_lse = row_weight_lse / divisor
+    return row_weight, row_weight_lse, scale_dev
+
+
 def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
              filter_eps, filter_min_p_max=0.0, de_out=None):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
@@ -382,15 +397,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     # GEMM first needs it (HostScalar): a sync here would idle the GPU for the host's whole
     # setup. Exact bf16 and fp32 (fp32's exponent range) store d unscaled: the host knows the
     # scale (1) without reading it, five launches and a copy fewer per call.
-    scale_dev = None
-    if e.dtype == torch.float16 or filtering:
-        scale_dev = row_weight.abs().max()
-        if row_weight_lse is not None:
-            scale_dev = torch.maximum(scale_dev, (row_weight + row_weight_lse).abs().max())
-        divisor = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
-        row_weight = row_weight / divisor
-        if row_weight_lse is not None:
-            row_weight_lse = row_weight_lse / divisor
+    row_weight, row_weight_lse, scale_dev = normalise_weights(e, row_weight, row_weight_lse,
+                                                              filtering)
 
     # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
     # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on

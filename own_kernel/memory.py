@@ -49,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--v", type=int, default=256000)
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
     ap.add_argument("--filter", action="store_true", help="filter_eps='auto' instead of exact")
+    ap.add_argument("--low-memory", action="store_true", help="low_memory=True (exact)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("own_kernel.memory needs a CUDA device (it reads the CUDA allocator's trace)")
@@ -63,7 +64,8 @@ def main(argv=None):
 
     def step():
         e.grad = c.grad = None
-        linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=eps).backward()
+        linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=eps,
+                             low_memory=args.low_memory).backward()
         torch.cuda.synchronize()
 
     step()
@@ -79,7 +81,7 @@ def main(argv=None):
     peak, alive = peak_breakdown(trace)
     grads = (n * d + v * d) * e.element_size()
     mib = 2**20
-    print(f"N={n} D={d} V={v} softcap={softcap} filter={eps}: peak extra {measured / mib:.1f} MiB "
+    print(f"N={n} D={d} V={v} softcap={softcap} filter={eps} low_memory={args.low_memory}: peak extra {measured / mib:.1f} MiB "
           f"(trace replay {peak / mib:.1f}); gradients dE+dC {grads / mib:.1f} MiB; "
           f"ratio {measured / grads:.3f}")
     for size, site in alive:

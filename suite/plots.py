@@ -90,6 +90,7 @@ PROVIDER_STYLE = {
     "apple_torch_compile": dict(color=OKABE_ITO["blue"], marker="h", linestyle=":"),
     "own":                dict(color=OKABE_ITO["vermillion"], marker="o", linestyle="-"),
     "own_filter":         dict(color=OKABE_ITO["vermillion"], marker="s", linestyle="--"),
+    "own_low_memory":     dict(color=OKABE_ITO["vermillion"], marker="^", linestyle=":"),
 }
 _FALLBACK_MARKERS = "*H8>"
 REFERENCE_COLOR = OKABE_ITO["grey"]  # matmul floor, lower bound, Pareto front

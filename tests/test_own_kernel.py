@@ -249,7 +249,7 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     assert torch.allclose(e.grad, 2 * first[0], rtol=1e-6) and torch.allclose(c.grad, 2 * first[1], rtol=1e-6)
     # lse of ignored rows, not asked for: +inf, inert in the backward
     _, lse_rows, p_max = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
-                                      False)
+                                      False, False)
     assert torch.isinf(lse_rows[t == -100]).all() and not p_max[t == -100].any()
     assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
 
@@ -352,6 +352,109 @@ def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, sof
             assert rel(bias.grad, b2.grad) < tol
 
 
+# Small chunks for the low-memory backward: several pass-1 row chunks, pass-2 row groups.
+LOW_MEMORY_SMALL = {"low_memory_frac": 0.0, "low_memory_row_align": 4, "low_memory_min_entries": 300}
+
+
+@pytest.mark.parametrize("recompute", ["tma", "triton"])
+@pytest.mark.parametrize("chunks", ["default", "small", "groups"])
+@pytest.mark.parametrize("dtype, softcap, has_bias, ls", [(torch.float32, 30.0, True, 0.1),
+                                                          (torch.float16, None, False, 0.0)])
+def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, dtype, softcap,
+                                               has_bias, ls):
+    # backward_low_memory.py: dE by row chunks, dC by column chunks (over row groups with
+    # "small"); dC's buffer and the workspace start as NaN, so a read before a write shows. With
+    # a z-loss on the lse and ignored rows.
+    import json
+
+    from own_kernel import backward_low_memory as blm
+
+    # "groups": chunks of pass 1 must be so tall that dC's buffer holds only part of their W
+    override = {"recompute": recompute, **(LOW_MEMORY_SMALL if chunks == "small" else {}),
+                **({**LOW_MEMORY_SMALL, "low_memory_min_entries": 24 * 64} if chunks == "groups" else {})}
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
+    monkeypatch.setattr(blm, "POISON", True)
+    g = torch.Generator().manual_seed(23)
+    n, d, v = 150, 24, 61  # n > 2 d: row groups need less workspace than every row at once
+    e = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
+    c = torch.randn(v, d, generator=g).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::4] = -100
+    loss, lse = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, label_smoothing=ls,
+                                     return_lse=True, low_memory=True)
+    (loss + 0.01 * (lse ** 2).mean()).backward()
+    plan = blm.LAST_PLAN
+    assert plan["tma"] == (recompute == "tma")
+    if chunks == "small":  # the paths this case is for
+        assert plan["rows_1"] < n and plan["rows_2"] < n and plan["width_2"] < v
+    if chunks == "groups":
+        assert plan["width_1"] < v
+    ref, e2, c2, b2 = reference(e, c, t, bias, softcap, ls=ls)
+    z = e2 @ c2.T + (b2 if b2 is not None else 0)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    (ref + 0.01 * (torch.logsumexp(z, 1) ** 2).mean()).backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert rel(loss.detach(), ref.detach()) < tol
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+    if has_bias:
+        assert rel(bias.grad, b2.grad) < tol
+
+
+@pytest.mark.parametrize("n, v, d, elt", [(8192, 256000, 2304, 2), (32768, 32000, 2304, 2),
+                                          (65536, 151936, 512, 2), (2048, 20000, 4096, 2),
+                                          (37, 61, 24, 4), (1, 7, 16, 2), (300, 3, 8, 4)])
+def test_low_memory_plan_fits_its_buffers(n, v, d, elt):
+    # Pass 1's W and fp32 result fit the larger of dC's buffer and pass 2's; pass 2's fit its
+    # buffer; that buffer is low_memory_frac of the gradients wherever that holds one row block.
+    from own_kernel.backward_low_memory import low_memory_plan, tile_bytes
+    from own_kernel.configs import _SM90_16BIT
+
+    cfg = dict(_SM90_16BIT)
+    plan = low_memory_plan(n, v, d, elt, cfg)
+    rows_1, width_2, rows_2, ws = plan["rows_1"], plan["width_2"], plan["rows_2"], plan["workspace_2"]
+    assert 1 <= rows_1 <= n and 1 <= rows_2 <= n and 1 <= width_2 <= v
+    width_1 = plan["width_1"]
+    assert tile_bytes(rows_1, width_1, rows_1, d, elt) <= max(v * d * elt, ws)
+    assert rows_1 * d >= min(n, 2**21 // d) * d or rows_1 == n
+    assert tile_bytes(rows_2, width_2, 0 if rows_2 == n else width_2, d, elt) <= ws
+    for rows in (rows_1, rows_2):
+        assert rows == n or rows % 128 == 0
+    grads = (n + v) * d * elt
+    if n >= 2048:
+        assert ws <= grads / 16 + 1
+        assert width_2 >= min(v, 2**21 // d)
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_de_keeps_the_component_all_rows_of_c_share(low_memory):
+    # Every row of C near one large shared vector u: dE = sum_v d[n, v] C[v] cancels along u
+    # (sum_v d[n, v] = 0), and rounding W to fp16 leaves a residual there unless RowRound
+    # puts it back (dlogits.py). The naive fp16 baseline keeps it; both backwards must not.
+    g = torch.Generator().manual_seed(3)
+    n, d, v = 64, 32, 97
+    u = torch.randn(d, generator=g)
+    c = (8 * u + 0.2 * torch.randn(v, d, generator=g)).half().requires_grad_()
+    e = (0.3 * torch.randn(n, d, generator=g)).half().requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    linear_cross_entropy(e, c, t, low_memory=low_memory).backward()
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    e3, c3 = e.detach().clone().requires_grad_(), c.detach().clone().requires_grad_()
+    F.cross_entropy((e3 @ c3.T).float(), t).backward()
+    assert rel(e.grad, e2.grad) < 0.2 * rel(e3.grad, e2.grad)
+    assert rel(c.grad, c2.grad) < 1e-3
+
+
+def test_low_memory_rejects_the_filter_and_non_bools():
+    e, c, t = torch.randn(4, 8), torch.randn(5, 8), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="low_memory.*filter_eps"):
+        linear_cross_entropy(e, c, t, filter_eps="auto", low_memory=True)
+    with pytest.raises(TypeError, match="low_memory"):
+        linear_cross_entropy(e, c, t, low_memory=1)
+
+
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
                                           (8192, 32000, 4096, 2), (1, 7, 16, 2)])
 def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
@@ -376,6 +479,109 @@ def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
                 assert (s + w) * d * elt <= w_start, "X and W must not overlap the chunk's own dC rows"
                 assert w_start + n * w * elt <= x_start and end - x_start == 4 * n * w <= end
                 assert w <= max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n)
+
+
+# Small chunks for the low-memory backward: several pass-1 row chunks, pass-2 row groups.
+LOW_MEMORY_SMALL = {"low_memory_frac": 0.0, "low_memory_row_align": 4, "low_memory_min_entries": 300}
+
+
+@pytest.mark.parametrize("recompute", ["tma", "triton"])
+@pytest.mark.parametrize("chunks", ["default", "small", "groups"])
+@pytest.mark.parametrize("dtype, softcap, has_bias, ls", [(torch.float32, 30.0, True, 0.1),
+                                                          (torch.float16, None, False, 0.0)])
+def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, dtype, softcap,
+                                               has_bias, ls):
+    # backward_low_memory.py: dE by row chunks, dC by column chunks (over row groups with
+    # "small"); dC's buffer and the workspace start as NaN, so a read before a write shows. With
+    # a z-loss on the lse and ignored rows.
+    import json
+
+    from own_kernel import backward_low_memory as blm
+
+    # "groups": chunks of pass 1 must be so tall that dC's buffer holds only part of their W
+    override = {"recompute": recompute, **(LOW_MEMORY_SMALL if chunks == "small" else {}),
+                **({**LOW_MEMORY_SMALL, "low_memory_min_entries": 24 * 64} if chunks == "groups" else {})}
+    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
+    monkeypatch.setattr(blm, "POISON", True)
+    g = torch.Generator().manual_seed(23)
+    n, d, v = 150, 24, 61  # n > 2 d: row groups need less workspace than every row at once
+    e = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
+    c = torch.randn(v, d, generator=g).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::4] = -100
+    loss, lse = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, label_smoothing=ls,
+                                     return_lse=True, low_memory=True)
+    (loss + 0.01 * (lse ** 2).mean()).backward()
+    plan = blm.LAST_PLAN
+    assert plan["tma"] == (recompute == "tma")
+    if chunks == "small":  # the paths this case is for
+        assert plan["rows_1"] < n and plan["rows_2"] < n and plan["width_2"] < v
+    if chunks == "groups":
+        assert plan["width_1"] < v
+    ref, e2, c2, b2 = reference(e, c, t, bias, softcap, ls=ls)
+    z = e2 @ c2.T + (b2 if b2 is not None else 0)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    (ref + 0.01 * (torch.logsumexp(z, 1) ** 2).mean()).backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert rel(loss.detach(), ref.detach()) < tol
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+    if has_bias:
+        assert rel(bias.grad, b2.grad) < tol
+
+
+@pytest.mark.parametrize("n, v, d, elt", [(8192, 256000, 2304, 2), (32768, 32000, 2304, 2),
+                                          (65536, 151936, 512, 2), (2048, 20000, 4096, 2),
+                                          (37, 61, 24, 4), (1, 7, 16, 2), (300, 3, 8, 4)])
+def test_low_memory_plan_fits_its_buffers(n, v, d, elt):
+    # Pass 1's W and fp32 result fit the larger of dC's buffer and pass 2's; pass 2's fit its
+    # buffer; that buffer is low_memory_frac of the gradients wherever that holds one row block.
+    from own_kernel.backward_low_memory import low_memory_plan, tile_bytes
+    from own_kernel.configs import _SM90_16BIT
+
+    cfg = dict(_SM90_16BIT)
+    plan = low_memory_plan(n, v, d, elt, cfg)
+    rows_1, width_2, rows_2, ws = plan["rows_1"], plan["width_2"], plan["rows_2"], plan["workspace_2"]
+    assert 1 <= rows_1 <= n and 1 <= rows_2 <= n and 1 <= width_2 <= v
+    width_1 = plan["width_1"]
+    assert tile_bytes(rows_1, width_1, rows_1, d, elt) <= max(v * d * elt, ws)
+    assert rows_1 * d >= min(n, 2**21 // d) * d or rows_1 == n
+    assert tile_bytes(rows_2, width_2, 0 if rows_2 == n else width_2, d, elt) <= ws
+    for rows in (rows_1, rows_2):
+        assert rows == n or rows % 128 == 0
+    grads = (n + v) * d * elt
+    if n >= 2048:
+        assert ws <= grads / 16 + 1
+        assert width_2 >= min(v, 2**21 // d)
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_de_keeps_the_component_all_rows_of_c_share(low_memory):
+    # Every row of C near one large shared vector u: dE = sum_v d[n, v] C[v] cancels along u
+    # (sum_v d[n, v] = 0), and rounding W to fp16 leaves a residual there unless RowRound
+    # puts it back (dlogits.py). The naive fp16 baseline keeps it; both backwards must not.
+    g = torch.Generator().manual_seed(3)
+    n, d, v = 64, 32, 97
+    u = torch.randn(d, generator=g)
+    c = (8 * u + 0.2 * torch.randn(v, d, generator=g)).half().requires_grad_()
+    e = (0.3 * torch.randn(n, d, generator=g)).half().requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    linear_cross_entropy(e, c, t, low_memory=low_memory).backward()
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    e3, c3 = e.detach().clone().requires_grad_(), c.detach().clone().requires_grad_()
+    F.cross_entropy((e3 @ c3.T).float(), t).backward()
+    assert rel(e.grad, e2.grad) < 0.2 * rel(e3.grad, e2.grad)
+    assert rel(c.grad, c2.grad) < 1e-3
+
+
+def test_low_memory_rejects_the_filter_and_non_bools():
+    e, c, t = torch.randn(4, 8), torch.randn(5, 8), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="low_memory.*filter_eps"):
+        linear_cross_entropy(e, c, t, filter_eps="auto", low_memory=True)
+    with pytest.raises(TypeError, match="low_memory"):
+        linear_cross_entropy(e, c, t, low_memory=1)
 
 
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
@@ -595,7 +801,8 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
         assert backward.LAST_PLAN["filter_off"] is None
 
 
-def test_custom_ops_pass_opcheck():
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_custom_ops_pass_opcheck(low_memory):
     # Schema, fake (meta) implementation and autograd registration of both ops, as
     # torch.compile uses them.
     from own_kernel.api import lce_rows, lce_rows_backward
@@ -605,12 +812,13 @@ def test_custom_ops_pass_opcheck():
     c = torch.randn(23, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 23, (9,), generator=g)
     t[2] = -100
-    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0, False)
+    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0, False, low_memory)
     torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
                                                        "test_autograd_registration"))
     loss, lse, p_max = lce_rows(*args)
     torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, p_max,
-                                              torch.ones(9), None, -100, 0.0, 0.0, -1.0, 0.0),
+                                              torch.ones(9), None, -100, 0.0, 0.0, -1.0, 0.0,
+                                              low_memory),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -785,6 +993,7 @@ def _calls(draw):
         scale=draw(st.sampled_from([1.0, 8.0])),  # 8: large logits
         # where ignored rows are dropped: before the forward, before the backward, never
         drop=draw(st.sampled_from(["forward", "backward", "none"])),
+        low_memory=draw(st.booleans()),  # backward_low_memory.py, in small chunks (exact only)
         dtype=draw(st.sampled_from(_DTYPES)),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -804,7 +1013,7 @@ def test_random_calls_match_fp64(call):
     import own_kernel.api as api
 
     before = os.environ.get("CCE_OWN_CONFIG")
-    os.environ["CCE_OWN_CONFIG"] = json.dumps(DROP_CONFIGS[call["drop"]])
+    os.environ["CCE_OWN_CONFIG"] = json.dumps({**DROP_CONFIGS[call["drop"]], **LOW_MEMORY_SMALL})
     api._RECENT_USED.clear()  # no history: the forward reads the count (when its config lets it)
     try:
         _check_call(call)
@@ -843,7 +1052,8 @@ def _check_call(call):
     t = t.to(dev)
     kw = dict(bias=bias, softcap=call["softcap"], reduction=call["reduction"],
               label_smoothing=call["ls"], shift=call["shift"], ignore_index=ii,
-              filter_eps=call["filter_eps"])
+              filter_eps=None if call["low_memory"] else call["filter_eps"],
+              low_memory=call["low_memory"])
     zw = call["lse_weight"]
     if zw:
         loss, lse = linear_cross_entropy(e, c, t, return_lse=True, **kw)
@@ -873,7 +1083,7 @@ def _check_call(call):
         return
     total.backward()
     ref_total.backward()
-    tol = _TOL[dt] if call["filter_eps"] is None else 0.1
+    tol = _TOL[dt] if kw["filter_eps"] is None else 0.1
     # relative error, with an absolute floor for rounding where the reference is (near) 0
     # (V = 1: loss and gradients exactly 0); the loss is fp32 whatever the inputs
     assert (loss.detach().double() - ref.detach()).norm() <= 1e-4 * ref.detach().norm() + 1e-5

@@ -221,7 +221,7 @@ def test_run_calls_the_runner_then_writes_table1(tmp_path, monkeypatch):
     out = tmp_path / "t1"
     assert reproduce.main(parse(["--out", str(out), "--device", "cuda", "--reps", "5"])) == 0
     assert calls["preset"] == "gemma2-2b"
-    assert calls["providers"] == ["own", "own_filter", "apple_cce", "apple_cce_nofilter",
+    assert calls["providers"] == ["own", "own_filter", "own_low_memory", "apple_cce", "apple_cce_nofilter",
                                   "liger_flce", "chunked", "torch_compile", "naive"]
     assert calls["phases"] == ["loss", "grad", "loss+grad"]
     assert calls["kw"]["reps"] == 5 and calls["kw"]["device"] == "cuda"

@@ -85,7 +85,7 @@ def test_backends_agree_on_the_same_step():
     assert train_losses("naive", steps=3) == ref
 
 
-INTERPRETED = ["own", "own_filter", "liger_ce"]  # the Triton backends; liger_flce is slow there
+INTERPRETED = ["own", "own_filter", "own_low_memory", "liger_ce"]  # the Triton backends; liger_flce is slow there
 INTERPRETER_SCRIPT = textwrap.dedent("""
     import json, math, sys
     import torch

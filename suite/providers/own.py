@@ -2,11 +2,12 @@
 from suite.registry import needs_triton_device, register
 
 
-def _call(e, c, targets, bias, softcap, ignore_index, filter_eps):
+def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False):
     from own_kernel import linear_cross_entropy
 
     return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
-                                ignore_index=ignore_index, filter_eps=filter_eps)
+                                ignore_index=ignore_index, filter_eps=filter_eps,
+                                low_memory=low_memory)
 
 
 @register("own", summary="own Triton CCE, exact gradients", features=("bias", "softcap"),
@@ -19,3 +20,9 @@ def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           features=("bias", "softcap"), requires=needs_triton_device, exact=False)
 def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, "auto")
+
+
+@register("own_low_memory", summary="own Triton CCE, exact, low_memory=True (no fp32 dE copy)",
+          features=("bias", "softcap"), requires=needs_triton_device)
+def own_low_memory(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, None, low_memory=True)
