@@ -8,7 +8,7 @@ of that kind exists; each output row is finished inside one chunk:
                               dE[rows] = scale (W @ C + RowRound x mean(C))    (fp32 in the GEMM;
                                          over column groups when dC's buffer cannot hold enough
                                          rows of W, an fp32 rows x D sum)
-  pass 2, columns [v0, v1):   W_g = softmax gradient of row group g x columns
+  pass 2, columns [v0, v1):   W_g = softmax gradient of row group g x columns (pass2_chunks)
                               dC[cols] = scale sum_g W_g^T @ E[g]   (one GEMM when every row fits,
                                                                      else an fp32 w x D sum)
   end:                        dC += scale ColRound x mean(E)                   (rank1_dc)
@@ -17,8 +17,8 @@ dE and dC each come out of one fp32 reduction and one rounding, as in backward.p
 give the same accuracy (RowRound / ColRound: what rounding W removed; see dlogits.py). The price
 is a second recompute of the logits: five N x V x D matmuls instead of four.
 
-Workspace: pass 1 works in dC's buffer (not yet written), pass 2 in one buffer of low_memory_frac
-of the gradients' bytes (low_memory_plan). Exact gradients only: the filter's column skipping
+Workspace: pass 1 works in dC's buffer (not yet written), pass 2 in dC's unwritten tail while it
+is large enough, then in one buffer of low_memory_frac of the gradients' bytes (low_memory_plan). Exact gradients only: the filter's column skipping
 needs a chunk's every row at once (backward.py).
 """
 import math
@@ -75,7 +75,7 @@ def low_memory_plan(n: int, v: int, d: int, elt: int, cfg: dict) -> dict:
     dc_bytes = v * d * elt
     need_1 = tile_bytes(min_rows_1, min(v, 8), min_rows_1, d, elt)
     workspace_2 = max(int(cfg.get("low_memory_frac", 1 / 16) * grads),
-                      tile_bytes(min_rows_2, min_width, min_width, d, elt),
+                      tile_bytes(min_rows_2, min(min_width, 64), min(min_width, 64), d, elt),
                       need_1 if dc_bytes < need_1 else 0)
 
     def fitting(nbytes, per_row, least, total, step):
@@ -88,16 +88,55 @@ def low_memory_plan(n: int, v: int, d: int, elt: int, cfg: dict) -> dict:
     if rows_1 < min_rows_1:
         rows_1 = min_rows_1
         width_1 = fitting(buf_1 - _up(rows_1 * d * 4), rows_1 * elt, 8, v, 8)
-    # Pass 2: every row at once (dC straight from one GEMM) where that leaves chunks at least
-    # min_width wide; else min_width columns over row groups.
+    # Pass 2 in its workspace: every row at once (dC straight from one GEMM) where that leaves
+    # chunks at least min_width wide; else row groups, the chunk's fp32 sum taking at most half
+    # of the workspace (a min_width sum could leave W only a sliver: GEMMs of a few rows).
     width = fitting(workspace_2, n * elt, 0, v, 8) if n else v
     if width >= min_width:
         width_2, rows_2 = width, n
     else:
-        width_2 = min_width
+        width_2 = max(min(8, min_width), min(min_width, workspace_2 // 2 // (4 * d) // 8 * 8))
+        while width_2 > 8 and tile_bytes(min_rows_2, width_2, width_2, d, elt) > workspace_2:
+            width_2 -= 8
         rows_2 = fitting(workspace_2 - _up(width_2 * d * 4), _ld(width_2) * elt, min_rows_2, n, align)
     return dict(rows_1=rows_1, width_1=width_1, width_2=width_2, rows_2=rows_2,
-                workspace_2=workspace_2)
+                workspace_2=workspace_2,
+                chunks_2=pass2_chunks(n, v, d, elt, width_2, rows_2, min(width_2, 256)))
+
+
+def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
+                 min_tail: int) -> list[tuple[int, int, int, bool]]:
+    """Pass 2's chunks [(v0, width, rows per group, W in dC)]. While dC's unwritten tail can
+    hold W for every row of a chunk at least as wide as the workspace's (min_tail with row
+    groups), W goes there, at dC's end, above the chunk's own rows (written by its GEMM), as
+    backward.py's chunks do; then width_2 x rows_2 in the workspace. Widths are multiples of 8
+    (an unaligned GEMM dimension sends cuBLAS to slow kernels), the last few columns apart."""
+    chunks, v0 = [], 0
+    while v0 < v:
+        rest = v - v0
+        tail = ((rest * d * elt - 2 * WORKSPACE_ALIGN) // (elt * (n + d))) // 8 * 8 if n else 0
+        tail = min(tail, rest // 8 * 8)
+        if tail >= (width_2 if rows_2 >= n else min_tail) and tail > 0:
+            chunks.append((v0, tail, n, True))
+            v0 += tail
+            continue
+        width = min(width_2, rest)
+        width = width // 8 * 8 or width
+        chunks.append((v0, width, rows_2, False))
+        v0 += width
+    return chunks
+
+
+def _gemm_into(acc, a, b, first: bool) -> None:
+    """acc (fp32) = a @ b (first) or += a @ b, the reduction split at its last multiple of 8: an
+    unaligned one (V 50257) sends cuBLAS to kernels several times slower."""
+    k = a.shape[1]
+    k8 = k // 8 * 8
+    for i, (lo, hi) in enumerate([(0, k8), (k8, k)] if 0 < k8 < k else [(0, k)]):
+        if first and i == 0:
+            mm_fp32(a[:, lo:hi], b[lo:hi], acc)
+        else:
+            addmm_fp32(acc, a[:, lo:hi], b[lo:hi])
 
 
 class _WriteW:
@@ -219,10 +258,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
             width = min(width_1, v - v0)
             w = _view(buf, 0, rows, width, _ld(width_1), e.dtype)
             write_w(e_rows, r0, w, v0, col_round=False)
-            if v0 == 0:
-                mm_fp32(w, c[v0:v0 + width], acc)
-            else:
-                addmm_fp32(acc, w, c[v0:v0 + width])
+            _gemm_into(acc, w, c[v0:v0 + width], v0 == 0)
         if scale_f is None:
             scale_f = float(scale)
             if scale_f == 0.0 or not math.isfinite(scale_f):
@@ -235,14 +271,13 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
     if bias is not None:
         dbias.copy_(col_sum * scale_f)  # pass 1 saw every (row, column) once
 
-    # Pass 2: dC, width_2 columns at a time, over groups of rows_2 rows.
-    width_2, rows_2 = plan["width_2"], plan["rows_2"]
-    ld = _ld(width_2)
-    for v0 in range(0, v, width_2):
-        width = min(width_2, v - v0)
+    # Pass 2: dC by column chunks (chunks_2), each over row groups (fp32 sum) or all rows at once.
+    for v0, width, rows_2, in_dc in plan["chunks_2"]:
+        ld = _ld(width)
         dc_chunk = dc[v0:v0 + width]
         if rows_2 >= n:
-            w = _view(work, 0, n, width, ld, e.dtype)
+            at = (dc_bytes.numel() - n * ld * elt) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+            w = _view(dc_bytes if in_dc else work, at if in_dc else 0, n, width, ld, e.dtype)
             write_w(e, 0, w, v0)
             mm_scaled(dc_chunk, w.t(), e, scale_f)
             continue
@@ -252,10 +287,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
             w = _view(work, 0, rows, width, ld, e.dtype)
             e_rows = e[r0:r0 + rows]
             write_w(e_rows, r0, w, v0)
-            if r0 == 0:
-                mm_fp32(w.t(), e_rows, acc)
-            else:
-                addmm_fp32(acc, w.t(), e_rows)
+            _gemm_into(acc, w.t(), e_rows, r0 == 0)
         dc_chunk.copy_(acc.mul_(scale_f))
     del work
     if not tma or cfg.get("col_round", True):
