@@ -127,12 +127,16 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
     return chunks
 
 
-def _gemm_into(acc, a, b, first: bool) -> None:
-    """acc (fp32) = a @ b (first) or += a @ b, the reduction split at its last multiple of 8: an
-    unaligned one (V 50257) sends cuBLAS to kernels several times slower."""
+def _gemm_into(acc, a, b, first: bool, max_k: int) -> None:
+    """acc (fp32) = a @ b (first) or += a @ b, in reductions of at most max_k, split at
+    multiples of 8. An unaligned reduction (V 50257) sends cuBLAS to kernels several times
+    slower; a long one loses accuracy: with K = 256000 in one GEMM, dE's error on lm inputs was
+    1.4 times that of 8192-wide pieces (measurements/lowmem-v19/acc.txt), whose partial sums
+    add in fp32 as backward.py's chunks do."""
     k = a.shape[1]
-    k8 = k // 8 * 8
-    for i, (lo, hi) in enumerate([(0, k8), (k8, k)] if 0 < k8 < k else [(0, k)]):
+    cuts = list(range(0, k // 8 * 8, max(8, max_k // 8 * 8))) + [k // 8 * 8, k]
+    spans = [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo] or [(0, k)]
+    for i, (lo, hi) in enumerate(spans):
         if first and i == 0:
             mm_fp32(a[:, lo:hi], b[lo:hi], acc)
         else:
@@ -247,6 +251,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
     # Pass 1: dE, rows_1 rows at a time (over column groups of width_1, summed in fp32); W and
     # the fp32 result in dC's buffer (or the pass-2 buffer, when that is larger: a tiny dC).
     rows_1, width_1 = plan["rows_1"], plan["width_1"]
+    max_k = cfg.get("low_memory_max_k", 8192)
     buf = dc_bytes if dc_bytes.numel() >= work.numel() else work
     acc_at = _up(rows_1 * _ld(width_1) * elt)
     scale_f = None
@@ -258,7 +263,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
             width = min(width_1, v - v0)
             w = _view(buf, 0, rows, width, _ld(width_1), e.dtype)
             write_w(e_rows, r0, w, v0, col_round=False)
-            _gemm_into(acc, w, c[v0:v0 + width], v0 == 0)
+            _gemm_into(acc, w, c[v0:v0 + width], v0 == 0, max_k)
         if scale_f is None:
             scale_f = float(scale)
             if scale_f == 0.0 or not math.isfinite(scale_f):
@@ -287,7 +292,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
             w = _view(work, 0, rows, width, ld, e.dtype)
             e_rows = e[r0:r0 + rows]
             write_w(e_rows, r0, w, v0)
-            _gemm_into(acc, w.t(), e_rows, r0 == 0)
+            _gemm_into(acc, w.t(), e_rows, r0 == 0, max_k)
         dc_chunk.copy_(acc.mul_(scale_f))
     del work
     if not tma or cfg.get("col_round", True):

@@ -45,6 +45,10 @@ POISON = os.environ.get("CCE_OWN_POISON") == "1"
 # compact_max_used (default 15/16): the backward runs on the used rows only (gathered) when at
 # most this fraction of targets is not ignore_index, and the peak allows (api.compaction_pays);
 # compact_fwd_min_flops (default 0): from this many forward flops on, the forward does too.
+# low_memory_* (backward_low_memory.py, low_memory=True): low_memory_frac, pass 2's workspace as a
+# fraction of the gradients' bytes (default 1/16); low_memory_min_entries, the least rows x D
+# (pass 1) or columns x D (pass 2) of a chunk's output (default 2^21); low_memory_row_align, row
+# counts' multiple (default 128); low_memory_max_k, the longest reduction per GEMM (default 8192).
 # filter_fused: whether the fused chunks behind cuBLAS chunks filter (block-sparse Triton GEMMs) or
 # run exact on cuBLAS (faster on an H200 at Gemma 2 (2B) and V 32000: tune-v10-filter-fused;
 # measured before the tail moved to dlogits_tma.py, it now matters with recompute="cublas" only).

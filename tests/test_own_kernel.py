@@ -353,7 +353,8 @@ def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, sof
 
 
 # Small chunks for the low-memory backward: several pass-1 row chunks, pass-2 row groups.
-LOW_MEMORY_SMALL = {"low_memory_frac": 0.0, "low_memory_row_align": 4, "low_memory_min_entries": 300}
+LOW_MEMORY_SMALL = {"low_memory_frac": 0.0, "low_memory_row_align": 4, "low_memory_min_entries": 300,
+                    "low_memory_max_k": 16}
 
 
 @pytest.mark.parametrize("recompute", ["tma", "triton"])
