@@ -19,7 +19,7 @@ from pathlib import Path
 
 from suite import results
 from suite.results import ENV_NAME, read_rows
-from suite.schema import PHASES
+from suite.schema import DTYPE_BYTES, PHASES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MAX_CELL_TABLES = 6
@@ -174,7 +174,9 @@ def summary(rows: list[dict], cells=None, providers=None) -> str:
 
 def versus_table(rows: list[dict], provider: str, peers) -> str:
     """One row per cell: ``provider``'s loss+grad time over the floor and over each peer's, its
-    memory over each peer's, and the dE errors; then per peer how many cells it was faster.
+    memory over the gradients' size (dE + dC (+ dbias) in the cell's dtype) and over each peer's,
+    and the dE errors; then per peer how many cells it was faster, and in how many cells its
+    memory was within 1.10x the gradients.
     Rows from several folders: the latest (timestamp) of each (cell, provider, phase) wins."""
     latest = {}
     for r in rows:
@@ -195,10 +197,12 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
     # A column for the fraction of ignored targets only where some cell has any.
     ignored = any(shape(c)[-1] > 0 for c in cells)
     head = ["dtype", "dist", "N", "D", "V"] + (["ignored"] if ignored else []) + [f"{provider} ×floor"]
+    head += [f"{provider} MiB ÷ grads"]
     head += [f"time / {p}" for p in peers] + [f"MiB / {p}" for p in peers]
     head += [f"dE err {provider}"] + [f"dE err {p}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     faster = {p: [0, 0] for p in peers}  # cells faster, cells compared
+    near_grads = [0, 0]  # cells with memory <= GRADS_RATIO x the gradients, cells measured
 
     def ok(r):
         return r is not None and r["status"] == "ok"
@@ -211,6 +215,11 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
         cols += [f"{shape(c)[-1]:g}"] if ignored else []
         cols += [f"{_num(me['floor_ratio']):.2f}" if mine_ok and me["floor_ratio"] else
                 ("–" if mine_ok else me["status"])]
+        over_grads = _num(me["peak_extra_mib"]) * 2**20 / grads_bytes(me) if mine_ok else math.nan
+        cols.append(f"{over_grads:.3f}" if math.isfinite(over_grads) else "–")
+        if math.isfinite(over_grads):
+            near_grads[0] += over_grads <= GRADS_RATIO
+            near_grads[1] += 1
         for p, r in zip(peers, others):
             if mine_ok and ok(r):
                 ratio = _num(me["ms"]) / _num(r["ms"])
@@ -227,7 +236,19 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
         lines.append("| " + " | ".join(cols) + " |")
     lines.append("")
     lines += [f"- {provider} faster than {p} (loss+grad) in {n} of {m} cells" for p, (n, m) in faster.items()]
+    lines.append(f"- {provider} loss+grad memory within {GRADS_RATIO:.2f}× the gradients in "
+                 f"{near_grads[0]} of {near_grads[1]} cells")
     return "\n".join(lines)
+
+
+GRADS_RATIO = 1.10  # issue 3's target: loss+grad memory <= 1.10x the gradients (dE + dC)
+
+
+def grads_bytes(row) -> int:
+    """Bytes of the gradients a loss+grad call returns: dE (N x D), dC (V x D), dbias (V)."""
+    n, d, v = int(row["n"]), int(row["d"]), int(row["v"])
+    bias = str(row.get("bias", "0")) in ("1", "True", "true")
+    return ((n + v) * d + (v if bias else 0)) * DTYPE_BYTES[row["dtype"]]
 
 
 def env_line(run_dir) -> str:

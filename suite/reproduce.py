@@ -17,8 +17,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from suite.schema import DTYPE_BYTES
+
 MIB = 2**20
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # The paper's Table 1 setting.
 PRESET = "gemma2-2b"

@@ -17,6 +17,9 @@ PHASE_HELP = {
     "loss+grad": "forward + backward",
 }
 
+# Bytes per element of each dtype name.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
 # Row status values.
 STATUSES = ("ok", "oom", "error", "nan", "unsupported", "unavailable", "crashed")
 

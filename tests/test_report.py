@@ -144,16 +144,17 @@ def test_versus_table_ratios_statuses_and_latest_rows():
         _lg_row((8, 100), "own_filter", 2.0, 10.0, 1e-3, floor=0.5),
         _lg_row((8, 100), "apple_cce", 4.0, 5.0, 0.5),
         _lg_row((8, 100), "apple_cce", 1.0, 5.0, 0.5, ts="2025-01-01T00:00:00"),  # older: ignored
-        _lg_row((8, 50), "own_filter", 3.0, 10.0, 2e-3, floor=1.0),
+        _lg_row((8, 50), "own_filter", 3.0, 0.0075, 2e-3, floor=1.0),  # 1.06x dE + dC's 7424 bytes
         _lg_row((8, 50), "apple_cce", 0, 0, 0, status="error"),
         _lg_row((8, 50), "own", 1.0, 1.0, 0.0, status="ok"),  # not asked for
     ]
     text = report.versus_table(rows, "own_filter", ["apple_cce"])
     lines = [line for line in text.splitlines() if line.startswith("| bf16")]
     # sorted by V; the failed peer shows its status, no ratio
-    assert lines == ["| bf16 | lm | 8 | 64 | 50 | 3.00 | error | – | 2.0e-03 | – |",
-                     "| bf16 | lm | 8 | 64 | 100 | 4.00 | 0.50 | 2.00 | 1.0e-03 | 5.0e-01 |"]
-    assert text.endswith("- own_filter faster than apple_cce (loss+grad) in 1 of 1 cells")
+    assert lines == ["| bf16 | lm | 8 | 64 | 50 | 3.00 | 1.059 | error | – | 2.0e-03 | – |",
+                     "| bf16 | lm | 8 | 64 | 100 | 4.00 | 758.519 | 0.50 | 2.00 | 1.0e-03 | 5.0e-01 |"]
+    assert text.endswith("- own_filter faster than apple_cce (loss+grad) in 1 of 1 cells\n"
+                         "- own_filter loss+grad memory within 1.10× the gradients in 1 of 2 cells")
     with pytest.raises(ValueError, match="no loss\\+grad rows of provider 'missing'"):
         report.versus_table(rows, "missing", ["apple_cce"])
 
@@ -166,8 +167,8 @@ def test_versus_table_shows_ignored_fraction_where_any_cell_has_one():
     lines = [line for line in report.versus_table(rows + masked, "own", ["apple_cce"]).splitlines()
              if line.startswith("| ")]
     assert lines[0].startswith("| dtype | dist | N | D | V | ignored | own ×floor |")
-    assert lines[1].startswith("| bf16 | lm | 8 | 64 | 100 | 0 | 2.00 | 0.50 |")
-    assert lines[2].startswith("| bf16 | lm | 8 | 64 | 100 | 0.6 | 2.00 | 0.50 |")
+    assert lines[1].startswith("| bf16 | lm | 8 | 64 | 100 | 0 | 2.00 | 758.519 | 0.50 |")
+    assert lines[2].startswith("| bf16 | lm | 8 | 64 | 100 | 0.6 | 2.00 | 758.519 | 0.50 |")
 
 
 def test_versus_command_over_a_run_folder(capsys):
