@@ -348,6 +348,10 @@ class Grads:
     kept_count: torch.Tensor = None   # (chunks,) int32
 
 
+def zeros_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    return torch.zeros_like(t) if t is not None else None
+
+
 def normalise_weights(e, row_weight, row_weight_lse, filtering):
     """(row_weight, row_weight_lse, scale_dev): the weights divided by their largest magnitude
     scale_dev (a device scalar) for fp16 inputs or a filtered call; else unchanged, scale None."""
@@ -370,10 +374,7 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     p_max is below filter_min_p_max are never skipped (their threshold is 0). de_out: an (N, D)
     buffer that dE may be written into, e.g. e itself when the caller no longer needs it (e is
     not read after the chunks)."""
-    n, d = e.shape
-    v = c.shape[0]
-    cfg = config_for(e.device, e.dtype)
-    dbias = torch.zeros_like(bias) if bias is not None else None
+    (n, d), v, cfg, dbias = e.shape, c.shape[0], config_for(e.device, e.dtype), zeros_like(bias)
     if n == 0:
         return torch.zeros_like(e), torch.zeros_like(c), dbias
     cuda = e.device.type == "cuda"

@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.backward import (HostScalar, WORKSPACE_ALIGN, addmm_fp32, backward,
                                  cublas_accumulates_fp32, mm_fp32, mm_scaled, normalise_weights,
-                                 rank1_dc, sampled_mean)
+                                 rank1_dc, sampled_mean, zeros_like)
 from own_kernel.configs import POISON, config_for
 from own_kernel.dlogits import cce_dlogits_kernel
 from own_kernel.dlogits_tma import cce_dlogits_tma_kernel
@@ -215,10 +215,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
     low_memory_plan instead of an fp32 N x D accumulator."""
     if filter_eps is not None:
         raise ValueError("low_memory: computes exact gradients only; pass filter_eps=None")
-    n, d = e.shape
-    v = c.shape[0]
-    cfg = config_for(e.device, e.dtype)
-    dbias = torch.zeros_like(bias) if bias is not None else None
+    (n, d), v, cfg, dbias = e.shape, c.shape[0], config_for(e.device, e.dtype), zeros_like(bias)
     if n == 0:
         return torch.zeros_like(e), torch.zeros_like(c), dbias
     if e.is_cuda and e.dtype != torch.float32 and not cublas_accumulates_fp32(e.device, e.dtype):
