@@ -9,6 +9,8 @@ profiler (nothing is timed here):
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
 pace): python -m own_kernel.profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
+[--low-memory] [--trace t.json]. With --trace it also prints each kernel family's GPU time per
+call in floors (one cuBLAS E @ C.T of the shape) and the GPU's idle time.
 """
 import argparse
 import cProfile
@@ -33,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--v", type=int, default=256000)
     ap.add_argument("--softcap", type=float, default=30.0, help="0 = none (host only)")
     ap.add_argument("--filter", action="store_true", help="filter_eps='auto' (host only)")
+    ap.add_argument("--low-memory", action="store_true", help="low_memory=True (host only)")
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     args = ap.parse_args(argv)
@@ -41,7 +44,8 @@ def main(argv=None):
     inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
-        host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace)
+        host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace,
+                     low_memory=args.low_memory)
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
@@ -54,12 +58,13 @@ def main(argv=None):
     torch.cuda.synchronize()
 
 
-def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20):
+def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False):
     e.requires_grad_(), c.requires_grad_()
 
     def call():
         e.grad = c.grad = None
-        linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=filter_eps).backward()
+        linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=filter_eps,
+                             low_memory=low_memory).backward()
 
     for _ in range(5):
         call()
@@ -92,13 +97,46 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20):
                 call()
             torch.cuda.synchronize()
         p.export_chrome_trace(trace)
-        print_gpu_gaps(trace)
+        print_gpu_gaps(trace, floor_ms=floor_ms(e, c), calls=3)
 
 
-def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15) -> None:
+def floor_ms(e, c, reps=20) -> float:
+    """The suite's floor: median time of one cuBLAS E @ C.T (CUDA events, after a warm-up)."""
+    with torch.no_grad():
+        for _ in range(3):
+            torch.mm(e, c.T)
+        events = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.mm(e, c.T)
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(t) for s, t in events)
+
+
+def kernel_family(name: str) -> str:
+    """Which part of a loss+grad call a GPU operation belongs to, by its kernel's name."""
+    if name.startswith("cce_fwd") or name in ("cce_target_logit_kernel", "cce_lse_combine_kernel",
+                                             "cce_check_targets_kernel"):
+        return "forward"
+    if name.startswith("cce_dlogits"):
+        return "recompute + softmax gradient"
+    if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma")):
+        return "cuBLAS GEMMs (dE, dC)"
+    if name.startswith("cce_"):
+        return "other own kernels"
+    return "torch ops, copies, memsets"
+
+
+def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
+                   floor_ms: float | None = None, calls: int = 1) -> None:
     """Where the GPU idled in a torch.profiler trace: its busy time against the span of the
     traced calls, and the longest gaps between GPU operations, each with the host operation
-    that launched the next one (the host was still busy there, or waiting)."""
+    that launched the next one (the host was still busy there, or waiting). With floor_ms (one
+    E @ C.T) and the number of traced calls: each kernel family's time per call in floors
+    (issue 3's exact target: 4.6 floors for the whole call; four matmuls' worth is the least)."""
     with open(trace_path) as f:
         events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
     gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
@@ -137,6 +175,17 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15) -> 
     print("GPU time by operation (all traced calls):")
     for name, (count, us) in sorted(totals.items(), key=lambda x: -x[1][1])[:top]:
         print(f"  {us / 1e3:8.3f} ms {count:5d}x {name!r}")
+    if floor_ms:
+        families: dict = {}
+        for ev in gpu:
+            family = kernel_family(ev["name"])
+            families[family] = families.get(family, 0.0) + ev["dur"]
+        per_call = 1e3 * calls * floor_ms  # us of the traced calls per floor and call
+        print(f"Per call, in floors (one E @ C.T = {floor_ms:.3f} ms):")
+        for family, us in sorted(families.items(), key=lambda x: -x[1]):
+            print(f"  {us / per_call:6.3f}  {family}")
+        print(f"  {(span - busy) / per_call:6.3f}  GPU idle")
+        print(f"  {span / per_call:6.3f}  span of the traced calls")
 
 
 if __name__ == "__main__":
