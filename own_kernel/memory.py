@@ -42,14 +42,19 @@ def peak_breakdown(trace: list[dict]) -> tuple[int, list[tuple[int, str]]]:
     return peak, sorted(at_peak.values(), reverse=True)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_call_arguments(ap, note: str = "") -> None:
+    """The shape and options of the call a measuring tool makes (Gemma 2 (2B) by default)."""
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--d", type=int, default=2304)
     ap.add_argument("--v", type=int, default=256000)
-    ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
-    ap.add_argument("--filter", action="store_true", help="filter_eps='auto' instead of exact")
-    ap.add_argument("--low-memory", action="store_true", help="low_memory=True (exact)")
+    ap.add_argument("--softcap", type=float, default=30.0, help=f"0 = none{note}")
+    ap.add_argument("--filter", action="store_true", help=f"filter_eps='auto' instead of exact{note}")
+    ap.add_argument("--low-memory", action="store_true", help=f"low_memory=True (exact){note}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_call_arguments(ap)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("own_kernel.memory needs a CUDA device (it reads the CUDA allocator's trace)")

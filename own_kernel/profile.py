@@ -25,17 +25,13 @@ import torch
 from own_kernel import linear_cross_entropy
 from own_kernel.configs import config_for
 from own_kernel.forward import forward
+from own_kernel.memory import add_call_arguments
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=("fwd", "bwd", "bwd-filter", "host"))
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--d", type=int, default=2304)
-    ap.add_argument("--v", type=int, default=256000)
-    ap.add_argument("--softcap", type=float, default=30.0, help="0 = none (host only)")
-    ap.add_argument("--filter", action="store_true", help="filter_eps='auto' (host only)")
-    ap.add_argument("--low-memory", action="store_true", help="low_memory=True (host only)")
+    add_call_arguments(ap, note=" (host only)")
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     args = ap.parse_args(argv)

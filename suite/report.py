@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from suite import results
+from suite.reproduce import GEMMA2_2B
 from suite.results import ENV_NAME, read_rows
 from suite.schema import DTYPE_BYTES, PHASES
 
@@ -178,13 +179,8 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
     and the dE errors; then per peer how many cells it was faster, and in how many cells its
     memory was within 1.10x the gradients.
     Rows from several folders: the latest (timestamp) of each (cell, provider, phase) wins."""
-    latest = {}
-    for r in rows:
-        key = (r["cell_id"], r["provider"], r["phase"])
-        if r["phase"] != "loss+grad":
-            continue
-        if key not in latest or r["timestamp"] >= latest[key]["timestamp"]:
-            latest[key] = r
+    latest = {k: r for k, r in _latest(rows).items() if k[2] == "loss+grad"}
+
     def shape(cell):
         r = latest[(cell, provider, "loss+grad")]
         ig = _num(r.get("ignore_frac"))
@@ -242,6 +238,133 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
 
 
 GRADS_RATIO = 1.10  # issue 3's target: loss+grad memory <= 1.10x the gradients (dE + dC)
+
+# Issue 3's other targets for the own kernel (bf16, on the GPU): forward time over one floor
+# (one cuBLAS E @ C.T of the cell's shape), exact loss+grad over floors (1.15 x the four matmuls
+# it needs at least), own_filter against torch.compile on lm inputs (time, memory), gradient
+# errors over the naive baseline's (exact, filtered), the loss phase's memory in MiB.
+FWD_MAX, EXACT_MAX = 1.10, 1.15 * 4
+FILTER_TIME_MAX, FILTER_MIB_MAX = 1.0, 0.25
+EXACT_ERR_MAX, FILTER_ERR_MAX = 1.5, 3.0
+LOSS_MIB_MAX = 1.0
+
+
+def _latest(rows: list[dict]) -> dict:
+    """{(cell_id, provider, phase): row}, the latest (timestamp) of each."""
+    latest = {}
+    for r in rows:
+        key = (r["cell_id"], r["provider"], r["phase"])
+        if key not in latest or r["timestamp"] >= latest[key]["timestamp"]:
+            latest[key] = r
+    return latest
+
+
+def targets_table(rows: list[dict]) -> str:
+    """One row per bf16 cell with issue 3's targets for the own kernel: each value against its
+    bound (✗ where it misses), then per target how many cells meet it. A value needs its rows
+    with status ok (and the peer's, for a ratio); otherwise it shows –."""
+    latest = _latest(rows)
+
+    def get(cell, provider, phase):
+        r = latest.get((cell, provider, phase))
+        return r if r is not None and r["status"] == "ok" else None
+
+    def err_ratio(cell, provider):
+        me, base = get(cell, provider, "loss+grad"), get(cell, "naive", "loss+grad")
+        if me is None or base is None:
+            return math.nan
+        ratios = [_num(me[k]) / _num(base[k]) for k in ("de_rel_err", "dc_rel_err")
+                  if _num(base[k]) > 0 and math.isfinite(_num(me[k]))]
+        return max(ratios) if ratios else math.nan
+
+    def ratio(cell, provider, peer, col):
+        me, other = get(cell, provider, "loss+grad"), get(cell, peer, "loss+grad")
+        if me is None or other is None or not _num(other[col]) > 0:
+            return math.nan
+        return _num(me[col]) / _num(other[col])
+
+    def over_grads(cell, provider):
+        me = get(cell, provider, "loss+grad")
+        return math.nan if me is None else _num(me["peak_extra_mib"]) * 2**20 / grads_bytes(me)
+
+    first = {}  # a row of each bf16 cell, for its shape
+    for (cell, _, _), r in latest.items():
+        if r["dtype"] == "bf16" and cell not in first:
+            first[cell] = r
+    cells = sorted(first, key=lambda c: (first[c]["dist"], int(first[c]["n"]), int(first[c]["d"]),
+                                         int(first[c]["v"]), _num(first[c].get("softcap"))))
+    counts: dict = {}
+
+    def mark(name, value, ok, fmt="{:.2f}"):
+        """The value, ✗ where it misses; counted under `name` when it is measured."""
+        if not math.isfinite(value):
+            return "–"
+        met, total = counts.get(name, (0, 0))
+        counts[name] = (met + bool(ok), total + 1)
+        return fmt.format(value) + ("" if ok else " ✗")
+
+    def loss_mib(cell, r):
+        """own's loss-phase memory; the 1 MiB target is for the Gemma 2 (2B) shape only."""
+        loss = get(cell, "own", "loss")
+        mib = _num(loss["peak_extra_mib"]) if loss else math.nan
+        gemma = all(_num(r.get(k)) == float(GEMMA2_2B[k]) for k in ("n", "d", "v", "softcap"))
+        if gemma:
+            return mark("loss", mib, mib <= LOSS_MIB_MAX)
+        return f"{mib:.2f}" if math.isfinite(mib) else "–"
+
+    head = ["dist", "N", "D", "V", "softcap", "fwd ×floor", "own ×floor", "own_filter ÷ apple_cce",
+            "own_filter ÷ torch_compile (time / MiB)", "MiB ÷ grads own / own_low_memory",
+            "err ÷ naive own / own_filter / own_low_memory", "loss MiB own (target at Gemma)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        r = first[c]
+        softcap = _num(r.get("softcap"))
+        fwd = get(c, "own", "fwd")
+        exact = get(c, "own", "loss+grad")
+        fwd_x = _num(fwd["floor_ratio"]) if fwd else math.nan
+        exact_x = _num(exact["floor_ratio"]) if exact else math.nan
+        vs_apple = ratio(c, "own_filter", "apple_cce", "ms")
+        t_tc, m_tc = ratio(c, "own_filter", "torch_compile", "ms"), ratio(
+            c, "own_filter", "torch_compile", "peak_extra_mib")
+        if r["dist"] == "lm" and math.isfinite(t_tc) and math.isfinite(m_tc):
+            vs_tc = mark("filter_tc", t_tc, t_tc <= FILTER_TIME_MAX and m_tc <= FILTER_MIB_MAX,
+                         "{:.2f}") + f" / {m_tc:.2f}"
+        else:
+            vs_tc = "–"  # the target is for lm inputs
+        loss = get(c, "own", "loss")
+        cols = [r["dist"], r["n"], r["d"], r["v"],
+                f"{softcap:g}" if math.isfinite(softcap) and softcap > 0 else "–",
+                mark("fwd", fwd_x, fwd_x <= FWD_MAX),
+                mark("exact", exact_x, exact_x <= EXACT_MAX),
+                mark("apple", vs_apple, vs_apple < 1),
+                vs_tc,
+                " / ".join(mark(f"grads {p}", x, x <= GRADS_RATIO, "{:.3f}") for p, x in
+                           (("own", over_grads(c, "own")),
+                            ("own_low_memory", over_grads(c, "own_low_memory")))),
+                " / ".join(mark(f"err {p}", x, x <= bound) for p, bound in
+                           (("own", EXACT_ERR_MAX), ("own_filter", FILTER_ERR_MAX),
+                            ("own_low_memory", EXACT_ERR_MAX)) for x in [err_ratio(c, p)]),
+                loss_mib(c, r)]
+        lines.append("| " + " | ".join(cols) + " |")
+
+    def count(name, what):
+        met, total = counts.get(name, (0, 0))
+        return f"- {what}: {met} of {total} cells"
+
+    lines += ["", count("fwd", f"forward ≤ {FWD_MAX:.2f}× floor (own)"),
+              count("exact", f"loss+grad, exact, ≤ {EXACT_MAX:.2f} floors (own)"),
+              count("filter_tc", f"own_filter ≤ torch_compile's time at ≤ {FILTER_MIB_MAX:g}× its "
+                                 f"memory (lm inputs)"),
+              count("apple", "own_filter faster than apple_cce"),
+              count("grads own", f"loss+grad memory ≤ {GRADS_RATIO:.2f}× the gradients (own)"),
+              count("grads own_low_memory",
+                    f"loss+grad memory ≤ {GRADS_RATIO:.2f}× the gradients (own_low_memory)"),
+              count("err own", f"dE and dC errors ≤ {EXACT_ERR_MAX:g}× naive's (own)"),
+              count("err own_filter", f"dE and dC errors ≤ {FILTER_ERR_MAX:g}× naive's (own_filter)"),
+              count("err own_low_memory", f"dE and dC errors ≤ {EXACT_ERR_MAX:g}× naive's "
+                                          f"(own_low_memory)"),
+              count("loss", f"loss memory ≤ {LOSS_MIB_MAX:g} MiB (own, Gemma 2 (2B) shape)")]
+    return "\n".join(lines)
 
 
 def grads_bytes(row) -> int:
@@ -548,42 +671,73 @@ def add_arguments(parser) -> None:
     parser.add_argument("--versus", default=None, metavar="PROVIDER",
                         help="one comparison row per cell of PROVIDER against --peers, over "
                              "any number of run folders (e.g. results/grid-h200*)")
+    parser.add_argument("--targets", action="store_true",
+                        help="issue 3's targets for the own kernel, one row per bf16 cell, over "
+                             "any number of run folders (README section targets)")
     parser.add_argument("--peers", default="apple_cce,torch_compile",
                         help="comma-separated providers for --versus (default: %(default)s)")
     parser.add_argument("--section", default=None,
                         help="README marker name (default: gemma2-2b; train for training runs)")
 
 
-def _versus_main(args) -> int:
-    peers = [p for p in args.peers.split(",") if p]
-    if not peers:
-        raise ValueError("--peers: expected comma-separated provider names, got nothing")
+def _rows_of(folders) -> list[dict]:
     rows = []
-    for d in args.results:
+    for d in folders:
         got = read_rows(d)
         if not got:
             raise ValueError(f"no results in {d}/results.csv")
         rows += got
+    return rows
+
+
+def _generated_by(args, options: str) -> str:
     folders = ", ".join(f"`{Path(d).as_posix()}`" for d in args.results)
-    text = (f"Generated by `python -m suite report {' '.join(Path(d).as_posix() for d in args.results)} "
-            f"--versus {args.versus} --peers {','.join(peers)}"
-            f"{f' --section {args.section}' if args.section else ''}"
-            f"{' --update-readme' if args.update_readme else ''}` from {folders}. Loss+gradient "
-            f"phase; a ratio below 1 means {args.versus} is faster / smaller.\n\n"
-            + versus_table(rows, args.versus, peers))
+    return (f"Generated by `python -m suite report {' '.join(Path(d).as_posix() for d in args.results)}"
+            f"{options}{f' --section {args.section}' if args.section else ''}"
+            f"{' --update-readme' if args.update_readme else ''}` from {folders}.")
+
+
+def _print_and_update(args, text: str, default_section: str) -> int:
     if args.update_readme:
-        update_readme(text, args.section or "versus")
+        update_readme(text, args.section or default_section)
     print(text)
     if args.update_readme:
-        print(f"\nreport: README.md section '{args.section or 'versus'}' updated")
+        print(f"\nreport: README.md section '{args.section or default_section}' updated")
     return 0
+
+
+def _versus_main(args) -> int:
+    peers = [p for p in args.peers.split(",") if p]
+    if not peers:
+        raise ValueError("--peers: expected comma-separated provider names, got nothing")
+    rows = _rows_of(args.results)
+    text = (_generated_by(args, f" --versus {args.versus} --peers {','.join(peers)}")
+            + f" Loss+gradient phase; a ratio below 1 means {args.versus} is faster / smaller.\n\n"
+            + versus_table(rows, args.versus, peers))
+    return _print_and_update(args, text, "versus")
+
+
+def _targets_main(args) -> int:
+    rows = _rows_of(args.results)
+    text = (_generated_by(args, " --targets")
+            + " bf16 cells; times over the floor (one cuBLAS E @ C.T of the cell's shape, timed in "
+              "the same run); ratios are own_filter's loss+grad time or memory over the peer's; "
+              "MiB ÷ grads is the loss+grad peak over dE + dC (+ dbias); err ÷ naive is the larger "
+              "of the dE and dC errors over the naive baseline's; ✗ marks a value that misses its "
+              "bound, – one not measured.\n\n"
+            + targets_table(rows))
+    return _print_and_update(args, text, "targets")
 
 
 def main(args) -> int:
     train = [d for d in args.results if is_train_run(d)]
     try:
+        if args.versus and args.targets:
+            raise ValueError("give --versus or --targets, not both")
         if args.versus:
             return _versus_main(args)
+        if args.targets:
+            return _targets_main(args)
         if train and len(train) != len(args.results):
             other = [d for d in args.results if d not in train]
             raise ValueError(f"mix of training-step folders and other folders: "
