@@ -17,6 +17,7 @@ EXTERNAL = {
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
     "gate": ("suite.gate", "regression gates on results"),
     "report": ("suite.report", "markdown tables from a run folder or training-step folders; --update-readme"),
+    "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
 DISTS = ("uniform", "lm", "file")

@@ -731,32 +731,6 @@ def test_custom_ops_pass_opcheck(low_memory):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
-    # A synthetic torch.profiler trace of 2 calls: the breakdown divides each family's GPU time
-    # by calls x floor and counts the span not covered by any GPU operation as idle.
-    import json
-
-    from own_kernel.profile import kernel_family, print_gpu_gaps
-
-    ops = [("cce_fwd_tma_kernel", 0, 100), ("cce_dlogits_tma_kernel", 100, 150),
-           ("nvjet_sm90_tss_192x192_badd", 250, 120), ("Memset (Device)", 370, 10),
-           ("cce_fwd_tma_kernel", 480, 100), ("cce_dlogits_tma_kernel", 580, 150),
-           ("nvjet_sm90_tst_128x192_bz", 730, 120), ("cce_finalize_de_kernel", 850, 10)]
-    events = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur, "args": {}}
-              for n, ts, dur in ops]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    print_gpu_gaps(str(path), floor_ms=0.1, calls=2)
-    out = capsys.readouterr().out
-    lines = {line.split(None, 1)[1]: float(line.split()[0]) for line in
-             out.split("Per call, in floors")[1].splitlines()[1:] if line.strip()}
-    assert lines == {"forward": 1.0, "recompute + softmax gradient": 1.5,
-                     "cuBLAS GEMMs (dE, dC)": 1.2, "other own kernels": 0.05,
-                     "torch ops, copies, memsets": 0.05, "GPU idle": 0.5,
-                     "span of the traced calls": 4.3}
-    assert kernel_family("cce_lse_combine_kernel") == "forward"
-
-
 def test_works_inside_torch_compile():
     # aot_autograd traces the graph through the ops' fake implementations and runs the real
     # ones: no code generation, so it runs on the interpreter's CPU. Eager calls take another

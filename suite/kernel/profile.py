@@ -2,20 +2,18 @@
 profiler (nothing is timed here):
 
     ncu --clock-control none -k regex:"cce_fwd|nvjet" --section SpeedOfLight \\
-        python -m own_kernel.profile fwd          # cuBLAS floor, pointer and TMA forward
+        python -m suite kernel profile fwd          # cuBLAS floor, pointer and TMA forward
     ncu --clock-control none -k regex:softmax_grad --launch-skip 20 --launch-count 1 \\
-        --section SpeedOfLight --section WarpStateStats python -m own_kernel.profile bwd
+        --section SpeedOfLight --section WarpStateStats python -m suite kernel profile bwd
 
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
-pace): python -m own_kernel.profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
+pace): python -m suite kernel profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
 [--low-memory] [--trace t.json]. With --trace it also prints each kernel family's GPU time per
 call in floors (one cuBLAS E @ C.T of the shape) and the GPU's idle time.
 """
-import argparse
 import cProfile
 import json
-import os
 import pstats
 import statistics
 import time
@@ -23,20 +21,20 @@ import time
 import torch
 
 from own_kernel import linear_cross_entropy
-from own_kernel.configs import config_for
-from own_kernel.forward import forward
-from own_kernel.memory import add_call_arguments
+from suite.inputs import make_inputs
+from suite.kernel.common import add_call_arguments, require_cuda
+from suite.kernel.internals import config_override, forward_lse
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
+def add_arguments(ap) -> None:
     ap.add_argument("what", choices=("fwd", "bwd", "bwd-filter", "host"))
     add_call_arguments(ap, note=" (host only)")
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
-    args = ap.parse_args(argv)
-    from suite.inputs import make_inputs
 
+
+def main(args) -> int:
+    require_cuda("profile")
     inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
@@ -45,13 +43,14 @@ def main(argv=None):
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
-            os.environ["CCE_OWN_CONFIG"] = json.dumps({"fwd": {"TMA": tma}})
-            forward(e, c, None, t, 30.0, 0.0, -100, config_for(e.device, e.dtype))
+            with config_override({"fwd": {"TMA": tma}}):
+                forward_lse(e, c, t, 30.0)
     else:
         e.requires_grad_(), c.requires_grad_()
         eps = "auto" if args.what == "bwd-filter" else None
         linear_cross_entropy(e, c, t, softcap=30.0, filter_eps=eps).backward()
     torch.cuda.synchronize()
+    return 0
 
 
 def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False):
@@ -132,7 +131,7 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
     traced calls, and the longest gaps between GPU operations, each with the host operation
     that launched the next one (the host was still busy there, or waiting). With floor_ms (one
     E @ C.T) and the number of traced calls: each kernel family's time per call in floors
-    (issue 3's exact target: 4.6 floors for the whole call; four matmuls' worth is the least)."""
+    (four matmuls' worth is the least a loss+grad call can cost)."""
     with open(trace_path) as f:
         events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
     gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
@@ -182,7 +181,3 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
             print(f"  {us / per_call:6.3f}  {family}")
         print(f"  {(span - busy) / per_call:6.3f}  GPU idle")
         print(f"  {span / per_call:6.3f}  span of the traced calls")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,16 +1,14 @@
-"""What is alive at the own kernel's memory peak: `python -m own_kernel.memory [--filter]`.
+"""What is alive at the own kernel's memory peak: `python -m suite kernel memory [--filter]`.
 
 Runs forward + backward once (after a warm-up call, so compilation and cuBLAS workspaces are
 settled), with the CUDA caching allocator's history recorded, replays the trace to find the
 moment of the largest allocated total and lists the blocks alive then, with the source line that
 allocated each. This is how the loss+grad memory beyond the gradients is accounted for.
 """
-import argparse
-import sys
-
 import torch
 
 from own_kernel import linear_cross_entropy
+from suite.kernel.common import add_call_arguments, require_cuda
 
 
 def _site(frames) -> str:
@@ -42,22 +40,12 @@ def peak_breakdown(trace: list[dict]) -> tuple[int, list[tuple[int, str]]]:
     return peak, sorted(at_peak.values(), reverse=True)
 
 
-def add_call_arguments(ap, note: str = "") -> None:
-    """The shape and options of the call a measuring tool makes (Gemma 2 (2B) by default)."""
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--d", type=int, default=2304)
-    ap.add_argument("--v", type=int, default=256000)
-    ap.add_argument("--softcap", type=float, default=30.0, help=f"0 = none{note}")
-    ap.add_argument("--filter", action="store_true", help=f"filter_eps='auto' instead of exact{note}")
-    ap.add_argument("--low-memory", action="store_true", help=f"low_memory=True (exact){note}")
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     add_call_arguments(ap)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("own_kernel.memory needs a CUDA device (it reads the CUDA allocator's trace)")
+
+
+def main(args) -> int:
+    require_cuda("memory")  # it reads the CUDA allocator's trace
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     n, d, v = args.n, args.d, args.v
@@ -95,7 +83,3 @@ def main(argv=None):
     rest = sum(s for s, _ in alive if s < mib)
     print(f"  {rest / mib:9.1f} MiB  (blocks under 1 MiB, {sum(1 for s, _ in alive if s < mib)})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

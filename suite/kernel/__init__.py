@@ -1,0 +1,31 @@
+"""``python -m suite kernel tune|profile|memory|check``: the own kernel's measuring tools (GPU).
+
+tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
+profile  launch each pass once for ncu, or profile the host's time per call
+memory   what is alive at the loss+grad memory peak (CUDA allocator trace)
+check    gradient agreement of own / own_filter with the naive baseline on the suite's inputs
+"""
+from __future__ import annotations
+
+import importlib
+
+TOOLS = {
+    "tune": ("suite.kernel.tune", "time candidate configs against the cuBLAS floor E @ C.T"),
+    "profile": ("suite.kernel.profile", "one launch per pass for ncu, or the host's time per call"),
+    "memory": ("suite.kernel.memory", "what is alive at the loss+grad memory peak"),
+    "check": ("suite.kernel.check", "gradient agreement with the naive baseline"),
+}
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="tool", metavar="tool")
+    sub.required = True
+    for name, (module, help_text) in TOOLS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=mod.__doc__)
+        mod.add_arguments(p)
+        p.set_defaults(_tool=mod)
+
+
+def main(args) -> int:
+    return int(args._tool.main(args) or 0)

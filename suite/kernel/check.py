@@ -1,0 +1,43 @@
+"""Gradient agreement of own / own_filter with the naive baseline on the suite's inputs:
+`python -m suite kernel check [--n 4096 --v 50257 --d 2304 --dist lm]`. Prints the reference's
+loss and each provider's relative error of dE and dC (Frobenius norms). Without CUDA it runs
+on the CPU under the Triton interpreter (use small shapes there)."""
+import torch
+
+from suite.inputs import make_inputs
+from suite.reference import reference
+from suite.registry import get
+
+PROVIDERS = ("naive", "own", "own_filter")
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--d", type=int, default=2304)
+    ap.add_argument("--v", type=int, default=50257)
+    ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
+    ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                    help="inputs' dtype (default bf16 on CUDA, fp32 on the CPU, where the "
+                         "interpreter's bf16 is not the GPU's)")
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().cpu(), b.float().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def main(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("fp32" if device == "cpu" else "bf16")
+    inp = make_inputs(args.dist, args.n, args.d, args.v, dtype, seed=0, device=device, softcap=30.0)
+    ref = reference(inp["e"], inp["c"], inp["targets"], softcap=30.0)
+    print({k: (float(v) if torch.is_tensor(v) and v.numel() == 1 else None) for k, v in ref.items()
+           if not torch.is_tensor(v) or v.numel() == 1})
+    for name in PROVIDERS:
+        e = inp["e"].clone().requires_grad_()
+        c = inp["c"].clone().requires_grad_()
+        get(name).fn(e, c, inp["targets"], softcap=30.0).backward()
+        print(f"{name:12s} dE {relative_error(e.grad, ref['de']):.2e} "
+              f"dC {relative_error(c.grad, ref['dc']):.2e}")
+    return 0

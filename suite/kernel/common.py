@@ -1,0 +1,19 @@
+"""What the kernel tools share: the call they make and the CUDA check."""
+from __future__ import annotations
+
+
+def require_cuda(tool: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"python -m suite kernel {tool} needs a CUDA device")
+
+
+def add_call_arguments(ap, note: str = "") -> None:
+    """The shape and options of the call a measuring tool makes (Gemma 2 (2B) by default)."""
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--d", type=int, default=2304)
+    ap.add_argument("--v", type=int, default=256000)
+    ap.add_argument("--softcap", type=float, default=30.0, help=f"0 = none{note}")
+    ap.add_argument("--filter", action="store_true", help=f"filter_eps='auto' instead of exact{note}")
+    ap.add_argument("--low-memory", action="store_true", help=f"low_memory=True (exact){note}")

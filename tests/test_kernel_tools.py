@@ -1,0 +1,87 @@
+"""The own kernel's tools (``python -m suite kernel ...``): their CPU-checkable parts, and the
+rule that the kernel package does not depend on the suite."""
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from suite import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_kernel_package_imports_no_suite_module():
+    # The wheel's kernel must run without the benchmark: no own_kernel module imports suite.
+    offenders = []
+    for path in sorted((ROOT / "own_kernel").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                          if n == "suite" or n.startswith("suite.")]
+    assert offenders == []
+
+
+def test_kernel_help_lists_the_four_tools(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["kernel", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for tool in ("tune", "profile", "memory", "check"):
+        assert tool in out
+
+
+@pytest.mark.parametrize("tool", ["tune", "profile host", "memory"])
+def test_gpu_tools_say_they_need_cuda(capsys, tool, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["kernel", *tool.split()])
+    assert "needs a CUDA device" in str(exc.value.code)
+
+
+def test_check_compares_gradients_on_the_cpu(capsys):
+    cli.main(["kernel", "check", "--n", "8", "--d", "16", "--v", "40", "--device", "cpu"])
+    lines = capsys.readouterr().out.splitlines()
+    errors = {line.split()[0]: float(line.split()[2]) for line in lines[1:]}
+    assert set(errors) == {"naive", "own", "own_filter"}
+    assert max(errors.values()) < 0.05
+
+
+def test_memory_peak_lists_the_blocks_alive_at_the_peak():
+    from suite.kernel.memory import peak_breakdown
+
+    frames = [{"filename": "/x/own_kernel/backward.py", "line": 7, "name": "backward"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": frames},
+             {"action": "alloc", "addr": 2, "size": 50, "frames": []},
+             {"action": "free_completed", "addr": 1},
+             {"action": "alloc", "addr": 3, "size": 20, "frames": []}]
+    peak, alive = peak_breakdown(trace)
+    assert peak == 150
+    assert alive == [(100, "own_kernel/backward.py:7 backward"), (50, "?")]
+
+
+def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
+    # A synthetic torch.profiler trace of 2 calls: the breakdown divides each family's GPU time
+    # by calls x floor and counts the span not covered by any GPU operation as idle.
+    from suite.kernel.profile import kernel_family, print_gpu_gaps
+
+    ops = [("cce_fwd_tma_kernel", 0, 100), ("cce_dlogits_tma_kernel", 100, 150),
+           ("nvjet_sm90_tss_192x192_badd", 250, 120), ("Memset (Device)", 370, 10),
+           ("cce_fwd_tma_kernel", 480, 100), ("cce_dlogits_tma_kernel", 580, 150),
+           ("nvjet_sm90_tst_128x192_bz", 730, 120), ("cce_finalize_de_kernel", 850, 10)]
+    events = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur, "args": {}}
+              for n, ts, dur in ops]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    print_gpu_gaps(str(path), floor_ms=0.1, calls=2)
+    out = capsys.readouterr().out
+    lines = {line.split(None, 1)[1]: float(line.split()[0]) for line in
+             out.split("Per call, in floors")[1].splitlines()[1:] if line.strip()}
+    assert lines == {"forward": 1.0, "recompute + softmax gradient": 1.5,
+                     "cuBLAS GEMMs (dE, dC)": 1.2, "other own kernels": 0.05,
+                     "torch ops, copies, memsets": 0.05, "GPU idle": 0.5,
+                     "span of the traced calls": 4.3}
+    assert kernel_family("cce_lse_combine_kernel") == "forward"
