@@ -37,8 +37,8 @@ def _check_runnable(device: torch.device) -> None:
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: float, label_smoothing: float, filter_eps: float,
              filter_min_p_max: float, ignored_lse: bool,
-             low_memory: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss per row, lse per row, largest probability per row) for 2-D e; ignored rows have
+             low_memory: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss, lse, largest probability, -log p_target) per row for 2-D e; ignored rows have
     loss 0, and lse +inf unless ignored_lse (then the forward skips their logits where it can).
     softcap 0 = none; filter_eps < 0 = exact; the filter skips only in rows whose largest
     probability is >= filter_min_p_max; low_memory picks backward_low_memory.py (these three
@@ -56,19 +56,19 @@ def _rows_forward(e, c, targets, bias, ignore_index, softcap, label_smoothing, i
 def _(e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
       ignored_lse, low_memory):
     n = e.shape[0]
-    return tuple(e.new_empty(n, dtype=torch.float32) for _ in range(3))
+    return tuple(e.new_empty(n, dtype=torch.float32) for _ in range(4))
 
 
 @torch.library.custom_op("own_kernel::lce_rows_backward", mutates_args=())
 def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], lse: Tensor,
-                      p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor], ignore_index: int,
+                      nll: Tensor, p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor], ignore_index: int,
                       softcap: float, label_smoothing: float, filter_eps: float,
                       filter_min_p_max: float, low_memory: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index,
+    return _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ignore_index,
                           softcap, label_smoothing, filter_eps, filter_min_p_max, low_memory)
 
 
-def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
+def _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ignore_index, softcap,
                    label_smoothing, filter_eps, filter_min_p_max, low_memory, num_used=None):
     """dE, dC, dbias (empty without bias). num_used: the number of targets that are not
     ignore_index, when the host knows it already (else it is read here, when it matters).
@@ -77,12 +77,14 @@ def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_
     options = (softcap or None, label_smoothing, filter_eps if filter_eps >= 0 else None,
                filter_min_p_max)
     used = targets != ignore_index
+    # Fresh, unit-stride fp32 vectors whatever autograd hands over (an expanded scalar for
+    # sum / mean, any view for reduction "none" or the lse): the kernels index them per row.
     row_weight = torch.where(used, grad_loss.float(), 0.0)
+    weight_lse = grad_lse.float().contiguous() if grad_lse is not None else None
     n = e.shape[0]
     rows = None
     if low_memory:
-        weight_lse = grad_lse.float().contiguous() if grad_lse is not None else None
-        de, dc, dbias = backward_low_memory(e, c, bias, targets, lse, p_max, row_weight,
+        de, dc, dbias = backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight,
                                             weight_lse, *options)
         return de, dc, dbias if dbias is not None else e.new_empty(0)
     if grad_lse is None and n:  # an lse gradient reaches ignored rows too: nothing to drop
@@ -94,17 +96,15 @@ def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_
             # nonzero_static's size is known) and scatter their dE back.
             rows = torch.nonzero_static(used, size=num_used).squeeze(1)
     if rows is None:
-        # The kernels index the lse weights per row: autograd hands e.g. lse.sum()'s gradient
-        # over as one value expanded (stride 0), which they would read past its storage.
-        weight_lse = grad_lse.float().contiguous() if grad_lse is not None else None
-        de, dc, dbias = _backward(e, c, bias, targets, lse, p_max, row_weight, weight_lse,
+        de, dc, dbias = _backward(e, c, bias, targets, lse, nll, p_max, row_weight, weight_lse,
                                   *options)
     elif num_used == 0:
         de, dc = torch.zeros_like(e), torch.zeros_like(c)
         dbias = torch.zeros_like(bias) if bias is not None else None
     else:
         e_used = e.index_select(0, rows)
-        de_used, dc, dbias = _backward(e_used, c, bias, targets[rows], lse[rows], p_max[rows],
+        de_used, dc, dbias = _backward(e_used, c, bias, targets[rows], lse[rows], nll[rows],
+                                       p_max[rows],
                                        row_weight[rows], None, *options, de_out=e_used)
         del e_used  # dE's rows may have been written into its buffer
         de = torch.zeros_like(e).index_copy_(0, rows, de_used)
@@ -112,7 +112,7 @@ def _rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_
 
 
 @lce_rows_backward.register_fake
-def _(e, c, targets, bias, lse, p_max, grad_loss, grad_lse, ignore_index, softcap,
+def _(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ignore_index, softcap,
       label_smoothing, filter_eps, filter_min_p_max, low_memory):
     return torch.empty_like(e), torch.empty_like(c), (
         torch.empty_like(bias) if bias is not None else e.new_empty(0))
@@ -140,22 +140,22 @@ def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: dict,
 
 def _setup_context(ctx, inputs, output):
     e, c, targets, bias, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max = inputs[:9]
-    ctx.save_for_backward(e, c, targets, bias, output[1], output[2])
-    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(e, c, targets, bias, output[1], output[3], output[2])
+    ctx.mark_non_differentiable(output[2], output[3])
     ctx.options = (ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max, inputs[10])
 
 
 def _input_grads(ctx, grad_loss, grad_lse, rows_backward, **kw):
     """Gradients of lce_rows' eleven inputs from those of its (loss, lse) outputs (None: unused)."""
-    e, c, targets, bias, lse, p_max = ctx.saved_tensors
+    e, c, targets, bias, lse, nll, p_max = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
-    de, dc, dbias = rows_backward(e, c, targets, bias, lse, p_max, grad_loss, grad_lse,
+    de, dc, dbias = rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse,
                                   *ctx.options, **kw)
     return (de, dc, None, (dbias if bias is not None else None)) + (None,) * 7
 
 
-def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max):
+def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll):
     return _input_grads(ctx, grad_loss, grad_lse, lce_rows_backward)
 
 
@@ -182,7 +182,7 @@ class _LceRowsEager(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, grad_p_max):
+    def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll):
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
         return _input_grads(ctx, grad_loss, grad_lse, _rows_backward, num_used=num_used) + (None,)
 
@@ -261,32 +261,45 @@ def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ign
                          f"ignore_index={ignore_index}")
 
 
-# The used fraction of the targets of the last eager call per device (see _rows_to_gather).
-_RECENT_USED: dict = {}
-
-
 def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
                     check: HostScalar) -> Tensor | None:
     """The used rows, when forward and backward should run on them only (else None). This
     reads the targets' count on the host before the forward is queued: the GPU then idles while
-    the host queues the gather and the forward (measurements/ignored-v18), so only calls whose
-    forward is long enough do
-    (compact_fwd_min_flops), and only when the last call on this device had rows to drop: a
-    training loop's masking is alike from step to step, and a call without ignored targets
-    after one with them costs one such wait. Calls that do not read it here drop rows in the
-    backward only; the result is the same either way."""
+    the host queues the gather and the forward, so only calls whose forward is long enough to
+    hide that (compact_fwd_min_flops) read it. The decision depends on this call's inputs
+    alone (an earlier version looked at the previous call, which made results depend on call
+    history). Calls that do not read it here drop rows in the backward only."""
     n, d = e.shape
     v = c.shape[0]
     cfg = config_for(e.device, e.dtype)
-    max_used = cfg.get("compact_max_used", 15 / 16)
-    if (2 * n * v * d < cfg.get("compact_fwd_min_flops", 0)
-            or _RECENT_USED.get(e.device, 0.0) > max_used):
+    if 2 * n * v * d < cfg.get("compact_fwd_min_flops", 0):
         return None
     num_used = int(check.values()[1])
     if num_used == n or not compaction_pays(n, num_used, v, d, e.element_size(), cfg,
                                             de_into_e=False):
         return None
     return torch.nonzero_static(targets != ignore_index, size=num_used).squeeze(1)
+
+
+def _matrix_for_kernels(t: Tensor) -> Tensor:
+    """t, or its contiguous copy where the kernels could not read it as it is: they need unit
+    stride along D and rows that do not overlap (an expanded or transposed view). Offset views
+    and row strides larger than D (slices of a wider tensor) are read in place."""
+    rows, cols = t.shape
+    if t.stride(1) == 1 and (rows <= 1 or t.stride(0) >= max(cols, 1)):
+        return t
+    return t.contiguous()
+
+
+def _kernel_layouts(e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None):
+    """(e as N x D, c, targets as N int64, bias) in layouts the kernels read correctly, whatever
+    views the caller passed: the kernels index vectors with unit stride and matrices along D.
+    Each copy is autograd-visible (gradients reach the caller's views) and made only where
+    needed; a vector's copy is N or V elements."""
+    e2 = _matrix_for_kernels(e.reshape(-1, e.shape[-1]))  # a view where the leading dims allow
+    t2 = targets.reshape(-1).to(torch.int64).contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    return e2, _matrix_for_kernels(c), t2, bias
 
 
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
@@ -323,14 +336,13 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         shifted = torch.full_like(targets, ignore_index)
         shifted[..., :-shift] = targets[..., shift:]
         targets = shifted
-    e2 = e.reshape(-1, e.shape[-1])  # a view whenever the leading dims allow one
-    t2 = targets.reshape(-1).to(torch.int64)
+    e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
     check, count = _check_and_count_targets(t2, c.shape[0], ignore_index)
     options = (int(ignore_index), float(softcap or 0.0), float(label_smoothing),
                -1.0 if filter_eps is None else float(filter_eps), min_p_max, bool(return_lse),
                low_memory)
     if torch.compiler.is_compiling():
-        loss_rows, lse, _ = lce_rows(e2, c, t2, bias, *options)
+        loss_rows, lse, _, _ = lce_rows(e2, c, t2, bias, *options)
     else:
         # Gathered rows are what the backward needs anyway; a call without one (evaluation)
         # keeps the forward's few floats of memory and relies on its skipped row blocks.
@@ -339,17 +351,15 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         rows = (None if return_lse or low_memory or check is None or not needs_grad
                 else _rows_to_gather(e2, c, t2, ignore_index, check))
         if rows is None:
-            loss_rows, lse, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)
+            loss_rows, lse, _, _ = _LceRowsEager.apply(e2, c, t2, bias, *options, check)
         else:
             # Only the used rows, gathered (index_select's backward scatters their dE back).
             # Their lse is not returned, so the others' is not needed.
-            loss_used, _, _ = _LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias,
+            loss_used, _, _, _ = _LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias,
                                                   *options, check)
             loss_rows = loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used)
             lse = None
     _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
-    if check is not None:
-        _RECENT_USED[e2.device] = check.values()[1] / t2.numel()
     loss_rows = loss_rows.view(lead)
     if shift:
         loss_rows = loss_rows[..., :-shift]

@@ -367,7 +367,7 @@ def normalise_weights(e, row_weight, row_weight_lse, filtering):
     return row_weight, row_weight_lse, scale_dev
 
 
-def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap, smooth,
+def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap, smooth,
              filter_eps, filter_min_p_max=0.0, de_out=None):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
     row_weight is already 0 on ignored rows. With filter_eps, rows whose largest probability
@@ -463,7 +463,8 @@ def backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softca
     # For own_kernel.tune: the last call's chunks and what its filter kept (device tensors).
     LAST_PLAN.clear()
     LAST_PLAN.update(plan=plan, filter_off=filter_off)
-    args = (e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g, scale)
+    args = (e, c, bias, targets, (lse, nll), row_weight, row_weight_lse, softcap, smooth, cfg, g,
+            scale)
     if fused_plan and work is None:
         work = torch.empty((n, fused_width), device=e.device, dtype=e.dtype)
         if POISON:
@@ -549,7 +550,7 @@ class Chunk:
     copied: object = None            # CUDA event after that copy
 
 
-def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
+def cublas_chunks(chunks, e, c, bias, targets, lse_nll, row_weight, row_weight_lse, softcap, smooth,
                   cfg, g, scale, decision=None, tma=False, tail=(), tail_work=None,
                   lookahead=False, replan=None):
     """The cuBLAS path over its chunks. lookahead (filtered calls, by default): chunk k+1's
@@ -588,7 +589,7 @@ def cublas_chunks(chunks, e, c, bias, targets, lse, row_weight, row_weight_lse, 
         waves = k.pop("WAVES")
     # Arguments after the kernels' workspace ones; unused pointers get any tensor.
     def kernel_args(filters):
-        sums = (bias if bias is not None else g.col_sum, targets, lse, row_weight,
+        sums = (bias if bias is not None else g.col_sum, targets, *lse_nll, row_weight,
                 row_weight_lse if row_weight_lse is not None else row_weight,
                 row_eps if filters else row_weight, g.row_round, g.col_round, g.row_skip,
                 g.col_wsum if filters else g.col_round, g.col_keep if filters else g.col_round)
@@ -746,7 +747,7 @@ def sparse_chunk(e, g, scale, flat, ch, dc_chunk, kept, num_kept):
         mm_scaled(dc_chunk, wf.t(), e.index_select(0, flat), float(scale), accumulate=True)
 
 
-def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg, g,
+def fused_chunk(e, c, bias, targets, lse_nll, row_weight, row_weight_lse, softcap, smooth, cfg, g,
                 scale, row_eps, work, e_mean, v_start, width):
     """One chunk on the fused path (dlogits.py); row_eps None = exact."""
     n, d = e.shape
@@ -767,7 +768,7 @@ def fused_chunk(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, s
 
     groups = triton.cdiv(triton.cdiv(width, bv), dlog["TILES"])
     LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(num_nb * groups,)](
-        e, c, bias if bias is not None else e, targets, lse, row_weight,
+        e, c, bias if bias is not None else e, targets, *lse_nll, row_weight,
         row_weight_lse if row_weight_lse is not None else row_weight,
         work, mask, row_eps if filtered else row_weight, g.row_round, g.col_round,
         row_skip_chunk, g.col_skip, g.col_sum,

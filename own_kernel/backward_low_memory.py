@@ -147,10 +147,10 @@ class _WriteW:
     """Launches of the softmax-gradient kernel into a given W: dlogits_tma.py where the inputs
     allow TMA and the config asks for it, else dlogits.py (any strides). Exact (no filter)."""
 
-    def __init__(self, e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth,
+    def __init__(self, e, c, bias, targets, lse, nll, row_weight, row_weight_lse, softcap, smooth,
                  cfg, row_round, col_round, col_sum, tma):
         self.c, self.bias, self.cfg, self.tma = c, bias, cfg, tma
-        self.rows = (targets, lse, row_weight,
+        self.rows = (targets, lse, nll, row_weight,
                      row_weight_lse if row_weight_lse is not None else row_weight)
         self.row_round, self.col_round, self.col_sum = row_round, col_round, col_sum
         self.scalars = (*softcap_scalars(softcap), float(smooth))
@@ -186,7 +186,7 @@ class _WriteW:
             LAST_COMPILED["dlogits_tma"] = cce_dlogits_tma_kernel[grid](
                 TensorDescriptor.from_tensor(e, [bn, k["BLOCK_D"]]), self.c_desc,
                 TensorDescriptor.from_tensor(w, [bn, bv // k["SUBTILES"]]),
-                bias, *rows, rows[2], self.row_round[r0:r0 + n], self.col_round,
+                bias, *rows, rows[3], self.row_round[r0:r0 + n], self.col_round,
                 self.row_round, self.col_round, self.col_round, self.col_sum,
                 n, self.c.shape[0], v_start, width, *self.scalars, D=e.shape[1],
                 COL_ROUND=col_round and self.cfg.get("col_round", True), **self.flags, **k)
@@ -196,7 +196,7 @@ class _WriteW:
             # dlogits.py always sums ColRound: pass 1's goes to a scratch copy (col_round False).
             col_round_buf = self.col_round if col_round else torch.empty_like(self.col_round)
             LAST_COMPILED["dlogits"] = cce_dlogits_kernel[(triton.cdiv(n, bn) * groups,)](
-                e, self.c, bias, *rows, w, self.mask, rows[2], self.row_round[r0:r0 + n],
+                e, self.c, bias, *rows, w, self.mask, rows[3], self.row_round[r0:r0 + n],
                 col_round_buf, self.row_round, self.col_round, self.col_sum,
                 n, self.c.shape[0], e.shape[1], v_start, width, 1, w.stride(0),
                 e.stride(0), e.stride(1), self.c.stride(0), self.c.stride(1),
@@ -209,7 +209,7 @@ def _view(buf: torch.Tensor, offset: int, rows: int, cols: int, ld: int, dtype) 
     return buf[offset:offset + size].view(dtype).view(rows, ld)[:, :cols]
 
 
-def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap,
+def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap,
                         smooth, filter_eps=None, filter_min_p_max=0.0):
     """backward.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
     low_memory_plan instead of an fp32 N x D accumulator."""
@@ -221,7 +221,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
     if e.is_cuda and e.dtype != torch.float32 and not cublas_accumulates_fp32(e.device, e.dtype):
         warnings.warn("low_memory: this torch cannot add 16-bit products into fp32 in cuBLAS "
                       "(torch.mm out_dtype); running the default backward", stacklevel=3)
-        return backward(e, c, bias, targets, lse, p_max, row_weight, row_weight_lse, softcap,
+        return backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap,
                         smooth, None)
     elt = e.element_size()
     tma = cfg.get("recompute") == "tma" and tma_ready(e) and tma_ready(c)
@@ -242,7 +242,7 @@ def backward_low_memory(e, c, bias, targets, lse, p_max, row_weight, row_weight_
     if POISON:  # every read of these must follow a write (tests)
         dc.fill_(float("nan"))
         work.view(e.dtype)[: work.numel() // elt].fill_(float("nan"))
-    write_w = _WriteW(e, c, bias, targets, lse, row_weight, row_weight_lse, softcap, smooth, cfg,
+    write_w = _WriteW(e, c, bias, targets, lse, nll, row_weight, row_weight_lse, softcap, smooth, cfg,
                       row_round, col_round, col_sum, tma)
 
     # Pass 1: dE, rows_1 rows at a time (over column groups of width_1, summed in fp32); W and

@@ -25,7 +25,7 @@ from own_kernel.tile import logit_tile, row_terms, softmax_grad_tile
 
 
 @triton.jit
-def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mask, RowEps,
+def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W, Mask, RowEps,
                        RowRound, ColRound, RowSkip, ColSkip, ColSum,
                        N, V, D, v_start, chunk, mask_stride, stride_wn,
                        stride_en, stride_ed, stride_cv, stride_cd,
@@ -42,7 +42,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
     nb = pid // num_groups
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+    lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
                                  HAS_GRAD_LSE)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
     row_skip = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -57,7 +57,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, RowWeight, RowWeightLse, W, Mas
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+        d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
                               HAS_SOFTCAP)
         d = tl.where(v_mask[None, :], d, 0.0)
         col = tl.sum(d, axis=0)

@@ -25,7 +25,7 @@ from own_kernel.tile import row_terms, softmax_grad_tile
 
 @triton.jit
 def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                   tanh_scale, softcap_log2e, smooth,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                   COL_ROUND: tl.constexpr, SUB_V: tl.constexpr):
@@ -36,7 +36,7 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
     w_mask = offs_w < width
     if HAS_BIAS:
         x += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
-    d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+    d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
                           HAS_SOFTCAP)
     d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
     d_used = d.to(W.dtype)
@@ -70,25 +70,25 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                tanh_scale, softcap_log2e, smooth,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                COL_ROUND: tl.constexpr, BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                          n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                          n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                           tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER,
                           COL_ROUND, SUB_V)
     r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                            n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start,
+                            n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start,
                             width, tanh_scale, softcap_log2e, smooth,
                             HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, SUB_V)
     return r + r1, ws + ws1
 
 
 @triton.jit
-def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
+def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum,
                            N, V, v_start, width,
                            tanh_scale, softcap_log2e, smooth,
@@ -118,7 +118,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
 
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+        lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
                                      HAS_GRAD_LSE)
         eps = lse2
         if FILTER:
@@ -128,23 +128,23 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, RowWeight, RowWeightLse,
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
             r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                                   tanh_scale, softcap_log2e, smooth,
                                   HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_V)
         elif SUBTILES == 2:
             r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
                                tanh_scale, softcap_log2e, smooth,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
             r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
-                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, eps, V,
+                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V,
                                  v_start, width, tanh_scale, softcap_log2e, smooth,
                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
             r += r1

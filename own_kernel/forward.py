@@ -150,16 +150,17 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 
 def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg, skip_ignored=False):
-    """Returns (loss, lse, p_max), each (N,) fp32, natural log units: each row's loss (0 where
-    the target is ignore_index), log-sum-exp, and largest softmax probability (the gradient
-    filter's flatness test). Rows whose target is outside [0, V) and not ignore_index get a
+    """Returns (loss, lse, p_max, nll), each (N,) fp32, natural log units: each row's loss (0
+    where the target is ignore_index), log-sum-exp, largest softmax probability (the gradient
+    filter's flatness test), and -log of the target's probability (the backward's target
+    column; lse_combine.py says why it is kept apart). Rows whose target is outside [0, V) and not ignore_index get a
     loss without the target term (the caller raises on them). skip_ignored: rows whose target
     is ignore_index get lse +inf and p_max 0 (no gradient flows through them: the backward's
     softmax exp(z - lse) is 0 there), and row blocks with only such rows compute no logits."""
     n, d = e.shape
     v = c.shape[0]
     need_zsum = label_smoothing > 0
-    outs = [torch.empty(n, device=e.device, dtype=torch.float32) for _ in range(3)]
+    outs = [torch.empty(n, device=e.device, dtype=torch.float32) for _ in range(4)]
     if n == 0:
         return tuple(outs)  # distinct tensors: a custom op's outputs may not alias each other
     k = dict(cfg["fwd"])
@@ -192,6 +193,6 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg, sk
     block = 256
     cce_lse_combine_kernel[(triton.cdiv(n, block),)](
         part, z_target, targets, *outs, n, splits, splits * n, int(ignore_index),
-        1.0 - float(label_smoothing), float(label_smoothing) / max(v, 1),
+        float(label_smoothing), float(label_smoothing) / max(v, 1),
         NEED_ZSUM=need_zsum, SKIP_IGNORED=skip_ignored, BLOCK_N=block)
     return tuple(outs)

@@ -3,10 +3,18 @@ largest probability and its loss, in one pass over the splits x N partials. (As 
 elementwise ops, this step cost more host time than the whole forward's GPU time at small
 shapes.)
 
-    M = max_k m2_k,  lse2 = M + log2(sum_k s_k 2^(m2_k - M))      (base 2, as the splits keep it)
-    lse = lse2 ln 2,  p_max = 2^(M - lse2)
-    loss = lse - (1 - ls) z_target - ls / V sum_v z_v,  0 where the target is ignore_index
+    M = max_k m2_k,  S = sum_k s_k 2^(m2_k - M),  lse2 = M + log2(S)   (base 2, as the splits keep it)
+    lse = lse2 ln 2,  p_max = 2^(M - lse2) = 1 / S
+    nll = lse - z_target, or ln(S) when that is below CONFIDENT_NLL
+    loss = (1 - ls) nll + ls max(lse - mean_v z_v, 0),  0 where the target is ignore_index
     SKIP_IGNORED: lse = +inf and p_max = 0 where the target is ignore_index
+
+Why ln(S): on a confident row (target probability near 1) lse and z_target agree to ~1e-7
+relative, so lse - z_target is all rounding (fp32 losses came out negative). A row whose nll is
+below ln 2 has its target as the arg-max (any other column at least as large gives nll >= ln 2),
+so the row's max M is the target's own logit and nll = ln(S) exactly, from the forward's own
+numbers: >= 0 (the max's term of S is exactly 1) and as accurate as a naive fp32 softmax. The
+backward takes the target column's probability from nll too (tile.py).
 """
 import triton
 import triton.language as tl
@@ -14,9 +22,13 @@ import triton.language as tl
 from own_kernel.tile import LOG2E
 
 
+# Below ln 2 the target is the arg-max (see above); 0.5 leaves room for the rounding of lse - z_t.
+CONFIDENT_NLL = tl.constexpr(0.5)
+
+
 @triton.jit
-def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, N, splits, plane,
-                           ignore_index, keep_target, smooth_per_v,
+def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, N, splits, plane,
+                           ignore_index, smooth, smooth_per_v,
                            NEED_ZSUM: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                            BLOCK_N: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -33,11 +45,14 @@ def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, N, splits, p
         s += tl.load(Part + plane + k * N + offs, mask=mask, other=0.0) * tl.exp2(m2 - big_m)
         if NEED_ZSUM:
             z2_sum += tl.load(Part + 2 * plane + k * N + offs, mask=mask, other=0.0)
-    lse2 = big_m + tl.log2(tl.where(mask & (s > 0), s, 1.0))  # lanes past N: no log2(0) warning
+    log2_s = tl.log2(tl.where(mask & (s > 0), s, 1.0))  # lanes past N: no log2(0) warning
+    lse2 = big_m + log2_s
     lse = lse2 / LOG2E
-    loss = lse - keep_target * tl.load(ZTarget + offs, mask=mask, other=0.0)
-    if NEED_ZSUM:
-        loss -= smooth_per_v * (z2_sum / LOG2E)
+    nll = lse - tl.load(ZTarget + offs, mask=mask, other=0.0)
+    nll = tl.where(nll < CONFIDENT_NLL, log2_s / LOG2E, nll)
+    loss = (1.0 - smooth) * nll
+    if NEED_ZSUM:  # ls (lse - mean z): >= 0 exactly, kept so through rounding
+        loss += tl.maximum(smooth * lse - smooth_per_v * (z2_sum / LOG2E), 0.0)
     tgt = tl.load(Targets + offs, mask=mask, other=0)
     used = tgt != ignore_index
     p_max = tl.exp2(big_m - lse2)
@@ -47,3 +62,4 @@ def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, N, splits, p
     tl.store(Loss + offs, tl.where(used, loss, 0.0), mask=mask)
     tl.store(Lse + offs, lse, mask=mask)
     tl.store(PMax + offs, p_max, mask=mask)
+    tl.store(Nll + offs, nll, mask=mask)

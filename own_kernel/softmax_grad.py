@@ -33,7 +33,7 @@ from own_kernel.tile import row_terms, softmax_grad_tile
 
 
 @triton.jit
-def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, RowEps,
+def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
                             RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
                             N, V, v_start, width, rows_per_program,
                             tanh_scale, softcap_log2e, smooth,
@@ -59,12 +59,12 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, RowWeight, RowWeightLse, R
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < row_end
         m = n_mask[:, None] & w_mask[None, :]
-        lse2, w, wp, tgt = row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+        lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
                                      HAS_GRAD_LSE)
         x = X.load([n0, strip * BLOCK_V])
         if HAS_BIAS:
             x += b[None, :]
-        d = softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+        d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
                               HAS_SOFTCAP)
         d = tl.where(m, d, 0.0)
         d_used = d.to(W.dtype)

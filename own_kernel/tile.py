@@ -94,8 +94,18 @@ def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask, HAS_GRAD_LSE: tl.constexpr):
-    # Per row: lse in base 2, the loss weight w, w + the lse weight w' (z-loss), the target.
+def expm1(x):
+    # exp(x) - 1 without the cancellation near 0 (libdevice is unavailable under the
+    # interpreter): a Taylor series where |x| < 1/64 (next term < 2e-10 relative).
+    series = x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0))))
+    return tl.where(tl.abs(x) < 0.015625, series, tl.exp(x) - 1.0)
+
+
+@triton.jit
+def row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+              HAS_GRAD_LSE: tl.constexpr):
+    # Per row: lse in base 2, the loss weight w, w + the lse weight w' (z-loss), the target, and
+    # p_t - 1 = expm1(-nll) for the target column (see softmax_grad_tile).
     # The target as int32: it is compared per element with the column (an ignored row's weight
     # is 0, so a wrapped ignore_index cannot matter).
     lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
@@ -104,21 +114,26 @@ def row_terms(Lse, RowWeight, RowWeightLse, Targets, offs_n, n_mask, HAS_GRAD_LS
     if HAS_GRAD_LSE:
         wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
     tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
-    return lse2, w, wp, tgt
+    pt_m1 = expm1(-tl.load(Nll + offs_n, mask=n_mask, other=float("inf")))
+    return lse2, w, wp, tgt, pt_m1
 
 
 @triton.jit
-def softmax_grad_tile(x, lse2, w, wp, tgt, offs_v, V, smooth, tanh_scale, softcap_log2e,
+def softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
                       HAS_SOFTCAP: tl.constexpr):
     # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),
-    # from a tile of raw logits x and the rows' lse (base 2).
+    # from a tile of raw logits x and the rows' lse (base 2). At the target column p_t - 1 comes
+    # from the forward's nll (pt_m1): exp(z_t - lse) - 1 from the recomputed logit cancels to
+    # rounding on confident rows (p_t near 1), where the whole row's gradient is that small
+    # difference. There d = w (p_t - 1) + w' p_t + w ls (1 - 1 / V).
     if HAS_SOFTCAP:
         th = softcap_tanh(x, tanh_scale)
         p = tl.exp2(th * softcap_log2e - lse2[:, None])
     else:
         p = tl.exp2(x * LOG2E - lse2[:, None])
-    y = smooth / V + tl.where(offs_v[None, :] == tgt[:, None], 1.0 - smooth, 0.0)
-    d = wp[:, None] * p - w[:, None] * y
+    d = wp[:, None] * p - (w * (smooth / V))[:, None]
+    d_target = w * pt_m1 + (wp - w) * (1.0 + pt_m1) + w * (smooth * (1.0 - 1.0 / V))
+    d = tl.where(offs_v[None, :] == tgt[:, None], d_target[:, None], d)
     if HAS_SOFTCAP:
         d = d * (1.0 - th * th)
     return d
