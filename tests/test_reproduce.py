@@ -252,3 +252,45 @@ def test_rows_without_memory_or_time_are_not_run(tmp_path):
     assert verdict(checks, reproduce.CLAIM_LOSS, "own") == "NOT RUN"
     checks = checks_of(variant(tmp_path / "b", "own", "loss+grad", ms=""))
     assert verdict(checks, reproduce.CLAIM_SPEED, "own") == "NOT RUN"
+
+
+def _suite_import_cycles() -> list[set]:
+    """Groups of suite modules that import each other (at any depth, counting imports inside
+    functions too): the strongly connected components of the import graph with 2+ modules."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    mods = {}
+    for path in (root / "suite").rglob("*.py"):
+        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        mods[name] = path
+    edges = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            edges[m] |= {n for n in names if n in mods and n != m}
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reachable = {m: reach(m) for m in mods}
+    groups = {frozenset({m} | {o for o in reachable[m] if m in reachable[o]}) for m in mods}
+    return [set(g) for g in groups if len(g) > 1]
+
+
+def test_report_reproduce_runner_plots_and_kernel_tools_import_no_cycle():
+    # runner prints the report's summary, reproduce measures through runner: the report must
+    # not import reproduce (or anything that imports runner) back.
+    mine = ("suite.report", "suite.reproduce", "suite.runner", "suite.plots", "suite.kernel")
+    tangled = [g for g in _suite_import_cycles() if any(m.startswith(mine) for m in g)]
+    assert tangled == []
