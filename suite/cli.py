@@ -1,5 +1,6 @@
-"""``python -m suite <command>``: list | bench | report, plus reproduce | plots | train-bench | gate
-(modules of their own, imported only when their command is chosen)."""
+"""``python -m suite <command>`` (or ``cce-bench <command>``): list | bench, plus report |
+reproduce | plots | train-bench | gate | kernel (modules of their own, imported only when their
+command is chosen)."""
 from __future__ import annotations
 
 import argparse
@@ -143,8 +144,18 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
 
+def invoked_name(argv0: str | None = None) -> str:
+    """How the user called us: 'cce-bench' for the console script, 'python -m suite' for the
+    module (whose argv[0] is suite/__main__.py), so --help shows a command that works."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    name = os.path.basename(argv0)
+    if not name or name in ("__main__.py", "-c") or name.endswith(".py"):
+        return "python -m suite"
+    return name
+
+
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m suite", description=__doc__)
+    parser = argparse.ArgumentParser(prog=invoked_name(), description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
     p_list = sub.add_parser("list", help="every provider, with availability and the reason")

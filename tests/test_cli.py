@@ -111,3 +111,16 @@ def test_report_of_a_missing_run_fails_clearly(tmp_path, capsys):
 def test_default_out_names_preset_device_and_date():
     out = cli.default_out("smoke", "cpu", resume=True)
     assert out.parts[0] == "results" and out.name.startswith("smoke-cpu-20")
+
+
+def test_help_names_the_command_as_invoked():
+    assert cli.invoked_name("/venv/bin/cce-bench") == "cce-bench"
+    assert cli.invoked_name(str(ROOT / "suite" / "__main__.py")) == "python -m suite"
+    res = subprocess.run([sys.executable, "-m", "suite", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("usage: python -m suite "), res.stdout[:200]
+    script = Path(sys.executable).parent / "cce-bench"
+    if not script.exists():
+        pytest.skip("the cce-bench console script is not installed in this environment")
+    res = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("usage: cce-bench "), res.stdout[:200]
