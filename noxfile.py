@@ -52,7 +52,7 @@ def reproduce(session):
 
 @nox.session
 def gate(session):
-    _install(session, "test")
+    _install(session)
     session.run("python", "-m", "suite", "gate", *session.posargs)
 
 

@@ -3,6 +3,11 @@
     from own_kernel import linear_cross_entropy
     loss = linear_cross_entropy(hidden, lm_head.weight, targets, softcap=30.0)
 """
+from importlib import metadata as _metadata
+
 from own_kernel.api import LinearCrossEntropy, linear_cross_entropy
+
+# The installed distribution's version; a checkout used without installing says so.
+__version__ = next((d.version for d in _metadata.distributions(name="cce-bench")), "0+unknown")
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy"]

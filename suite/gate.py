@@ -1,36 +1,46 @@
-"""`python -m suite gate`: did this change make the loss slower or hungrier on this GPU?
+"""`python -m suite gate`: did this change make the loss slower, hungrier or less accurate here?
 
-Runs the GPU benchmarks in tests/bench with pytest-benchmark and compares them with the baseline
-of the GPU model it runs on, ``results/baselines/<gpu-slug>.json`` (a pytest-benchmark JSON):
+The gate is a bench run plus a comparison. It measures its cells through the suite's one
+measuring path (``suite.runner`` / ``suite.measure``: CUDA events around the phase only, L2
+flushed between repetitions, median of the repetitions; rows of ``suite.schema.ROW_FIELDS``)
+into a run folder, and compares the rows with the baseline of the GPU model it runs on,
+``results/baselines/<gpu-slug>/`` (``results.csv`` + ``env.json``, written by ``--save``).
 
-- median time: pytest-benchmark's own ``--benchmark-compare-fail=median:<T>%`` against the
-  baseline file (default T = 10);
-- peak extra memory (``extra_info["peak_extra_mib"]``): this module's check, fails when
-  now > baseline * (1 + mem_threshold) + MEM_SLACK_MIB (default +5 %);
-- gradient error (``extra_info`` de/dc/dbias_rel_err vs an fp32 reference): this module's check,
-  fails when now > baseline * (1 + err_threshold) + ERR_SLACK (default: the error doubles).
-
-pytest-benchmark gates only times, hence the second and third checks. One table is printed:
-benchmark, metric, baseline, now, change, verdict. ``--save`` (re)writes this GPU's baseline.
-A baseline measured on another GPU model is refused, never compared.
+A benchmark is one (shape, provider, phase), named ``<shape>/<provider>/<phase>``. Checks:
+- ``ms`` (median time): fails when now > baseline * (1 + time threshold) (default +10 %);
+- ``peak_extra_mib``: fails when now > baseline * (1 + mem threshold) + MEM_SLACK_MIB
+  (default +5 % + 1 MiB);
+- gradient errors (``de/dc/dbias_rel_err`` against the fp32 reference): fail when now >
+  baseline * (1 + err threshold) + ERR_SLACK (default: the error doubles) or is not finite;
+- ``status``: a row whose status is a failure (oom, error, nan, crashed) is FAILED.
+One table is printed: benchmark, metric, baseline, now, change, verdict. Exit status 0 on pass,
+1 on a regression, 2 when the baseline is missing or was measured on another GPU model.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
-import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR = ROOT / "tests" / "bench"
+from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, environment, read_rows
+
 DEFAULT_BASELINE_DIR = "results/baselines"
+
+# The gate's cells: bf16 ``lm`` inputs, seed 0, at these shapes (N, D, V, softcap).
+DIST, DTYPE, SEED = "lm", "bf16", 0
+GATE_SHAPES = {
+    "gemma2-2b": (8192, 2304, 256000, 30.0),  # the paper's Table 1
+    "llama3": (8192, 4096, 128256, None),
+    "small": (8192, 4096, 32000, None),
+}
+PEER_SHAPES = ("gemma2-2b",)  # peers run here only, unless --all-shapes
+OWN_PROVIDERS = ("own", "own_filter")  # the own kernel runs at every shape
+GATE_PHASES = ("fwd", "loss+grad")
 
 # Absolute slack of the memory check: allocator rounding must not fail a near-zero baseline
 # (a forward that keeps ~0.1 MiB), while any real extra buffer is far larger than 1 MiB.
@@ -38,8 +48,8 @@ MEM_SLACK_MIB = 1.0
 # Absolute slack of the error check, far below any bf16 gradient error (~1e-3).
 ERR_SLACK = 1e-6
 GATED_ERRORS = ("de_rel_err", "dc_rel_err", "dbias_rel_err")
-
-# Verdicts that fail the gate.
+# Statuses that say why a provider did not run here; anything else but ok is a failure.
+NOT_RUN_STATUSES = ("unavailable", "unsupported")
 FAILING = ("REGRESSED", "FAILED")
 
 
@@ -47,20 +57,97 @@ class GateError(Exception):
     """A condition that stops the gate before any comparison (missing or foreign baseline)."""
 
 
-# ---- identity of the GPU --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Thresholds:
+    """Relative increases that fail the gate."""
+    time: float = 0.10
+    mem: float = 0.05
+    err: float = 1.0
+
+    def __post_init__(self):
+        for flag, value in (("--time-threshold", self.time), ("--mem-threshold", self.mem),
+                            ("--err-threshold", self.err)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise GateError(f"{flag} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    shape: str
+    provider: str
+    phase: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape}/{self.provider}/{self.phase}"
+
+
+# ---- which benchmarks ---------------------------------------------------------------------
+
+def gate_cells() -> dict:
+    """Shape name -> runner.Cell of the gate."""
+    from suite.runner import Cell
+
+    return {name: Cell(dist=DIST, n=n, d=d, v=v, dtype=DTYPE, softcap=softcap, seed=SEED)
+            for name, (n, d, v, softcap) in GATE_SHAPES.items()}
+
+
+def keyword_matches(expr: str | None, name: str) -> bool:
+    """pytest-style ``-k``: words (substrings of ``name``) joined by and / or / not, brackets."""
+    if expr is None or not expr.strip():
+        return True
+    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
+    words = [t if t in ("and", "or", "not", "(", ")") else str(t in name) for t in tokens]
+    try:
+        # Only True, False, and, or, not and brackets reach eval.
+        return bool(eval(" ".join(words), {"__builtins__": {}}, {}))  # noqa: S307
+    except SyntaxError:
+        raise GateError(f"-k: cannot parse {expr!r} (words joined by and / or / not)") from None
+
+
+def plan(providers, *, all_shapes=False, keyword=None) -> list[Benchmark]:
+    """The gate's benchmarks among ``providers`` (registered names), selected by ``keyword``."""
+    out = []
+    for shape in GATE_SHAPES:
+        for provider in providers:
+            if provider not in OWN_PROVIDERS and not all_shapes and shape not in PEER_SHAPES:
+                continue
+            for phase in GATE_PHASES:
+                bench = Benchmark(shape, provider, phase)
+                if keyword_matches(keyword, bench.name):
+                    out.append(bench)
+    return out
+
+
+def benchmark_name(row: dict, shape_of_cell: dict) -> str | None:
+    """The benchmark a results row measures (a degraded variant counts as its provider)."""
+    from suite.degrade import base_provider
+
+    shape = shape_of_cell.get(row["cell_id"])
+    if shape is None:
+        return None
+    return Benchmark(shape, base_provider(row["provider"]), row["phase"]).name
+
+
+def rows_by_benchmark(rows: list[dict], selected=None) -> dict[str, dict]:
+    """Rows of the gate's cells keyed by benchmark name (``selected``: only those names)."""
+    shape_of_cell = {cell.cell_id: name for name, cell in gate_cells().items()}
+    out = {}
+    for row in rows:
+        name = benchmark_name(row, shape_of_cell)
+        if name is not None and (selected is None or name in selected):
+            out[name] = row
+    return out
+
+
+# ---- identity of the GPU, the baseline folder ------------------------------------------------
 
 def gpu_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the baseline's file name)."""
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the baseline's folder name)."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     if not slug:
-        raise ValueError(f"cannot make a file name from GPU name {name!r}")
+        raise ValueError(f"cannot make a folder name from GPU name {name!r}")
     return slug
-
-
-def gpu_name_of(bench_json: dict) -> str | None:
-    """GPU name recorded by tests/bench/conftest.py in a pytest-benchmark JSON's machine_info."""
-    gpu = (bench_json.get("machine_info") or {}).get("gpu") or {}
-    return gpu.get("name")
 
 
 def current_gpu_name() -> str | None:
@@ -71,50 +158,56 @@ def current_gpu_name() -> str | None:
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
-def baseline_path(baseline_dir: str | Path, gpu_name: str) -> Path:
-    return Path(baseline_dir) / f"{gpu_slug(gpu_name)}.json"
-
-
-def load_baseline(path: str | Path, gpu_name: str) -> dict:
-    """The baseline at ``path``, refused (GateError) when missing or measured on another GPU."""
-    path = Path(path)
+def run_gpu_name(run_dir: Path) -> str | None:
+    """The GPU recorded in a run folder's env.json (None when it has none)."""
+    path = Path(run_dir) / ENV_NAME
     if not path.is_file():
-        others = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
-        msg = (f"no baseline for {gpu_name}: {path} does not exist.\n"
-               f"Create it on this GPU with `python -m suite gate --save` "
-               f"(or `nox -s gate -- --save`), check that the numbers are sane, and commit it.")
+        return None
+    try:
+        return json.loads(path.read_text()).get("gpu_name")
+    except json.JSONDecodeError:
+        return None
+
+
+def baseline_folder(baseline_dir, gpu_name: str) -> Path:
+    return Path(baseline_dir) / gpu_slug(gpu_name)
+
+
+def check_same_gpu(folder: Path, gpu_name: str) -> None:
+    base_gpu = run_gpu_name(folder)
+    if base_gpu is None:
+        raise GateError(f"baseline {folder} records no GPU in {ENV_NAME}: it was not written by "
+                        f"the gate; re-create it with `python -m suite gate --save`")
+    if gpu_slug(base_gpu) != gpu_slug(gpu_name):
+        raise GateError(f"refusing to compare: baseline {folder} was measured on {base_gpu}, this "
+                        f"is {gpu_name}. Times and memory are only comparable on the same GPU "
+                        f"model; create a baseline for this GPU with `python -m suite gate --save`.")
+
+
+def load_baseline(folder: Path, gpu_name: str) -> list[dict]:
+    """The baseline's rows, refused (GateError) when missing or measured on another GPU."""
+    folder = Path(folder)
+    if not (folder / CSV_NAME).is_file():
+        parent = folder.parent
+        others = sorted(p.name for p in parent.iterdir() if (p / CSV_NAME).is_file()) \
+            if parent.is_dir() else []
+        msg = (f"no baseline for {gpu_name}: {folder / CSV_NAME} does not exist.\n"
+               f"Create it on this GPU with `python -m suite gate --save` (or `nox -s gate -- "
+               f"--save`), check that the numbers are sane, and commit {folder}/.")
         if others:
             msg += f"\nBaselines exist for other GPUs only: {', '.join(others)}."
         raise GateError(msg)
-    try:
-        baseline = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise GateError(f"baseline {path} is not valid JSON ({err}); re-create it with --save") from None
-    if not isinstance(baseline, dict) or "benchmarks" not in baseline:
-        raise GateError(f"baseline {path} is not a pytest-benchmark JSON (no 'benchmarks' key)")
-    check_same_gpu(baseline, gpu_name, path)
-    return baseline
+    check_same_gpu(folder, gpu_name)
+    return read_rows(folder)
 
 
-def check_same_gpu(baseline: dict, gpu_name: str, path: str | Path) -> None:
-    base_gpu = gpu_name_of(baseline)
-    if base_gpu is None:
-        raise GateError(f"baseline {path} records no GPU in machine_info['gpu']['name']: it was not "
-                        f"produced by tests/bench; re-create it with `python -m suite gate --save`")
-    if gpu_slug(base_gpu) != gpu_slug(gpu_name):
-        raise GateError(f"refusing to compare: baseline {path} was measured on {base_gpu}, this is "
-                        f"{gpu_name}. Times and memory are only comparable on the same GPU model; "
-                        f"create a baseline for this GPU with `python -m suite gate --save`.")
+# ---- comparison ---------------------------------------------------------------------------
 
-
-# ---- comparison -------------------------------------------------------------------------------
-
-def by_name(bench_json: dict) -> dict[str, dict]:
-    return {b["name"]: b for b in bench_json.get("benchmarks", [])}
-
-
-def median_ms(bench: dict) -> float:
-    return bench["stats"]["median"] * 1e3
+def _num(x) -> float | None:
+    """A CSV cell (or number) as a float; None when empty."""
+    if x is None or x == "":
+        return None
+    return float(x)
 
 
 def relative_change(base: float, now: float) -> float:
@@ -127,73 +220,65 @@ def _verdict(regressed: bool, improved: bool) -> str:
     return "REGRESSED" if regressed else ("better" if improved else "ok")
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+def _row(name, metric, base, now, change, verdict) -> dict:
+    return {"benchmark": name, "metric": metric, "baseline": base, "now": now, "change": change,
+            "verdict": verdict}
 
 
-def compare(baseline: dict, now: dict, *, time_threshold: float = 0.10,
-            mem_threshold: float = 0.05, err_threshold: float = 1.0,
-            time_flagged: frozenset | set = frozenset(), outcomes: dict | None = None) -> list[dict]:
-    """Rows of the gate table: one per (benchmark, metric) present in ``now``.
+def _status_check(name: str, old: dict | None, row: dict) -> dict | None:
+    """A row for a benchmark that did not measure (None when its status is ok)."""
+    status = row["status"]
+    if status == "ok":
+        return None
+    was = None if old is None else old["status"]
+    text = f"{status}: {row.get('error') or ''}".strip().rstrip(":")
+    verdict = "not run" if status in NOT_RUN_STATUSES else "FAILED"
+    return _row(name, "status", was, text, None, verdict)
 
-    ``time_flagged`` holds the benchmark names pytest-benchmark reported as median regressions;
-    the time verdict is REGRESSED when it flagged the benchmark or the same rule computed here
-    (now > baseline * (1 + time_threshold)) holds. ``outcomes`` maps benchmark name to the pytest
-    outcome (passed/failed/skipped/error); failed tests and baseline benchmarks that were
-    selected but did not run get a row of their own.
-    """
-    outcomes = outcomes or {}
-    base, cur = by_name(baseline), by_name(now)
+
+def _metric_checks(name: str, old: dict, row: dict, th: Thresholds) -> list[dict]:
+    out = []
+    base_ms, now_ms = _num(old.get("ms")), _num(row.get("ms"))
+    ch = relative_change(base_ms, now_ms)
+    out.append(_row(name, "ms", base_ms, now_ms, ch, _verdict(ch > th.time, ch < -th.time)))
+    base_mib, now_mib = _num(old.get("peak_extra_mib")), _num(row.get("peak_extra_mib"))
+    if now_mib is not None and base_mib is not None and math.isfinite(base_mib):
+        high = base_mib * (1 + th.mem) + MEM_SLACK_MIB
+        low = base_mib * (1 - th.mem) - MEM_SLACK_MIB
+        out.append(_row(name, "peak_extra_mib", base_mib, now_mib,
+                        relative_change(base_mib, now_mib),
+                        _verdict(not math.isfinite(now_mib) or now_mib > high, now_mib < low)))
+    for metric in GATED_ERRORS:
+        base_err, now_err = _num(old.get(metric)), _num(row.get(metric))
+        if now_err is None:
+            continue
+        if base_err is None or not math.isfinite(base_err):
+            out.append(_row(name, metric, base_err, now_err, None, "new"))
+            continue
+        limit = base_err * (1 + th.err) + ERR_SLACK
+        out.append(_row(name, metric, base_err, now_err, relative_change(base_err, now_err),
+                        _verdict(not math.isfinite(now_err) or now_err > limit, False)))
+    return out
+
+
+def compare(baseline: dict[str, dict], now: dict[str, dict], th: Thresholds = Thresholds(),
+            selected=None) -> list[dict]:
+    """Rows of the gate table from results rows keyed by benchmark name: every benchmark of
+    ``now``, and those of ``baseline`` that were ``selected`` but have no row now (FAILED: a
+    benchmark that silently stops being measured must show)."""
     rows = []
-
-    def row(name, metric, b, n, change, verdict):
-        rows.append({"benchmark": name, "metric": metric, "baseline": b, "now": n,
-                     "change": change, "verdict": verdict})
-
-    for name, bench in cur.items():
-        if outcomes.get(name) in ("failed", "error"):
-            row(name, "test", None, outcomes[name], None, "FAILED")
-            continue
-        old = base.get(name)
-        now_ms = median_ms(bench)
-        if old is None:
-            row(name, "median_ms", None, now_ms, None, "new")
+    for name, row in now.items():
+        old = baseline.get(name)
+        failed = _status_check(name, old, row)
+        if failed is not None:
+            rows.append(failed)
+        elif old is None or old["status"] != "ok":
+            rows.append(_row(name, "ms", None, _num(row.get("ms")), None, "new"))
         else:
-            ch = relative_change(median_ms(old), now_ms)
-            row(name, "median_ms", median_ms(old), now_ms, ch,
-                _verdict(name in time_flagged or ch > time_threshold, ch < -time_threshold))
-
-        info, old_info = bench.get("extra_info", {}), (old or {}).get("extra_info", {})
-        now_mib, old_mib = info.get("peak_extra_mib"), old_info.get("peak_extra_mib")
-        if now_mib is not None:
-            if old_mib is None:
-                row(name, "peak_extra_mib", None, now_mib, None, "new")
-            else:
-                limit = old_mib * (1 + mem_threshold) + MEM_SLACK_MIB
-                low = old_mib * (1 - mem_threshold) - MEM_SLACK_MIB
-                row(name, "peak_extra_mib", old_mib, now_mib, relative_change(old_mib, now_mib),
-                    _verdict(not _finite(now_mib) or now_mib > limit, now_mib < low))
-
-        for metric in GATED_ERRORS:
-            now_err, old_err = info.get(metric), old_info.get(metric)
-            if now_err is None:
-                continue
-            if old_err is None or not _finite(old_err):
-                row(name, metric, old_err, now_err, None, "new")
-                continue
-            limit = old_err * (1 + err_threshold) + ERR_SLACK
-            row(name, metric, old_err, now_err, relative_change(old_err, now_err),
-                _verdict(not _finite(now_err) or now_err > limit, False))
-
-    # Tests that were selected this time but produced no measurement (failed before timing,
-    # skipped): a baseline benchmark that silently stops running must be visible.
-    for name, outcome in outcomes.items():
-        if name in cur:
-            continue
-        if outcome in ("failed", "error"):
-            row(name, "test", None, outcome, None, "FAILED")
-        elif name in base:
-            row(name, "test", None, outcome, None, "not run")
+            rows += _metric_checks(name, old, row, th)
+    for name in baseline:
+        if name not in now and name in (selected or ()):
+            rows.append(_row(name, "status", baseline[name]["status"], "no row", None, "FAILED"))
     return rows
 
 
@@ -208,7 +293,7 @@ def _fmt(metric: str, x) -> str:
         return x
     if not math.isfinite(x):
         return str(x)
-    if metric == "median_ms":
+    if metric == "ms":
         return f"{x:.3f}"
     if metric == "peak_extra_mib":
         return f"{x:.1f}"
@@ -225,8 +310,8 @@ def _fmt_change(ch) -> str:
 
 def format_table(rows: list[dict]) -> str:
     header = ["benchmark", "metric", "baseline", "now", "change", "verdict"]
-    body = [[r["benchmark"], r["metric"], _fmt(r["metric"], r["baseline"]), _fmt(r["metric"], r["now"]),
-             _fmt_change(r["change"]), r["verdict"]] for r in rows]
+    body = [[r["benchmark"], r["metric"], _fmt(r["metric"], r["baseline"]),
+             _fmt(r["metric"], r["now"]), _fmt_change(r["change"]), r["verdict"]] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     right = {2, 3, 4}  # numbers right-aligned
 
@@ -238,134 +323,87 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(header), sep] + [line(b) for b in body])
 
 
-# ---- running the benchmarks --------------------------------------------------------------------
+# ---- measuring and saving -----------------------------------------------------------------
 
-REGRESSION_LINE = re.compile(r"^\t(?P<name>\S+) \(.*\) - Field '(?P<field>\w+)' has failed")
+def measure(benchmarks: list[Benchmark], out: Path, *, degrade=None, reps=None, warmup=None,
+            device="cuda") -> Path:
+    """Measure ``benchmarks`` through the runner into the run folder ``out``; ``degrade``
+    ('slow' | 'hungry') measures the own kernel's degraded variants (suite/degrade.py) in place
+    of ``own`` and ``own_filter``."""
+    from suite import runner
+    from suite.degrade import degraded_name, register_degraded
 
-
-def parse_time_regressions(output: str) -> set[str]:
-    """Benchmark names listed under pytest-benchmark's 'Performance has regressed:' report."""
-    flagged, inside = set(), False
-    for line in output.splitlines():
-        if line.startswith("Performance has regressed:"):
-            inside = True
-            continue
-        if inside:
-            m = REGRESSION_LINE.match(line)
-            if m:
-                flagged.add(m["name"])
-            elif line.strip():
-                inside = False
-    return flagged
-
-
-def run_benchmarks(pytest_args: list[str], env: dict) -> tuple[int, str]:
-    """Run pytest on tests/bench, echoing its output as it comes; return (exit status, output).
-
-    pytest-benchmark reports a time regression by raising PerformanceRegression out of its
-    terminal summary; its traceback says nothing the table does not, so it is cut to one line.
-    """
-    cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR)] + pytest_args
-    print("gate: " + shlex.join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    out, held = [], None
-    for line in proc.stdout:
-        out.append(line)
-        if held is None and line.startswith("Traceback (most recent call last):"):
-            held = [line]
-        elif held is not None:
-            held.append(line)
-        else:
-            print(line, end="", flush=True)
-    rc = proc.wait()
-    if held:
-        last = [x for x in held if x.strip()][-1]
-        if "PerformanceRegression" in last:
-            print("(pytest-benchmark raised PerformanceRegression: time regression, see above)")
-        else:
-            print("".join(held), end="")
-    return rc, "".join(out)
+    cells = gate_cells()
+    measured = {}  # provider name as run -> the benchmarks' provider
+    for b in benchmarks:
+        name = b.provider
+        if degrade and b.provider in OWN_PROVIDERS:
+            register_degraded(degrade, [b.provider])
+            name = degraded_name(b.provider, degrade)
+        measured[name] = b.provider
+    wanted = {(cells[b.shape].cell_id, b.provider) for b in benchmarks}
+    phases = [p for p in GATE_PHASES if any(b.phase == p for b in benchmarks)]
+    shapes = list(dict.fromkeys(b.shape for b in benchmarks))
+    return runner.run([cells[s] for s in shapes], list(measured), phases, out, reps=reps,
+                      warmup=warmup, device=device, summary=False,
+                      select=lambda cell, p: (cell.cell_id, measured[p]) in wanted)
 
 
-def read_outcomes(junit_path: Path) -> dict[str, str]:
-    """Test name (as pytest-benchmark names benchmarks) -> passed | failed | error | skipped."""
-    if not junit_path.is_file():
-        return {}
-    outcomes = {}
-    for case in ET.parse(junit_path).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        if "error" in kinds:
-            outcome = "error"
-        elif "failure" in kinds:
-            outcome = "failed"
-        elif "skipped" in kinds:
-            outcome = "skipped"
-        else:
-            outcome = "passed"
-        name = case.get("name")
-        # A failing teardown adds a second entry for the same test; keep the worst.
-        if outcomes.get(name) not in ("failed", "error"):
-            outcomes[name] = outcome
-    return outcomes
+def save_baseline(folder: Path, run_dir: Path, now: dict[str, dict], merge: bool) -> tuple[int, int]:
+    """Write the ok rows of ``now`` as ``folder``'s baseline, with ``run_dir``'s env.json;
+    ``merge``: keep the baseline's other benchmarks. Returns (rows written, rows left out)."""
+    ok = {name: row for name, row in now.items() if row["status"] == "ok"}
+    kept = {}
+    if merge and (folder / CSV_NAME).is_file():
+        kept = {n: r for n, r in rows_by_benchmark(read_rows(folder)).items() if n not in ok}
+    elif folder.is_dir():
+        for path in [folder / CSV_NAME, *folder.glob("env*.json")]:
+            path.unlink(missing_ok=True)
+    if not ok:
+        return 0, len(now)
+    (folder / CSV_NAME).unlink(missing_ok=True)
+    env = json.loads((Path(run_dir) / ENV_NAME).read_text())
+    run_id = next(iter(ok.values()))["run_id"]
+    writer = ResultsWriter(folder, env, run_id)
+    writer.write(list(kept.values()) + list(ok.values()))
+    return len(kept) + len(ok), len(now) - len(ok)
 
 
-def merge_baseline(old: dict | None, new: dict) -> dict:
-    """``new`` plus the benchmarks of ``old`` it did not re-measure (for --save with -k)."""
-    if not old:
-        return new
-    fresh = {b["name"] for b in new["benchmarks"]}
-    merged = dict(new)
-    merged["benchmarks"] = new["benchmarks"] + [b for b in old["benchmarks"] if b["name"] not in fresh]
-    merged["benchmarks"].sort(key=lambda b: b["name"])
-    return merged
-
-
-def _percent(threshold: float, flag: str) -> int:
-    if threshold < 0:
-        raise GateError(f"{flag} must be >= 0, got {threshold}")
-    pct = threshold * 100
-    if abs(pct - round(pct)) > 1e-9:
-        # pytest-benchmark's --benchmark-compare-fail=median:N% takes whole percents only.
-        raise GateError(f"{flag} must be a whole percentage for pytest-benchmark "
-                        f"(e.g. 0.10 for 10 %), got {threshold}")
-    return round(pct)
-
-
-def _versions_line(bench_json: dict) -> str:
-    mi = bench_json.get("machine_info") or {}
-    gpu, libs = mi.get("gpu") or {}, mi.get("libraries") or {}
-    parts = [f"driver {gpu.get('driver', '?')}", f"CUDA {gpu.get('cuda', '?')}"]
-    parts += [f"{k} {v}" for k, v in sorted(libs.items())]
-    return ", ".join(parts)
-
-
-# ---- entry point -------------------------------------------------------------------------------
+# ---- entry point --------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
     parser.add_argument("--baseline-dir", default=DEFAULT_BASELINE_DIR,
-                        help="folder of per-GPU baselines <gpu-slug>.json (default %(default)s)")
-    parser.add_argument("--baseline", default=None, metavar="PATH",
-                        help="compare with (or --save to) this file instead of "
-                             "<baseline-dir>/<gpu-slug>.json")
+                        help="folder of per-GPU baseline folders <gpu-slug>/ (default %(default)s)")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="compare with (or --save to) this folder instead of "
+                             "<baseline-dir>/<gpu-slug>/")
     parser.add_argument("--time-threshold", type=float, default=0.10,
-                        help="median-time increase that fails, whole percent (default 0.10 = 10%%)")
+                        help="median-time increase that fails (default 0.10 = +10%%)")
     parser.add_argument("--mem-threshold", type=float, default=0.05,
-                        help=f"peak-extra-memory increase that fails (default 0.05 = 5%%, "
+                        help=f"peak-extra-memory increase that fails (default 0.05 = +5%%, "
                              f"plus {MEM_SLACK_MIB:g} MiB slack)")
     parser.add_argument("--err-threshold", type=float, default=1.0,
-                        help="gradient-error increase that fails (default 1.0: fails when an "
-                             "error more than doubles)")
+                        help="gradient-error increase that fails (default 1.0: the error doubles)")
     parser.add_argument("--save", action="store_true",
-                        help="run the benchmarks and (re)write this GPU's baseline; with -k, "
+                        help="measure and (re)write this GPU's baseline; with -k or --providers, "
                              "replace only the selected benchmarks")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
-                        help="pytest -k expression selecting benchmarks (e.g. 'own')")
+                        help="select benchmarks <shape>/<provider>/<phase> by substrings joined "
+                             "with and / or / not (e.g. 'own and not filter')")
+    parser.add_argument("--providers", default=None, metavar="NAMES",
+                        help="comma-separated providers (default: all registered)")
     parser.add_argument("--all-shapes", action="store_true",
-                        help="benchmark every peer at every shape (default: peers at gemma2-2b "
-                             "only, own kernel at all shapes)")
-    parser.add_argument("--output", default=None, metavar="PATH",
-                        help="also keep this run's pytest-benchmark JSON at PATH")
+                        help="every peer at every shape (default: peers at gemma2-2b only, the "
+                             "own kernel at all shapes)")
+    parser.add_argument("--degrade", choices=("slow", "hungry"), default=None,
+                        help="measure deliberately degraded own-kernel variants (suite/degrade.py) "
+                             "in place of own and own_filter, to prove the gate fails")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="run folder of this measurement (default: a new temporary folder)")
+    parser.add_argument("--run", default=None, metavar="DIR",
+                        help="measure nothing: compare (or --save) the rows of this run folder")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (runner default)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (runner default)")
 
 
 def main(args) -> int:
@@ -376,115 +414,123 @@ def main(args) -> int:
         return 2
 
 
+def _selection(args) -> list[Benchmark]:
+    from suite import registry
+
+    known = registry.names()
+    providers = known if args.providers is None else [p.strip() for p in args.providers.split(",")]
+    bad = [p for p in providers if p not in known]
+    if bad or not providers:
+        raise GateError(f"--providers: unknown provider(s) {', '.join(bad) or '(none given)'}; "
+                        f"known providers: {', '.join(known)}")
+    benchmarks = plan(providers, all_shapes=args.all_shapes, keyword=args.keyword)
+    if not benchmarks:
+        raise GateError(f"no benchmark selected (-k {args.keyword!r}, --providers "
+                        f"{args.providers or 'all'})")
+    return benchmarks
+
+
+def _validate(args) -> Thresholds:
+    th = Thresholds(args.time_threshold, args.mem_threshold, args.err_threshold)
+    if args.save and args.degrade:
+        raise GateError("--save with --degrade would save a deliberately degraded baseline")
+    for flag, value, low in (("--reps", args.reps, 1), ("--warmup", args.warmup, 0)):
+        if value is not None and value < low:
+            raise GateError(f"{flag} must be >= {low}, got {value}")
+    if args.run and (args.degrade or args.out):
+        raise GateError("--run compares an existing run folder: --degrade and --out do not apply")
+    if args.run and not (Path(args.run) / CSV_NAME).is_file():
+        raise GateError(f"--run: {Path(args.run) / CSV_NAME} does not exist")
+    return th
+
+
+def _run_folder(args, gpu: str, benchmarks) -> Path:
+    """The run folder to compare: --run as given, or a new measurement."""
+    if args.run:
+        return Path(args.run)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else \
+        Path(tempfile.mkdtemp(prefix=f"cce-gate-{gpu_slug(gpu)}-{stamp}-"))
+    print(f"gate: {len(benchmarks)} benchmark(s) on {gpu} -> {out}", flush=True)
+    try:
+        return measure(benchmarks, out, degrade=args.degrade, reps=args.reps, warmup=args.warmup)
+    except FileExistsError as err:
+        raise GateError(f"--out: {err}") from None
+
+
 def _main(args) -> int:
-    time_pct = _percent(args.time_threshold, "--time-threshold")
-    if args.mem_threshold < 0 or args.err_threshold < 0:
-        raise GateError("--mem-threshold and --err-threshold must be >= 0")
-    gpu = current_gpu_name()
+    th = _validate(args)
+    benchmarks = _selection(args)
+    gpu = run_gpu_name(Path(args.run)) if args.run else current_gpu_name()
     if gpu is None:
-        raise GateError("no CUDA device: the gate times GPU kernels; run it on the GPU whose "
-                        "baseline you want to check or create")
-    path = Path(args.baseline) if args.baseline else baseline_path(args.baseline_dir, gpu)
-    path = path if path.is_absolute() else Path.cwd() / path
-
-    baseline = None
+        raise GateError(f"no GPU: {'--run ' + args.run + ' records none' if args.run else 'no CUDA device'}"
+                        "; the gate compares GPU measurements, run it on the GPU whose baseline "
+                        "you want to check or create")
+    folder = Path(args.baseline) if args.baseline else baseline_folder(args.baseline_dir, gpu)
     if args.save:
-        if path.is_file():
-            old = json.loads(path.read_text())
-            check_same_gpu(old, gpu, path)
-            baseline = old if args.keyword else None  # -k: merge into it; else replace it
+        if (folder / CSV_NAME).is_file():
+            check_same_gpu(folder, gpu)
+        baseline = {}
     else:
-        baseline = load_baseline(path, gpu)
-
-    env = dict(os.environ)
-    if args.all_shapes:
-        env["CCE_BENCH_ALL_SHAPES"] = "1"
-    with tempfile.TemporaryDirectory(prefix="cce-gate-") as tmp:
-        now_path, junit_path = Path(tmp) / "now.json", Path(tmp) / "junit.xml"
-        pytest_args = ["-q", "-p", "no:cacheprovider", "--benchmark-only", "--benchmark-quiet",
-                       "--benchmark-disable-gc", f"--benchmark-json={now_path}",
-                       f"--junitxml={junit_path}"]
-        if args.keyword:
-            pytest_args += ["-k", args.keyword]
-        if not args.save:
-            pytest_args += [f"--benchmark-compare={path}",
-                            f"--benchmark-compare-fail=median:{time_pct}%"]
-        rc, output = run_benchmarks(pytest_args, env)
-        outcomes = read_outcomes(junit_path)
-        now = json.loads(now_path.read_text()) if now_path.is_file() and now_path.stat().st_size else None
-        if now is not None and args.output:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(now_path, args.output)
-
-    if rc == 5:
-        raise GateError(f"no benchmark selected (pytest exit status 5){' by -k ' + args.keyword if args.keyword else ''}")
-    failed = sorted(n for n, o in outcomes.items() if o in ("failed", "error"))
-    now = now or {"benchmarks": []}
-    if not now.get("benchmarks") and not failed:
-        seen = sorted(set(outcomes.values()))
-        raise GateError(f"no benchmark produced a measurement (pytest exit status {rc}, outcomes "
-                        f"{seen or 'none'}); see the pytest output above")
-    if gpu_name_of(now) and gpu_slug(gpu_name_of(now)) != gpu_slug(gpu):
-        raise GateError(f"benchmarks ran on {gpu_name_of(now)} but the gate saw {gpu}; "
-                        f"set CUDA_VISIBLE_DEVICES to one GPU model")
-
+        baseline = rows_by_benchmark(load_baseline(folder, gpu))
+    run_dir = _run_folder(args, gpu, benchmarks)
+    selected = {b.name for b in benchmarks}
+    now = rows_by_benchmark(read_rows(run_dir), selected)
     if args.save:
-        return _save(path, baseline, now, failed, gpu)
+        partial = args.keyword is not None or args.providers is not None
+        return _save(folder, run_dir, now, merge=partial, gpu=gpu)
+    return _report(baseline, now, th, selected, folder, run_dir, args.degrade)
 
-    rows = compare(baseline, now, time_threshold=args.time_threshold,
-                   mem_threshold=args.mem_threshold, err_threshold=args.err_threshold,
-                   time_flagged=parse_time_regressions(output), outcomes=outcomes)
+
+def _report(baseline, now, th: Thresholds, selected, folder: Path, run_dir: Path,
+            degrade) -> int:
+    rows = compare(baseline, now, th, selected)
     bad = failed_rows(rows)
+    base_env = json.loads((folder / ENV_NAME).read_text())
+    now_env = json.loads((run_dir / ENV_NAME).read_text()) if (run_dir / ENV_NAME).is_file() else {}
     print()
-    print(f"gate: {gpu}, baseline {path}")
-    print(f"  baseline: {baseline.get('datetime', '?')}; {_versions_line(baseline)}")
-    print(f"  now:      {now.get('datetime', '?')}; {_versions_line(now)}")
-    print(f"  fails on: median time > +{time_pct}% (pytest-benchmark --benchmark-compare-fail), "
-          f"peak_extra_mib > +{args.mem_threshold * 100:g}% + {MEM_SLACK_MIB:g} MiB, "
-          f"gradient error > x{1 + args.err_threshold:g} (gate's own checks)")
+    print(f"gate: {now_env.get('gpu_name')}, baseline {folder}")
+    for label, env in (("baseline", base_env), ("now     ", now_env)):
+        print(f"  {label}: {env.get('date', '?')}, commit {env.get('git_commit')}"
+              f"{' (dirty)' if env.get('git_dirty') else ''}; torch {env.get('torch')}, triton "
+              f"{env.get('triton')}, CUDA {env.get('cuda')}, driver {env.get('driver')}")
+    print(f"  run folder: {run_dir}")
+    if degrade:
+        print(f"  DEGRADED: own providers measured as their '{degrade}' variants (suite/degrade.py)")
+    print(f"  fails on: ms > +{th.time * 100:g}%, peak_extra_mib > +{th.mem * 100:g}% + "
+          f"{MEM_SLACK_MIB:g} MiB, gradient error > x{1 + th.err:g} or not finite, failing status")
     print()
     print(format_table(rows))
     print()
-    # pytest's status also covers what the table cannot show (a crash after the JSON was written).
-    if rc not in (0, 1):
-        print(f"gate: FAIL: pytest exited with status {rc}")
-        return 1
-    if rc == 1 and not bad:
-        print("gate: FAIL: pytest reported a failure that the table does not show; see its output")
-        return 1
     if bad:
         counts = {}
         for r in bad:
             counts[r["metric"]] = counts.get(r["metric"], 0) + 1
         what = ", ".join(f"{metric} x{k}" for metric, k in sorted(counts.items()))
-        print(f"gate: FAIL: {len(bad)} failing check(s): {what} (failing test: metric 'test')")
+        print(f"gate: FAIL: {len(bad)} failing check(s): {what}")
         return 1
-    print(f"gate: PASS ({len(now['benchmarks'])} benchmarks, {len(rows)} checks)")
+    print(f"gate: PASS ({len(now)} benchmarks, {len(rows)} checks)")
     return 0
 
 
-def _save(path: Path, old: dict | None, now: dict, failed: list[str], gpu: str) -> int:
-    """Write this run (minus failed tests) as the baseline of this GPU."""
-    now = dict(now)
-    now["benchmarks"] = [b for b in now["benchmarks"] if b["name"] not in failed]
-    if not now["benchmarks"]:
-        print(f"gate: every benchmark test failed ({', '.join(failed)}); no baseline written")
+def _save(folder: Path, run_dir: Path, now: dict[str, dict], merge: bool, gpu: str) -> int:
+    """Write this run's ok rows as this GPU's baseline; failing rows are left out and fail."""
+    written, left_out = save_baseline(folder, run_dir, now, merge)
+    rows = [_status_check(name, None, row) for name, row in now.items() if row["status"] != "ok"]
+    rows += [_row(name, m, None, _num(row.get(m)), None, "saved") for name, row in now.items()
+             if row["status"] == "ok" for m in ("ms", "peak_extra_mib") + GATED_ERRORS
+             if _num(row.get(m)) is not None]
+    print()
+    print(format_table(sorted(rows, key=lambda r: r["benchmark"])))
+    print()
+    if not written:
+        print(f"gate: no benchmark measured ok; no baseline written to {folder}")
         return 1
-    merged = merge_baseline(old, now)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(merged, indent=2, allow_nan=True) + "\n")
-    rows = [{"benchmark": b["name"], "metric": m, "baseline": None, "now": v, "change": None,
-             "verdict": "saved"}
-            for b in now["benchmarks"]
-            for m, v in [("median_ms", median_ms(b))] + [
-                (k, b.get("extra_info", {}).get(k)) for k in ("peak_extra_mib",) + GATED_ERRORS]
-            if v is not None]
-    print()
-    print(format_table(rows))
-    print()
-    print(f"gate: saved baseline for {gpu} ({len(merged['benchmarks'])} benchmarks) to {path}")
-    if failed:
-        print(f"gate: {len(failed)} benchmark test(s) FAILED and were left out: {', '.join(failed)}")
+    print(f"gate: saved baseline for {gpu} ({written} benchmarks) to {folder}; commit it")
+    failing = failed_rows(rows)
+    if failing:
+        print(f"gate: {len(failing)} benchmark(s) FAILED and were left out: "
+              f"{', '.join(r['benchmark'] for r in failing)}")
         return 1
     return 0
 

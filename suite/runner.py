@@ -203,8 +203,13 @@ def _device_label(device) -> str:
 # ---- the run ---------------------------------------------------------------------------
 
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
-        warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=()) -> Path:
+        warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=(),
+        select=None, summary=True) -> Path:
     """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder.
+
+    ``select(cell, provider) -> bool``: only the pairs it accepts are measured (the gate runs
+    the peers at one shape only); default all. ``summary``: print the report's tables at the
+    end (unless ``quiet``; the gate prints its own).
 
     ``rerun`` (with ``resume``): providers measured again where rows exist, e.g. after a kernel
     change; the new rows are appended and every reader keeps the latest row of a (cell,
@@ -232,10 +237,11 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if isolate not in (False, None, "cell", "provider"):
         raise ValueError(f"isolate must be False, 'cell' or 'provider', got {isolate!r}")
     done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
-    todo = [(c, [p for p in providers if (c.cell_id, p) not in done]) for c in cells]
+    chosen = [(c, [p for p in providers if select is None or select(c, p)]) for c in cells]
+    todo = [(c, [p for p in ps if (c.cell_id, p) not in done]) for c, ps in chosen]
     todo = [(c, ps) for c, ps in todo if ps]
     n_pairs = sum(len(ps) for _, ps in todo)
-    skipped = len(cells) * len(providers) - n_pairs
+    skipped = sum(len(ps) for _, ps in chosen) - n_pairs
     if skipped and not quiet:
         print(f"resume: {skipped} finished (cell, provider) pairs skipped")
 
@@ -259,10 +265,12 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
             measure_cell(cell, pending, phases, device=device, reps=reps, warmup=warmup,
                          writer=writer, run_id=run_id, progress=bar)
     bar.close()
-    if not quiet:
-        from suite.report import summary
+    if summary and not quiet:
+        from suite.report import summary as summary_tables
 
-        print(summary(read_rows(out), cells=[c.cell_id for c in cells], providers=providers))
+        print(summary_tables(read_rows(out), cells=[c.cell_id for c in cells],
+                             providers=providers))
+    if not quiet:
         print(f"\n{n_pairs} (cell, provider) pairs in {time.time() - t0:.0f} s -> {out}/results.csv")
         if torch.device(device).type == "cpu":
             print("NOTE: measured on the CPU (Triton kernels interpreted): these are smoke-test "

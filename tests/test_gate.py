@@ -1,52 +1,53 @@
-"""CPU tests of the regression gate (suite/gate.py) on small synthetic pytest-benchmark JSONs.
-
-The JSONs are built here, in the tests; nothing is written to results/.
+"""CPU tests of the regression gate (suite/gate.py): the comparison on hand-built results rows,
+the refusal of a missing or foreign baseline, ``--save`` writing the baseline folder, the CLI on
+run folders built here, the measurement through the runner at tiny shapes, and the degraded
+variants (suite/degrade.py). Nothing is written to results/.
 """
 from __future__ import annotations
 
-import argparse
+import gc
 import json
 import math
-import textwrap
-from pathlib import Path
 
 import pytest
+import torch
 
-from suite import gate
+from suite import cli, degrade, gate, registry
+from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, read_rows
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
+FWD = "gemma2-2b/own/fwd"
+BWD = "gemma2-2b/own/loss+grad"
 
 
-def bench(name, ms, mib=None, de=None, dc=None):
-    s = ms / 1e3
-    stats = {"min": s, "max": s, "mean": s, "stddev": 0.0, "rounds": 5, "median": s, "iqr": 0.0,
-             "q1": s, "q3": s, "iqr_outliers": 0, "stddev_outliers": 0, "outliers": "0;0",
-             "ld15iqr": s, "hd15iqr": s, "ops": 1 / s, "total": 5 * s, "iterations": 1,
-             "data": [s] * 5}
-    info = {k: v for k, v in (("peak_extra_mib", mib), ("de_rel_err", de), ("dc_rel_err", dc))
-            if v is not None}
-    return {"group": None, "name": name, "fullname": f"tests/bench/test_bench_loss.py::{name}",
-            "params": None, "param": None, "extra_info": info, "options": {}, "stats": stats}
+def row(name, ms, mib=None, de=None, dc=None, status="ok", error=None, run_id="r1"):
+    """A results row (schema names) of the gate's cell for benchmark ``name``."""
+    shape, provider, phase = name.split("/")
+    cell = gate.gate_cells()[shape]
+    return {**cell.fields(), "provider": provider, "phase": phase, "status": status,
+            "error": error, "ms": ms, "peak_extra_mib": mib, "de_rel_err": de,
+            "dc_rel_err": dc, "device": H100, "run_id": run_id,
+            "timestamp": "2026-11-24T00:00:00+00:00"}
 
 
-def run_json(gpu, benches):
-    return {"machine_info": {"gpu": {"name": gpu, "driver": "1", "cuda": "12"}, "libraries": {}},
-            "commit_info": {}, "benchmarks": benches, "datetime": "2026-11-22T00:00:00",
-            "version": "5.2.3"}
+def by_name(*rows):
+    return gate.rows_by_benchmark(list(rows))
 
 
-FWD = "test_loss[gemma2-2b-own-fwd]"
-BWD = "test_loss[gemma2-2b-own-loss+grad]"
-
-
-def baseline_json(gpu=H100):
-    return run_json(gpu, [bench(FWD, 20.0, mib=0.1), bench(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
+def baseline_rows():
+    return by_name(row(FWD, 20.0, mib=0.1), row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3))
 
 
 def verdicts(rows):
     return {(r["benchmark"], r["metric"]): r["verdict"] for r in rows}
 
+
+def failing(rows):
+    return [(r["benchmark"], r["metric"]) for r in gate.failed_rows(rows)]
+
+
+# ---- selection --------------------------------------------------------------------------
 
 def test_gpu_slug():
     assert gate.gpu_slug(H100) == "nvidia-h100-80gb-hbm3"
@@ -55,305 +56,306 @@ def test_gpu_slug():
         gate.gpu_slug("  ")
 
 
+def test_keyword_selection():
+    assert gate.keyword_matches("own", "small/own_filter/fwd")
+    assert not gate.keyword_matches("own and not filter", "small/own_filter/fwd")
+    assert gate.keyword_matches("(liger or own) and fwd", "gemma2-2b/own/fwd")
+    assert not gate.keyword_matches("liger", "gemma2-2b/own/fwd")
+    assert gate.keyword_matches(None, "anything")
+    with pytest.raises(gate.GateError, match="-k"):
+        gate.keyword_matches("own and", "gemma2-2b/own/fwd")
+
+
+def test_plan_runs_peers_at_gemma_only_unless_all_shapes():
+    names = {b.name for b in gate.plan(["own", "own_filter", "liger"])}
+    assert "llama3/own/fwd" in names and "small/own_filter/loss+grad" in names
+    assert "gemma2-2b/liger/loss+grad" in names and "llama3/liger/fwd" not in names
+    assert len(names) == 2 * 3 * 2 + 2  # own kernel: 2 providers x 3 shapes x 2 phases
+    every = {b.name for b in gate.plan(["liger"], all_shapes=True)}
+    assert "small/liger/fwd" in every
+    assert {b.name for b in gate.plan(["own", "liger"], keyword="own and fwd")} == {
+        "gemma2-2b/own/fwd", "llama3/own/fwd", "small/own/fwd"}
+
+
+def test_rows_map_to_benchmarks_and_degraded_variants_to_their_provider():
+    r = row(FWD, 1.0)
+    other = dict(row(FWD, 1.0), cell_id="uniform-n64-d32-v257-fp32-scnone-ig0-b0-s0")
+    slow = dict(row(FWD, 1.0), provider="own_slow")
+    assert list(gate.rows_by_benchmark([r, other])) == [FWD]
+    assert list(gate.rows_by_benchmark([slow])) == [FWD]
+    assert gate.rows_by_benchmark([r], selected={BWD}) == {}
+
+
+# ---- comparison -------------------------------------------------------------------------
+
 def test_compare_passes_within_thresholds():
-    now = run_json(H100, [bench(FWD, 21.0, mib=0.6), bench(BWD, 54.0, mib=1200.0, de=5e-3, dc=2e-3)])
-    rows = gate.compare(baseline_json(), now)
+    now = by_name(row(FWD, 21.0, mib=0.6), row(BWD, 54.0, mib=1200.0, de=5e-3, dc=2e-3))
+    rows = gate.compare(baseline_rows(), now)
     assert gate.failed_rows(rows) == []
     v = verdicts(rows)
-    assert v[(FWD, "median_ms")] == "ok" and v[(BWD, "peak_extra_mib")] == "ok"
+    assert v[(FWD, "ms")] == "ok" and v[(BWD, "peak_extra_mib")] == "ok"
     assert v[(BWD, "de_rel_err")] == "ok" and v[(BWD, "dc_rel_err")] == "ok"
     assert (FWD, "de_rel_err") not in v  # the forward has no gradient
 
 
 def test_time_regression():
-    now = run_json(H100, [bench(FWD, 23.0, mib=0.1), bench(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
-    rows = gate.compare(baseline_json(), now, time_threshold=0.10)
-    assert [(r["benchmark"], r["metric"]) for r in gate.failed_rows(rows)] == [(FWD, "median_ms")]
-    row = next(r for r in rows if r["benchmark"] == FWD and r["metric"] == "median_ms")
-    assert math.isclose(row["change"], 0.15)
-    # A looser threshold lets the same run pass.
-    assert gate.failed_rows(gate.compare(baseline_json(), now, time_threshold=0.20)) == []
+    now = by_name(row(FWD, 23.0, mib=0.1), row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3))
+    rows = gate.compare(baseline_rows(), now, gate.Thresholds(time=0.10))
+    assert failing(rows) == [(FWD, "ms")]
+    change = next(r["change"] for r in rows if r["benchmark"] == FWD and r["metric"] == "ms")
+    assert math.isclose(change, 0.15)
+    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(time=0.20))) == []
 
 
-def test_time_regression_flagged_by_pytest_benchmark_counts():
-    now = run_json(H100, [bench(FWD, 20.0, mib=0.1)])
-    rows = gate.compare(baseline_json(), now, time_flagged={FWD})
-    assert verdicts(rows)[(FWD, "median_ms")] == "REGRESSED"
-
-
-def test_memory_regression():
-    now = run_json(H100, [bench(FWD, 20.0, mib=0.1), bench(BWD, 50.0, mib=1300.0, de=4e-3, dc=2e-3)])
-    rows = gate.compare(baseline_json(), now, mem_threshold=0.05)
-    assert [(r["benchmark"], r["metric"]) for r in gate.failed_rows(rows)] == [(BWD, "peak_extra_mib")]
-    assert gate.failed_rows(gate.compare(baseline_json(), now, mem_threshold=0.2)) == []
-
-
-def test_memory_slack_protects_near_zero_baseline_but_not_a_buffer():
-    small = run_json(H100, [bench(FWD, 20.0, mib=0.9)])
-    assert gate.failed_rows(gate.compare(baseline_json(), small)) == []
-    buffer = run_json(H100, [bench(FWD, 20.0, mib=64.1)])
-    assert verdicts(gate.compare(baseline_json(), buffer))[(FWD, "peak_extra_mib")] == "REGRESSED"
+def test_memory_regression_and_slack():
+    now = by_name(row(FWD, 20.0, mib=0.1), row(BWD, 50.0, mib=1300.0, de=4e-3, dc=2e-3))
+    assert failing(gate.compare(baseline_rows(), now)) == [(BWD, "peak_extra_mib")]
+    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(mem=0.2))) == []
+    # 1 MiB of slack keeps a near-zero forward from failing; a real buffer does not hide in it.
+    assert gate.failed_rows(gate.compare(baseline_rows(), by_name(row(FWD, 20.0, mib=0.9)))) == []
+    buffer = by_name(row(FWD, 20.0, mib=64.1))
+    assert failing(gate.compare(baseline_rows(), buffer)) == [(FWD, "peak_extra_mib")]
 
 
 def test_gradient_error_regression():
-    now = run_json(H100, [bench(BWD, 50.0, mib=1164.0, de=1e-2, dc=2e-3)])
-    rows = gate.compare(baseline_json(), now, err_threshold=1.0)
-    assert [(r["benchmark"], r["metric"]) for r in gate.failed_rows(rows)] == [(BWD, "de_rel_err")]
-    nan = run_json(H100, [bench(BWD, 50.0, mib=1164.0, de=4e-3, dc=float("nan"))])
-    assert verdicts(gate.compare(baseline_json(), nan))[(BWD, "dc_rel_err")] == "REGRESSED"
+    now = by_name(row(BWD, 50.0, mib=1164.0, de=1e-2, dc=2e-3))
+    assert failing(gate.compare(baseline_rows(), now)) == [(BWD, "de_rel_err")]
+    nan = by_name(row(BWD, 50.0, mib=1164.0, de=4e-3, dc=float("nan")))
+    assert failing(gate.compare(baseline_rows(), nan)) == [(BWD, "dc_rel_err")]
+    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(err=2.0))) == []
 
 
-def test_failed_new_and_not_run_benchmarks():
-    other = "test_loss[small-own-fwd]"
-    now = run_json(H100, [bench(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3), bench(other, 3.0, mib=0.1)])
-    outcomes = {FWD: "skipped", BWD: "failed", other: "passed"}
-    rows = gate.compare(baseline_json(), now, outcomes=outcomes)
+def test_failing_status_not_run_missing_and_new():
+    new = "small/own/fwd"
+    now = by_name(row(BWD, None, status="oom", error="OutOfMemoryError: CUDA out of memory"),
+                  row(new, 3.0, mib=0.1))
+    rows = gate.compare(baseline_rows(), now, selected={FWD, BWD, new})
     v = verdicts(rows)
-    assert v[(BWD, "test")] == "FAILED"
-    assert v[(FWD, "test")] == "not run"  # in the baseline, skipped now: shown, does not fail
-    assert v[(other, "median_ms")] == "new"
-    assert [r["verdict"] for r in gate.failed_rows(rows)] == ["FAILED"]
+    assert v[(BWD, "status")] == "FAILED"
+    assert v[(FWD, "status")] == "FAILED"  # selected, in the baseline, no row now
+    assert v[(new, "ms")] == "new"
+    assert sorted(failing(rows)) == sorted([(BWD, "status"), (FWD, "status")])
+    # Not selected: a baseline benchmark without a row is not this run's business.
+    assert (FWD, "status") not in verdicts(gate.compare(baseline_rows(), now, selected={BWD}))
+    # A provider that cannot run here says why and does not fail.
+    absent = by_name(row(FWD, None, status="unavailable", error="liger-kernel is not installed"))
+    assert verdicts(gate.compare(baseline_rows(), absent, selected={FWD})) == {
+        (FWD, "status"): "not run"}
+
+
+def test_thresholds_are_validated_by_name():
+    with pytest.raises(gate.GateError, match="--mem-threshold"):
+        gate.Thresholds(mem=-0.1)
+    with pytest.raises(gate.GateError, match="--time-threshold"):
+        gate.Thresholds(time=float("nan"))
 
 
 def test_table_has_one_line_per_row():
-    now = run_json(H100, [bench(FWD, 30.0, mib=0.1)])
-    rows = gate.compare(baseline_json(), now)
-    table = gate.format_table(rows)
-    lines = table.splitlines()
+    rows = gate.compare(baseline_rows(), by_name(row(FWD, 30.0, mib=0.1)))
+    lines = gate.format_table(rows).splitlines()
     assert lines[0].split() == ["benchmark", "metric", "baseline", "now", "change", "verdict"]
     assert len(lines) == 2 + len(rows)
-    assert "+50.0%" in table and "REGRESSED" in table
+    assert "+50.0%" in lines[2] and "REGRESSED" in lines[2]
 
 
-def test_wrong_gpu_baseline_refused(tmp_path):
-    path = tmp_path / "nvidia-h100-80gb-hbm3.json"
-    path.write_text(json.dumps(baseline_json(gpu=H200)))
-    with pytest.raises(gate.GateError, match="refusing to compare") as err:
-        gate.load_baseline(path, H100)
-    assert H200 in str(err.value) and H100 in str(err.value)
-    assert gate.load_baseline(path, H200)["benchmarks"]
+# ---- baseline folders -------------------------------------------------------------------
+
+def write_run(folder, gpu, rows):
+    env = {"gpu_name": gpu, "date": "2026-11-24T00:00:00+00:00", "git_commit": "abc"}
+    ResultsWriter(folder, env, rows[0]["run_id"]).write(rows)
+    return folder
 
 
 def test_missing_baseline_says_how_to_create_it(tmp_path):
-    (tmp_path / "nvidia-h200.json").write_text(json.dumps(baseline_json(gpu=H200)))
-    with pytest.raises(gate.GateError, match="--save") as err:
-        gate.load_baseline(gate.baseline_path(tmp_path, H100), H100)
+    write_run(tmp_path / "nvidia-h200", H200, [row(FWD, 1.0)])
+    with pytest.raises(gate.GateError) as err:
+        gate.load_baseline(gate.baseline_folder(tmp_path, H100), H100)
+    assert "python -m suite gate --save" in str(err.value)
     assert "nvidia-h200" in str(err.value)
 
 
-def test_baseline_without_gpu_refused(tmp_path):
-    path = tmp_path / "x.json"
-    data = baseline_json()
-    data["machine_info"] = {}
-    path.write_text(json.dumps(data))
+def test_foreign_or_anonymous_baseline_refused(tmp_path):
+    folder = write_run(tmp_path / "b", H200, [row(FWD, 1.0)])
+    with pytest.raises(gate.GateError, match="refusing to compare.*H200"):
+        gate.load_baseline(folder, H100)
+    (folder / ENV_NAME).write_text(json.dumps({"gpu_name": None}))
     with pytest.raises(gate.GateError, match="records no GPU"):
-        gate.load_baseline(path, H100)
+        gate.load_baseline(folder, H100)
 
 
-def test_parse_time_regressions():
-    output = textwrap.dedent("""\
-        ..
-        --------------------------------------------------------------------------------
-        Performance has regressed:
-        \ttest_loss[gemma2-2b-own-fwd] (/tmp/base.json) - Field 'median' has failed PercentageRegressionCheck: 35.1 > 10.0
-        \ttest_loss[small-own-loss+grad] (/tmp/base.json) - Field 'median' has failed PercentageRegressionCheck: 12.0 > 10.0
-        --------------------------------------------------------------------------------
-        """)
-    assert gate.parse_time_regressions(output) == {FWD, "test_loss[small-own-loss+grad]"}
-    assert gate.parse_time_regressions("2 passed") == set()
+def test_save_writes_the_folder_and_merges(tmp_path):
+    run = write_run(tmp_path / "run", H100, [row(FWD, 20.0, mib=0.1),
+                                            row(BWD, None, status="error", error="boom")])
+    folder = tmp_path / "base"
+    now = gate.rows_by_benchmark(read_rows(run))
+    assert gate.save_baseline(folder, run, now, merge=False) == (1, 1)
+    assert json.loads((folder / ENV_NAME).read_text())["gpu_name"] == H100
+    assert list(gate.rows_by_benchmark(read_rows(folder))) == [FWD]  # the failure left out
+    # Merging a later run of another benchmark keeps FWD; a full save replaces everything.
+    later = write_run(tmp_path / "later", H100, [row(BWD, 50.0, mib=9.0, run_id="r2")])
+    now2 = gate.rows_by_benchmark(read_rows(later))
+    assert gate.save_baseline(folder, later, now2, merge=True) == (2, 0)
+    assert sorted(gate.rows_by_benchmark(read_rows(folder))) == sorted([FWD, BWD])
+    gate.save_baseline(folder, later, now2, merge=False)
+    assert list(gate.rows_by_benchmark(read_rows(folder))) == [BWD]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([CSV_NAME, ENV_NAME])
 
 
-def test_merge_baseline_keeps_unselected():
-    old = baseline_json()
-    new = run_json(H100, [bench(FWD, 25.0, mib=0.1)])
-    merged = gate.merge_baseline(old, new)
-    got = {b["name"]: b["stats"]["median"] for b in merged["benchmarks"]}
-    assert got == {FWD: 0.025, BWD: 0.05}
+# ---- the CLI ----------------------------------------------------------------------------
+
+def gate_cli(*args):
+    return cli.main(["gate", *map(str, args)])
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser()
-    gate.add_arguments(parser)
-    return parser.parse_args(argv)
+def test_cli_save_pass_fail_and_refuse(tmp_path, capsys):
+    base_dir = tmp_path / "baselines"
+    good = write_run(tmp_path / "good", H100, [row(FWD, 20.0, mib=0.1),
+                                              row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
+    common = ["--baseline-dir", base_dir, "-k", "gemma2-2b and own and not filter"]
+    assert gate_cli("--run", good, *common) == 2  # no baseline yet
+    assert "python -m suite gate --save" in capsys.readouterr().err
+    assert gate_cli("--save", "--run", good, *common) == 0
+    assert (base_dir / "nvidia-h100-80gb-hbm3" / CSV_NAME).is_file()
+    assert gate_cli("--run", good, *common) == 0
+    assert "gate: PASS" in capsys.readouterr().out
+    slow = write_run(tmp_path / "slow", H100, [row(FWD, 30.0, mib=0.1),
+                                              row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
+    assert gate_cli("--run", slow, *common) == 1
+    out = capsys.readouterr().out
+    assert "gate: FAIL" in out and "REGRESSED" in out
+    assert gate_cli("--run", slow, *common, "--time-threshold", "0.6") == 0
+    foreign = write_run(tmp_path / "h200", H200, [row(FWD, 20.0, mib=0.1)])
+    assert gate_cli("--run", foreign, "--baseline", base_dir / "nvidia-h100-80gb-hbm3") == 2
+    assert "refusing to compare" in capsys.readouterr().err
 
 
-def test_threshold_must_be_whole_percent(monkeypatch, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    assert gate.main(parse_args(["--time-threshold", "0.125"])) == 2
-    assert "whole percentage" in capsys.readouterr().err
+def test_cli_bad_input_names_the_argument(tmp_path, capsys):
+    run = write_run(tmp_path / "run", H100, [row(FWD, 20.0)])
+    assert gate_cli("--run", run, "--providers", "nope") == 2
+    assert "--providers" in capsys.readouterr().err
+    assert gate_cli("--run", run, "-k", "nothing-matches-this") == 2
+    assert "no benchmark selected" in capsys.readouterr().err
+    assert gate_cli("--run", run, "--err-threshold", "-1") == 2
+    assert "--err-threshold" in capsys.readouterr().err
+    assert gate_cli("--save", "--degrade", "slow") == 2
+    assert "degraded baseline" in capsys.readouterr().err
+    assert gate_cli("--run", tmp_path / "none") == 2
+    assert "--run" in capsys.readouterr().err
 
 
-def test_no_cuda_device(monkeypatch, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: None)
-    assert gate.main(parse_args([])) == 2
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a CUDA device")
+def test_cli_without_cuda_refuses(tmp_path, capsys):
+    assert gate_cli("--baseline-dir", tmp_path) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
-def fake_runner(now_json, outcomes=None, rc=0, output=""):
-    """Stands in for the pytest run: writes ``now_json`` where --benchmark-json points."""
+# ---- measuring through the runner, degraded variants ----------------------------------------
+
+@pytest.fixture
+def tiny_gate(monkeypatch):
+    """The gate's cells at a tiny shape, and the degraded providers removed afterwards."""
+    monkeypatch.setattr(gate, "GATE_SHAPES", {"gemma2-2b": (64, 32, 257, 30.0)})
+    yield
+    for name in list(registry.PROVIDERS):
+        if degrade.base_provider(name) != name:
+            registry.PROVIDERS.pop(name)
+
+
+def test_measure_goes_through_the_runner(tiny_gate, tmp_path):
+    benchmarks = gate.plan(["own", "naive"], keyword="fwd or naive")
+    out = gate.measure(benchmarks, tmp_path / "run", degrade="slow", reps=1, warmup=0,
+                       device="cpu")
+    rows = read_rows(out)
+    # The runner measures the union of the selected phases; the gate keeps the selected ones.
+    assert sorted((r["provider"], r["phase"]) for r in rows) == [
+        ("naive", "fwd"), ("naive", "loss+grad"), ("own_slow", "fwd"), ("own_slow", "loss+grad")]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows)
+    selected = {b.name for b in benchmarks}
+    assert sorted(gate.rows_by_benchmark(rows, selected)) == [
+        "gemma2-2b/naive/fwd", "gemma2-2b/naive/loss+grad", "gemma2-2b/own/fwd"]
+
+
+def counting_provider(calls):
+    def fn(e, c, targets, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return torch.nn.functional.cross_entropy((e @ c.T).float(), targets)
+
+    return fn
+
+
+def test_slow_runs_one_extra_forward_without_autograd():
     calls = []
-
-    def run(pytest_args, env):
-        calls.append(pytest_args)
-        path = next(a.split("=", 1)[1] for a in pytest_args if a.startswith("--benchmark-json="))
-        # pytest-benchmark leaves the file empty when no benchmark ran.
-        Path(path).write_text("" if now_json is None else json.dumps(now_json))
-        if outcomes:
-            junit = next(a.split("=", 1)[1] for a in pytest_args if a.startswith("--junitxml="))
-            cases = "".join(f'<testcase classname="x" name="{n}">'
-                            + ("<failure/>" if o == "failed" else "") + "</testcase>"
-                            for n, o in outcomes.items())
-            Path(junit).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
-        return rc, output
-
-    run.calls = calls
-    return run
+    e, c = torch.randn(8, 4, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    targets = torch.randint(0, 16, (8,))
+    loss = degrade.slow(counting_provider(calls))(e, c, targets)
+    assert calls == [False, True]
+    ref = counting_provider([])(e, c, targets)
+    assert torch.equal(loss, ref)
 
 
-def test_main_save_then_pass_then_fail(monkeypatch, tmp_path, capsys):
+def test_hungry_holds_a_quarter_classifier_buffer_until_the_backward():
+    shape = degrade.hungry_buffer_shape(16, 4)
+    assert shape == (4, 4)
+    seen_in_backward = []
+
+    def fn(e, c, targets, **kwargs):
+        class Spy(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                gc.collect()
+                seen_in_backward.append(sum(
+                    1 for o in gc.get_objects()
+                    if type(o) is torch.Tensor and tuple(o.shape) == shape))
+                return grad
+
+        return torch.nn.functional.cross_entropy(Spy.apply(e @ c.T), targets)
+
+    e, c = torch.randn(8, 4, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    targets = torch.randint(0, 16, (8,))
+    degrade.hungry(fn)(e, c, targets).backward()
+    assert seen_in_backward == [1]
+    grads = (e.grad.clone(), c.grad.clone())
+    e.grad = c.grad = None
+    fn(e, c, targets).backward()
+    assert torch.equal(grads[0], e.grad) and torch.equal(grads[1], c.grad)
+
+
+def test_degraded_variants_registered_under_their_own_names(tiny_gate):
+    names = degrade.register_degraded("hungry")
+    assert names == ["own_hungry", "own_filter_hungry"]
+    assert registry.get("own_hungry").exact and not registry.get("own_filter_hungry").exact
+    assert degrade.base_provider("own_filter_hungry") == "own_filter"
+    with pytest.raises(ValueError, match="degrade mode"):
+        degrade.degraded_name("own", "fast")
+
+
+def test_cli_measures_saves_passes_and_fails_on_degraded(monkeypatch, tmp_path, capsys):
+    """The measuring entry (no --run) with the GPU and the runner replaced by a fake that
+    writes a run folder: 'save, pass, slow fails, hungry fails' as on the GPU."""
+    def fake_measure(benchmarks, out, *, degrade=None, reps=None, warmup=None, device="cuda"):
+        ms, mib = (2.0, 10.0) if degrade == "slow" else (1.0, 10.0)
+        rows = []
+        for b in benchmarks:
+            provider = degrade and b.provider in gate.OWN_PROVIDERS and f"{b.provider}_{degrade}"
+            hungry = degrade == "hungry" and b.phase == "loss+grad"
+            rows.append(row(b.name, ms, mib=mib + 100 * hungry, de=1e-3, dc=1e-3))
+            rows[-1]["provider"] = provider or b.provider
+        return write_run(out, H100, rows)
+
     monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    bdir = tmp_path / "baselines"
-    # No baseline yet: refused with instructions.
-    assert gate.main(parse_args(["--baseline-dir", str(bdir)])) == 2
-    assert "--save" in capsys.readouterr().err
-
-    runner = fake_runner(baseline_json())
-    monkeypatch.setattr(gate, "run_benchmarks", runner)
-    assert gate.main(parse_args(["--baseline-dir", str(bdir), "--save"])) == 0
-    saved = json.loads((bdir / "nvidia-h100-80gb-hbm3.json").read_text())
-    assert {b["name"] for b in saved["benchmarks"]} == {FWD, BWD}
-    assert not any(a.startswith("--benchmark-compare") for a in runner.calls[0])
-
-    runner = fake_runner(baseline_json())
-    monkeypatch.setattr(gate, "run_benchmarks", runner)
-    assert gate.main(parse_args(["--baseline-dir", str(bdir)])) == 0
-    out = capsys.readouterr().out
-    assert "gate: PASS" in out and "verdict" in out
-    args = runner.calls[0]
-    assert f"--benchmark-compare={bdir / 'nvidia-h100-80gb-hbm3.json'}" in args
-    assert "--benchmark-compare-fail=median:10%" in args
-
-    hungry = run_json(H100, [bench(FWD, 20.0, mib=0.1), bench(BWD, 50.0, mib=1460.0, de=4e-3, dc=2e-3)])
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(hungry))
-    assert gate.main(parse_args(["--baseline-dir", str(bdir), "-k", "own"])) == 1
-    out = capsys.readouterr().out
-    assert "gate: FAIL" in out and "peak_extra_mib" in out
-
-    # pytest-benchmark's time verdict arrives as exit status 1 plus its report.
-    report = f"Performance has regressed:\n\t{FWD} (base) - Field 'median' has failed Percentage\n"
-    runner = fake_runner(baseline_json(), rc=1, output=report)
-    monkeypatch.setattr(gate, "run_benchmarks", runner)
-    assert gate.main(parse_args(["--baseline-dir", str(bdir), "--time-threshold", "0.2"])) == 1
-    assert "--benchmark-compare-fail=median:20%" in runner.calls[0]
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith(FWD)]
-    assert ["median_ms", "REGRESSED"] == [rows[0][1], rows[0][-1]]
-
-
-def test_main_all_tests_failed_is_a_gate_failure(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    path = tmp_path / "h100.json"
-    path.write_text(json.dumps(baseline_json()))
-    outcomes = {FWD: "failed", BWD: "failed"}
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(None, outcomes=outcomes, rc=1))
-    assert gate.main(parse_args(["--baseline", str(path)])) == 1
-    out = capsys.readouterr().out
-    assert sum(ln.rstrip().endswith("FAILED") for ln in out.splitlines()) == 2
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(None, outcomes=outcomes, rc=1))
-    assert gate.main(parse_args(["--baseline", str(path), "--save"])) == 1
-    assert json.loads(path.read_text()) == baseline_json()  # untouched
-
-
-def test_main_nothing_ran(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    path = tmp_path / "h100.json"
-    path.write_text(json.dumps(baseline_json()))
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(None, outcomes={FWD: "skipped"}))
-    assert gate.main(parse_args(["--baseline", str(path)])) == 2
-    assert "no benchmark produced a measurement" in capsys.readouterr().err
-
-
-def test_main_save_leaves_out_failed_tests_and_merges_with_k(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    path = tmp_path / "h100.json"
-    path.write_text(json.dumps(baseline_json()))
-    now = run_json(H100, [bench(FWD, 25.0, mib=0.1), bench(BWD, 99.0, mib=1.0, de=1.0, dc=1.0)])
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(now, outcomes={FWD: "passed", BWD: "failed"}, rc=1))
-    assert gate.main(parse_args(["--baseline", str(path), "--save", "-k", "own"])) == 1
-    saved = {b["name"]: b["stats"]["median"] for b in json.loads(path.read_text())["benchmarks"]}
-    assert saved == {FWD: 0.025, BWD: 0.05}  # BWD failed now: the old entry stays
-    assert "left out" in capsys.readouterr().out
-
-
-def test_main_save_refuses_to_overwrite_another_gpus_baseline(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    path = tmp_path / "x.json"
-    path.write_text(json.dumps(baseline_json(gpu=H200)))
-    monkeypatch.setattr(gate, "run_benchmarks", fake_runner(baseline_json()))
-    assert gate.main(parse_args(["--baseline", str(path), "--save"])) == 2
-    assert "refusing" in capsys.readouterr().err
-
-
-# ---- the real pytest + pytest-benchmark path, on dummy CPU benchmarks -------------------------
-
-DUMMY_TEST = '''
-import os, time
-import pytest
-
-@pytest.mark.parametrize("name", ["alpha", "beta"])  # -k words that no folder name contains
-def test_loss(benchmark, name):
-    delay = float(os.environ.get("DUMMY_DELAY_" + name.upper(), "0.004"))
-    benchmark.extra_info["peak_extra_mib"] = float(os.environ.get("DUMMY_MIB", "100"))
-    benchmark.pedantic(time.sleep, args=(delay,), rounds=3, warmup_rounds=1)
-'''
-DUMMY_CONFTEST = f'''
-def pytest_benchmark_update_machine_info(config, machine_info):
-    machine_info["gpu"] = {{"name": "{H100}"}}
-'''
-
-
-def test_gate_end_to_end_with_pytest_benchmark(monkeypatch, tmp_path, capsys):
-    """Save, pass, then a time and a memory regression through real pytest subprocesses."""
-    bench_dir = tmp_path / "bench"
-    bench_dir.mkdir()
-    (bench_dir / "test_dummy.py").write_text(DUMMY_TEST)
-    (bench_dir / "conftest.py").write_text(DUMMY_CONFTEST)
-    monkeypatch.setattr(gate, "BENCH_DIR", bench_dir)
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    base = ["--baseline", str(tmp_path / "base.json")]
-
-    assert gate.main(parse_args(base + ["--save"])) == 0
-    assert len(json.loads((tmp_path / "base.json").read_text())["benchmarks"]) == 2
-    capsys.readouterr()
-
-    assert gate.main(parse_args(base + ["--time-threshold", "1.0"])) == 0
-    assert "gate: PASS" in capsys.readouterr().out
-
-    monkeypatch.setenv("DUMMY_DELAY_ALPHA", "0.05")  # 12x slower: pytest-benchmark must flag it
-    assert gate.main(parse_args(base + ["--time-threshold", "1.0"])) == 1
-    out = capsys.readouterr().out
-    assert "Performance has regressed" in out and "PerformanceRegression" in out
-    lines = [ln for ln in out.splitlines() if ln.startswith("test_loss[alpha]") and "median_ms" in ln]
-    assert lines and lines[0].endswith("REGRESSED")
-    assert "Traceback" not in out
-
-    monkeypatch.delenv("DUMMY_DELAY_ALPHA")
-    monkeypatch.setenv("DUMMY_MIB", "200")
-    assert gate.main(parse_args(base + ["--time-threshold", "1.0", "-k", "beta"])) == 1
-    out = capsys.readouterr().out
-    assert [ln.split()[1] for ln in out.splitlines() if "REGRESSED" in ln] == ["peak_extra_mib"]
-
-
-def test_baseline_records_the_commit_override(monkeypatch):
-    # pytest-benchmark reads the commit from git itself; the bench conftest makes it follow
-    # CCE_BENCH_COMMIT like env.json does.
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parent / "bench" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("bench_conftest", path)
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
-    monkeypatch.setenv("CCE_BENCH_COMMIT", "feedface00")
-    info = {"id": "a499307", "dirty": True, "time": "t", "author_time": "t", "branch": "main"}
-    conftest.pytest_benchmark_update_commit_info(None, info)
-    assert info["id"] == "feedface00" and info["dirty"] is None and info["branch"] == "main"
+    monkeypatch.setattr(gate, "measure", fake_measure)
+    common = ["--baseline-dir", tmp_path / "b", "--providers", "own,own_filter"]
+    assert gate_cli(*common, "--save", "--out", tmp_path / "1") == 0
+    assert gate_cli(*common, "--out", tmp_path / "2") == 0
+    assert gate_cli(*common, "--degrade", "slow", "--out", tmp_path / "3") == 1
+    slow = capsys.readouterr().out
+    assert "DEGRADED" in slow and "small/own_filter/fwd" in slow
+    assert gate_cli(*common, "--degrade", "hungry", "--out", tmp_path / "4") == 1
+    hungry = capsys.readouterr().out.splitlines()
+    regressed = [line.split()[:2] for line in hungry if line.endswith("REGRESSED")]
+    assert {metric for _, metric in regressed} == {"peak_extra_mib"}
+    assert len(regressed) == 2 * 3  # own, own_filter x 3 shapes, loss+grad only

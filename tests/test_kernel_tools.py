@@ -85,3 +85,15 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
                      "torch ops, copies, memsets": 0.05, "GPU idle": 0.5,
                      "span of the traced calls": 4.3}
     assert kernel_family("cce_lse_combine_kernel") == "forward"
+
+
+def test_version_is_the_installed_distributions():
+    import importlib.metadata
+
+    import own_kernel
+
+    try:
+        installed = importlib.metadata.version("cce-bench")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("cce-bench is not installed in this environment (a bare checkout)")
+    assert own_kernel.__version__ == installed

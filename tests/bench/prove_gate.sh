@@ -1,32 +1,27 @@
 #!/usr/bin/env bash
 # Prove the regression gate on a GPU, in one call (from the repository root, liger-kernel and
 # cut-cross-entropy importable, e.g. from carried wheels on PYTHONPATH):
-#   1. python -m suite gate --save                 creates this GPU's baseline     (expect exit 0)
-#   2. python -m suite gate                        same code again                 (expect exit 0: PASS)
-#   3. CCE_OWN_DEGRADE=slow   python -m suite gate -k own   tiny forward tiles     (expect exit 1: FAIL, time)
-#   4. CCE_OWN_DEGRADE=hungry python -m suite gate -k own   extra buffer in bwd    (expect exit 1: FAIL, memory)
-# Every output, each run's pytest-benchmark JSON and the new baseline land in $OUT/gate/;
-# commit the baseline as results/baselines/<gpu-slug>.json. Takes about 5 minutes on an H100
-# (most of it the first run: torch.compile and Triton compilation, input generation).
+#   1. python -m suite gate --save                        this GPU's baseline      (expect exit 0)
+#   2. python -m suite gate                               same code again          (expect exit 0: PASS)
+#   3. python -m suite gate -k own --degrade slow         one extra forward pass   (expect exit 1: FAIL, ms)
+#   4. python -m suite gate -k own --degrade hungry       (V/4, D) buffer held     (expect exit 1: FAIL,
+#                                                         across the backward      peak_extra_mib of loss+grad)
+# The degraded variants wrap the own kernel's providers in the suite (suite/degrade.py); the
+# kernel itself is not touched. Each step's output and run folder (results.csv + env.json of
+# the suite's one schema) land in $OUT/gate/<step>/, the new baseline in $OUT/gate/baseline/;
+# commit it as results/baselines/<gpu-slug>/ (it is written there too).
 set -u
 : "${OUT:?set OUT to the folder that receives the outputs}"
 G="$OUT/gate"
 mkdir -p "$G"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-if "$PY" -m suite gate --help >/dev/null 2>&1; then
-    GATE=("$PY" -m suite gate)
-else
-    GATE=("$PY" -m suite.gate)  # same entry point, without the CLI
-fi
+BASELINE_DIR=${BASELINE_DIR:-results/baselines}
 
-step() {  # step <name> <expected exit> [VAR=value ...] -- <gate args>
+step() {  # step <name> <expected exit> <gate args...>
     local name=$1 want=$2; shift 2
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
     local t0=$SECONDS
-    env ${envs[@]+"${envs[@]}"} "${GATE[@]}" "$@" --output "$G/$name.json" 2>&1 | tee "$G/$name.txt"
+    "$PY" -m suite gate --baseline-dir "$BASELINE_DIR" --out "$G/$name" "$@" 2>&1 | tee "$G/$name.txt"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc (expected $want), $((SECONDS - t0)) s" | tee -a "$G/summary.txt"
     [ "$rc" = "$want" ] || PROOF=failed
@@ -35,11 +30,12 @@ step() {  # step <name> <expected exit> [VAR=value ...] -- <gate args>
 PROOF=ok
 : > "$G/summary.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$G/summary.txt"
-step 1_save   0 --                        --save
-step 2_pass   0 --                        
-step 3_slow   1 CCE_OWN_DEGRADE=slow   -- -k own
-step 4_hungry 1 CCE_OWN_DEGRADE=hungry -- -k own
-cp results/baselines/*.json "$G/" 2>/dev/null
-echo "== proof $PROOF; total $SECONDS s; baseline(s): $(cd "$G" && ls nvidia-*.json 2>/dev/null)" \
+step 1_save   0 --save
+step 2_pass   0
+step 3_slow   1 -k own --degrade slow
+step 4_hungry 1 -k own --degrade hungry
+SLUG=$("$PY" -c "import torch; from suite.gate import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))")
+cp -r "$BASELINE_DIR/$SLUG" "$G/baseline" 2>/dev/null
+echo "== proof $PROOF; total $SECONDS s; baseline: $BASELINE_DIR/$SLUG (copy in $G/baseline)" \
     | tee -a "$G/summary.txt"
 [ "$PROOF" = ok ]
