@@ -359,3 +359,19 @@ def test_cli_measures_saves_passes_and_fails_on_degraded(monkeypatch, tmp_path, 
     regressed = [line.split()[:2] for line in hungry if line.endswith("REGRESSED")]
     assert {metric for _, metric in regressed} == {"peak_extra_mib"}
     assert len(regressed) == 2 * 3  # own, own_filter x 3 shapes, loss+grad only
+
+
+def test_prove_gate_script_steps_parse():
+    """tests/bench/prove_gate.sh's steps are valid gate arguments, expecting the right exits."""
+    from pathlib import Path
+
+    script = Path(__file__).parent / "bench" / "prove_gate.sh"
+    steps = [line.split()[1:] for line in script.read_text().splitlines()
+             if line.startswith("step ")]
+    assert [s[:2] for s in steps] == [["1_save", "0"], ["2_pass", "0"], ["3_slow", "1"],
+                                      ["4_hungry", "1"]]
+    parser = cli.build_parser("gate")
+    for _, _, *args in steps:
+        parsed = parser.parse_args(["gate", "--out", "x", *args])
+        assert parsed.save == (args == ["--save"])
+    assert {parser.parse_args(["gate", *s[2:]]).degrade for s in steps} == {None, "slow", "hungry"}
