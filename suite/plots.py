@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -68,30 +67,30 @@ PAPER_RC = {
 }
 
 # Okabe & Ito (2008) colour-blind-safe palette. One colour per provider family; variants of a
-# family share its colour and differ by line style and marker. This is the only place a
-# provider gets a colour: every figure looks it up here.
+# family share its colour and differ by line style and marker. A provider's colour, marker, line
+# style, label and place in legends are arguments of its registration (suite/providers/): every
+# figure looks them up in the registry, through PROVIDER_STYLE below.
 OKABE_ITO = {
     "black": "#000000", "orange": "#E69F00", "sky blue": "#56B4E9", "bluish green": "#009E73",
     "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish purple": "#CC79A7",
     "grey": "#999999",
 }
-PROVIDER_STYLE = {
-    "naive":              dict(color=OKABE_ITO["black"], marker="o", linestyle="-"),
-    "selective":          dict(color=OKABE_ITO["black"], marker="v", linestyle=":"),
-    "torch_compile":      dict(color=OKABE_ITO["orange"], marker="s", linestyle="-"),
-    "chunked":            dict(color=OKABE_ITO["sky blue"], marker="^", linestyle="-"),
-    "torch_native":       dict(color=OKABE_ITO["reddish purple"], marker="<", linestyle="-"),
-    "liger_flce":         dict(color=OKABE_ITO["bluish green"], marker="D", linestyle="-"),
-    "liger_ce":           dict(color=OKABE_ITO["bluish green"], marker="d", linestyle="--"),
-    # suite.train's seed-000 setup: selective rows, then Liger CE (a Liger variant)
-    "selective+liger_ce": dict(color=OKABE_ITO["bluish green"], marker="v", linestyle=":"),
-    "apple_cce":          dict(color=OKABE_ITO["blue"], marker="P", linestyle="-"),
-    "apple_cce_nofilter": dict(color=OKABE_ITO["blue"], marker="p", linestyle="--"),
-    "apple_torch_compile": dict(color=OKABE_ITO["blue"], marker="h", linestyle=":"),
-    "own":                dict(color=OKABE_ITO["vermillion"], marker="o", linestyle="-"),
-    "own_filter":         dict(color=OKABE_ITO["vermillion"], marker="s", linestyle="--"),
-    "own_low_memory":     dict(color=OKABE_ITO["vermillion"], marker="^", linestyle=":"),
-}
+
+
+def _registered_styles() -> dict:
+    from suite import registry
+
+    return {p.name: dict(p.style) for p in registry.in_figure_order()}
+
+
+def _registered_labels() -> dict:
+    from suite import registry
+
+    return {p.name: p.label for p in registry.in_figure_order()}
+
+
+PROVIDER_STYLE = _registered_styles()  # in the registry's figure order
+PROVIDER_LABEL = _registered_labels()
 _FALLBACK_MARKERS = "*H8>"
 REFERENCE_COLOR = OKABE_ITO["grey"]  # matmul floor, lower bound, Pareto front
 FAIL_MARKER = "x"
@@ -125,10 +124,18 @@ def style_of(provider: str) -> dict:
     return dict(color=REFERENCE_COLOR, marker=marker, linestyle="-.")
 
 
+def label_of(provider: str) -> str:
+    """A provider's legend label: its registered label, else its name."""
+    return PROVIDER_LABEL.get(provider, provider)
+
+
 def provider_order(names) -> list[str]:
-    """Providers in the fixed order of PROVIDER_STYLE, unknown ones after, alphabetically."""
+    """Providers in the registry's figure order (PROVIDER_STYLE), unknown ones after,
+    alphabetically."""
     names = set(names)
-    known = [p for p in PROVIDER_STYLE if p in names]
+    known = []
+    for p in PROVIDER_STYLE:  # suite.train's "selective+X" rows follow X's
+        known += [q for q in (p, f"selective+{p}") if q in names]
     return known + sorted(names - set(known))
 
 
@@ -167,10 +174,6 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
 
 def _softcap_label(x) -> str:
     return "none" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:g}"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", str(text)).strip("-").lower()
 
 
 def _family_stem(key: dict) -> str:
@@ -238,7 +241,7 @@ def _mark_failures(ax, failures) -> None:
 
 
 def _legend_handles(providers, *, with_failure: bool, extra=()) -> list:
-    handles = [Line2D([], [], label=p, **style_of(p)) for p in provider_order(providers)]
+    handles = [Line2D([], [], label=label_of(p), **style_of(p)) for p in provider_order(providers)]
     handles.extend(extra)
     if with_failure:
         handles.append(Line2D([], [], marker=FAIL_MARKER, color="#444444", linestyle="none",
@@ -323,10 +326,6 @@ def _families(df: pd.DataFrame, keys) -> list[tuple[dict, pd.DataFrame, list]]:
     return out
 
 
-def _device_prefix(df: pd.DataFrame, device: str) -> str:
-    return f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
-
-
 def _vs_v_figure(key, rows, ns, *, value_col, ylabel, title, reference_handle, draw_reference,
                  clip_below=None):
     """Rows of panels (one per N) by columns (one per phase): ``value_col`` vs V per provider,
@@ -388,7 +387,7 @@ def plot_memory_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
             reference_handle=Line2D([], [], color=REFERENCE_COLOR, linestyle=":",
                                     label="lower bound dE + dC"),
             draw_reference=lower_bound)
-        stem = f"{_device_prefix(df, key['device'])}memory_vs_v_{key['dtype']}_{_family_stem(key)}"
+        stem = f"memory_vs_v_{key['dtype']}_{_family_stem(key)}"
         written += save(fig, out_dir, stem)
     return written
 
@@ -414,8 +413,7 @@ def plot_time_vs_v(df: pd.DataFrame, out_dir: Path) -> list[Path]:
             reference_handle=Line2D([], [], color=REFERENCE_COLOR, linestyle="--",
                                     label="matmul floor (k x E@C.T)"),
             draw_reference=floor_line)
-        stem = (f"{_device_prefix(df, key['device'])}time_vs_v_{key['dtype']}_{key['dist']}_"
-                f"{_family_stem(key)}")
+        stem = f"time_vs_v_{key['dtype']}_{key['dist']}_{_family_stem(key)}"
         written += save(fig, out_dir, stem)
     return written
 
@@ -465,8 +463,7 @@ def plot_pareto(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         fig.suptitle(f"Memory vs time ({PARETO_PHASE}), lower left is better: "
                      f"{_family_title(key)}", fontsize=8)
         _figure_legend(fig, handles)
-        stem = (f"{_device_prefix(df, key['device'])}pareto_{key['dtype']}_{key['dist']}_"
-                f"{_family_stem(key)}")
+        stem = f"pareto_{key['dtype']}_{key['dist']}_{_family_stem(key)}"
         written += save(fig, out_dir, stem)
     return written
 
@@ -494,7 +491,9 @@ def _pareto_panel(ax, shape_rows, n, d, v, dtype) -> None:
         ax.text(0.98, 0.98, text, transform=ax.transAxes, ha="right", va="top", fontsize=5.5,
                 color="#444444")
     if not points:
-        ax.text(0.5, 0.5, "nothing ran", transform=ax.transAxes, ha="center", fontsize=7)
+        ran = (shape_rows["status"] == "ok").any()  # then memory is missing: a CPU run has none
+        ax.text(0.5, 0.5, "memory not measured" if ran else "nothing ran", transform=ax.transAxes,
+                ha="center", fontsize=7)
         return
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -559,8 +558,7 @@ def plot_grad_error(df: pd.DataFrame, out_dir: Path) -> list[Path]:
         fig.suptitle(f"Gradient error, {dtype} inputs (large marker: worst cell; dots: each cell)",
                      fontsize=8)
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-        prefix = f"{_slug(device)}_" if df["device"].nunique() > 1 else ""
-        written += save(fig, out_dir, f"{prefix}grad_error_{dtype}")
+        written += save(fig, out_dir, f"grad_error_{dtype}")
     return written
 
 
@@ -620,7 +618,7 @@ def plot_memory_breakdown(out_dir: Path, *, tokens: int = model_configs.TOKENS,
 
 
 def _lower_bound_mib(n, d, v, dtype):
-    from suite.reproduce import gradient_lower_bound_mib
+    from suite.report.claims import gradient_lower_bound_mib
     return gradient_lower_bound_mib(n, d, v, dtype)
 
 
@@ -788,18 +786,42 @@ def plot_training(run_dirs, out_dir) -> list[Path]:
 
 # ---- everything -----------------------------------------------------------------------------
 
-def build_all(results_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """Draw every figure; returns the files written. Raises FileNotFoundError when there is no
-    results.csv under ``results_dir`` (after drawing the breakdown and the training figures,
-    which need none)."""
+def main_device(df: pd.DataFrame) -> str | None:
+    """The GPU with the most rows (ties: by name), whose figures are the committed ones; None
+    when every row is from the CPU."""
+    counts = df.loc[df["device"] != "cpu", "device"].value_counts()
+    if counts.empty:
+        return None
+    return sorted(counts.index, key=lambda d: (-counts[d], d))[0]
+
+
+def _kernel_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    written = []
+    for draw in (plot_memory_vs_v, plot_time_vs_v, plot_pareto, plot_grad_error):
+        written += draw(df, out_dir)
+    return written
+
+
+def build_all(results_dir: str | Path, out_dir: str | Path, device: str | None = None) -> list[Path]:
+    """Draw every figure; returns the files written. The kernel figures of one device (``device``,
+    default :func:`main_device`) go to ``out_dir``; every other device's rows are drawn per run
+    folder into ``<run>/plots/``, so a CPU or second-GPU run never writes beside the committed
+    figures. Raises FileNotFoundError when there is no results.csv under ``results_dir`` (after
+    drawing the breakdown and the training figures, which need none)."""
     out_dir = Path(out_dir)
     with plt.rc_context(PAPER_RC):
         written = plot_memory_breakdown(out_dir)
         if Path(results_dir).is_dir():
             written += plot_training(results.train_run_dirs(results_dir), out_dir)
         df = load_results(results_dir)
-        for draw in (plot_memory_vs_v, plot_time_vs_v, plot_pareto, plot_grad_error):
-            written += draw(df, out_dir)
+        main = device or main_device(df)
+        if device is not None and device not in set(df["device"]):
+            raise ValueError(f"--device: no rows measured on {device!r}; devices: "
+                             f"{', '.join(sorted(set(df['device'])))}")
+        if main is not None:
+            written += _kernel_figures(df[df["device"] == main], out_dir)
+        for run, rows in df[df["device"] != main].groupby("run", sort=True):
+            written += _kernel_figures(rows, Path(results_dir) / run / "plots")
     return written
 
 
@@ -807,11 +829,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--results", default="results",
                         help="folder searched for **/results.csv and train*/ (default: results)")
     parser.add_argument("--out", default="plots", help="folder for PNG and PDF (default: plots)")
+    parser.add_argument("--device", default=None,
+                        help="whose rows the figures in --out show, as results.csv names it "
+                             "(default: the GPU with the most rows); other devices' runs are "
+                             "drawn into their own run folder's plots/")
 
 
 def main(args) -> int:
     try:
-        written = build_all(args.results, args.out)
+        written = build_all(args.results, args.out, device=args.device)
     except (FileNotFoundError, ValueError) as err:
         print(f"plots: {err}")
         return 1

@@ -145,6 +145,45 @@ def test_cli_rebuild_is_byte_identical(built, tmp_path, capsys):
         assert path.read_bytes() == (out / path.name).read_bytes(), path.name
 
 
+def test_other_devices_plot_into_their_own_run_folder(built, tmp_path):
+    """A CPU run (and a second GPU's) beside the committed GPU's rows: --out gets the main
+    GPU's figures only, byte for byte, and no device-prefixed copies; each other run's figures
+    go to its own folder's plots/, its pareto panels saying memory was not measured."""
+    out, _, _ = built
+    results_dir = tmp_path / "results"
+    _fp32_subset(results_dir)
+    with open(results_dir / "synthetic" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    # The CPU run has every row; the other GPU one row fewer than the main GPU (fewer rows).
+    for run, device, mine in (("smoke-cpu", "cpu", rows), ("other-gpu", "OTHER GPU", rows[:-1])):
+        (results_dir / run).mkdir()
+        with open(results_dir / run / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+            w.writeheader()
+            w.writerows({**r, "device": device,
+                         **({"peak_extra_mib": ""} if device == "cpu" else {})} for r in mine)
+    texts = []
+    real_text = plots.plt.Axes.text
+
+    def recording(ax, x, y, s, *args, **kwargs):
+        texts.append(s)
+        return real_text(ax, x, y, s, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots.plt.Axes, "text", recording)
+        written = plots.build_all(results_dir, tmp_path / "out")
+    in_out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert in_out == sorted(p.name for p in written if p.parent == tmp_path / "out")
+    assert all(not name.startswith(("cpu_", "other")) for name in in_out)
+    for name in in_out:
+        assert (tmp_path / "out" / name).read_bytes() == (out / name).read_bytes(), name
+    for run in ("smoke-cpu", "other-gpu"):
+        assert (results_dir / run / "plots" / "pareto_fp32_uniform_d2304.png").exists()
+    assert "memory not measured" in texts and "nothing ran" not in texts
+    with pytest.raises(ValueError, match="no rows measured on 'H100'"):
+        plots.build_all(results_dir, tmp_path / "out2", device="H100")
+
+
 def test_cli_fails_clearly_without_results(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     plots.add_arguments(parser)
