@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from suite import presets
+
 # Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
 EXTERNAL = {
     "reproduce": ("suite.reproduce", "reproduce the paper's Table 1 (Gemma 2 2B shape)"),
@@ -21,6 +23,9 @@ EXTERNAL = {
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
+# suite.runner.PRESETS' names, read without importing runner (it imports torch, which this
+# module loads only when a command needs it).
+PRESET_NAMES = ("smoke", *presets.SHAPES, "peers", "grid")
 DISTS = ("uniform", "lm", "file")
 
 
@@ -106,7 +111,7 @@ def name_list(text: str) -> list[str]:
 # ---- parser ------------------------------------------------------------------------------
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=("smoke", "gemma2-2b", "grid"),
+    p.add_argument("--preset", choices=PRESET_NAMES,
                    help="cells to run (default: gemma2-2b with CUDA, smoke without)")
     p.add_argument("--providers", type=name_list, help="comma-separated providers (default: all)")
     p.add_argument("--exclude", type=name_list, default=[], help="providers to leave out")
@@ -215,7 +220,20 @@ def cmd_list(args) -> int:
         exact = "exact" if p.exact else "approximate gradient"
         print(f"  {name:20s} {state}")
         print(f"  {'':20s} {p.summary} [{exact}; options: {extras}]")
+        if p.package:
+            print(f"  {'':20s} {_peer_line(p)}")
     return 0
+
+
+def _peer_line(provider) -> str:
+    """The peer's installed version (commit and source where pip recorded them), or the line
+    that installs it."""
+    info = provider.installed()
+    if info is None:
+        return f"{provider.package}: not installed; install: {provider.install}"
+    commit = f" at commit {info['commit']}" if info.get("commit") else ""
+    source = f" from {info['source']}" if info.get("source") not in (None, "index") else ""
+    return f"{provider.package} {info['version']}{commit}{source}"
 
 
 def _slug(text: str) -> str:

@@ -115,6 +115,10 @@ NUMERIC = ["n", "d", "v", "softcap", "ignore_frac", "bias", "seed", "mean_loss",
 
 def style_of(provider: str) -> dict:
     """Colour, marker and line style of ``provider`` (unknown providers: grey, stable marker)."""
+    from suite import registry
+
+    if provider in registry.PROVIDERS:  # live: a --plugin provider registered after this import
+        return dict(registry.PROVIDERS[provider].style)
     if provider in PROVIDER_STYLE:
         return dict(PROVIDER_STYLE[provider])
     base = provider.removeprefix("selective+")
@@ -126,7 +130,10 @@ def style_of(provider: str) -> dict:
 
 def label_of(provider: str) -> str:
     """A provider's legend label: its registered label, else its name."""
-    return PROVIDER_LABEL.get(provider, provider)
+    from suite import registry
+
+    found = registry.PROVIDERS.get(provider)
+    return found.label if found is not None else PROVIDER_LABEL.get(provider, provider)
 
 
 def provider_order(names) -> list[str]:

@@ -3,11 +3,14 @@
 Every provider has the same call: ``fn(e, c, targets, *, bias=None, softcap=None,
 ignore_index=-100) -> scalar mean loss``, where ``e`` is (N, D), ``c`` is (V, D) and
 ``targets`` is (N,) int64. Adding a peer is one small file in ``suite/providers/`` with a
-function decorated by :func:`register`.
+function decorated by :func:`register`: its name, what it is, the options it implements, what it
+needs to run, the package it comes from (with the line that installs it) and how figures draw it.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,6 +19,12 @@ import torch
 
 # Features a cell may ask for; a provider lists the ones it implements.
 FEATURES = ("bias", "softcap")
+
+
+# Figures draw a provider in the colour, marker and line style of its registration; providers of
+# one family share a colour (suite/plots.py checks it is colour-blind safe) and figures list them
+# by ``order``. One unregistered style is the fallback: grey, dash-dot.
+FALLBACK_STYLE = dict(color="#999999", marker="*", linestyle="-.")
 
 
 @dataclass(frozen=True)
@@ -28,9 +37,26 @@ class Provider:
     requires: Callable[[torch.device], str | None] = lambda device: None
     # True when the provider's gradient is exact up to rounding (no filtering/approximation).
     exact: bool = True
+    # The distribution a peer comes from (None: this project's code or torch) and the command
+    # that installs the version the suite measures.
+    package: str | None = None
+    install: str | None = None
+    # Where the installed peer comes from: {"version", "commit", "source"}; default: the
+    # installed distribution's metadata (commit from pip's direct_url.json record).
+    origin: Callable[[], dict | None] | None = None
+    label: str = ""
+    style: dict = field(default_factory=lambda: dict(FALLBACK_STYLE))
+    order: int = 1000
 
     def unavailable_reason(self, device: torch.device | str) -> str | None:
         return self.requires(torch.device(device))
+
+    def installed(self) -> dict | None:
+        """The installed peer's version, commit (where pip recorded one) and source, or None
+        (not a peer, or not installed)."""
+        if self.origin is not None:
+            return self.origin()
+        return distribution_origin(self.package) if self.package else None
 
     def unsupported_reason(self, *, bias: bool, softcap: float | None) -> str | None:
         if bias and "bias" not in self.features:
@@ -43,8 +69,17 @@ class Provider:
 PROVIDERS: dict[str, Provider] = {}
 
 
-def register(name: str, *, summary: str, features=("softcap",), requires=None, exact=True):
-    """Register ``fn`` as provider ``name``."""
+def register(name: str, *, summary: str, features=("softcap",), requires=None, exact=True,
+             package=None, install=None, origin=None, label=None, style=None, order=1000):
+    """Register ``fn`` as provider ``name``. ``package``/``install``: the peer's distribution and
+    the line that installs it (``python -m suite list`` shows both); ``label``, ``style`` (a
+    matplotlib colour, marker and linestyle) and ``order``: how figures draw and list it."""
+    bad = set(features) - set(FEATURES)
+    if bad:
+        raise ValueError(f"provider {name!r}: features must be among {FEATURES}, got {sorted(bad)}")
+    if style is not None and set(style) != set(FALLBACK_STYLE):
+        raise ValueError(f"provider {name!r}: style needs exactly {sorted(FALLBACK_STYLE)}, "
+                         f"got {sorted(style)}")
 
     def deco(fn):
         if name in PROVIDERS:
@@ -56,6 +91,12 @@ def register(name: str, *, summary: str, features=("softcap",), requires=None, e
             features=frozenset(features),
             requires=requires or (lambda device: None),
             exact=exact,
+            package=package,
+            install=install,
+            origin=origin,
+            label=label or name,
+            style=dict(style or FALLBACK_STYLE),
+            order=order,
         )
         return fn
 
@@ -76,16 +117,59 @@ def names() -> list[str]:
     return list(PROVIDERS)
 
 
+def in_figure_order() -> list[Provider]:
+    """Registered providers by their ``order`` (then registration order)."""
+    load_all()
+    return sorted(PROVIDERS.values(), key=lambda p: p.order)
+
+
+def peer_origins() -> dict[str, dict]:
+    """{provider: its installed peer's version/commit/source} for every installed peer (what
+    env.json records, so a result names the peer versions it measured)."""
+    load_all()
+    return {p.name: info for p in PROVIDERS.values() if (info := p.installed())}
+
+
 def load_all() -> None:
     import suite.providers  # noqa: F401  (importing registers every provider)
 
 
 # ---- reusable availability checks -------------------------------------------------------
 
-def needs_module(module: str, pip_name: str | None = None):
+def distribution_origin(dist: str, path: list[str] | None = None) -> dict | None:
+    """{"version", "commit", "source"} of installed distribution ``dist`` (searched in ``path``,
+    default sys.path); ``commit`` and ``source`` come from the direct_url.json pip writes when it
+    installs from a repository or a file (PEP 610), else None. None when ``dist`` is absent."""
+    found = next(iter(importlib.metadata.distributions(name=dist, path=path)), None) \
+        if path is not None else installed_distribution(dist)
+    if found is None:
+        return None
+    direct = {}
+    text = found.read_text("direct_url.json")
+    if text:
+        try:
+            direct = json.loads(text)
+        except ValueError:
+            direct = {}
+    vcs = direct.get("vcs_info") or {}
+    return {"version": found.version, "commit": vcs.get("commit_id"),
+            "source": direct.get("url") or "index"}
+
+
+def installed_distribution(dist: str):
+    try:
+        return importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def needs_module(module: str, pip_name: str | None = None, install: str | None = None):
+    """Available when ``module`` imports; else the reason names the package and, when given,
+    the exact line that installs it."""
     def check(device):
         if importlib.util.find_spec(module) is None:
-            return f"{pip_name or module} is not installed"
+            how = f" (install: {install})" if install else ""
+            return f"{pip_name or module} is not installed{how}"
         return None
 
     return check

@@ -74,6 +74,11 @@ def environment(device: str | None = None) -> dict:
         "argv": sys.argv,
     }
     env["git_commit"], env["git_dirty"] = git_commit()
+    # Each peer provider's installed version, and the commit where pip recorded one (a source
+    # install): the results name the peer versions they measured.
+    from suite.registry import peer_origins
+
+    env["peers"] = peer_origins()
     if cuda:
         index = torch.device(device or "cuda").index or 0
         env["gpu_name"] = torch.cuda.get_device_name(index)

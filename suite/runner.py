@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from suite import registry
+from suite import presets, registry
 from suite.inputs import make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
 from suite.reference import reference
@@ -73,10 +73,10 @@ PRESETS = {
         dict(dist=["lm"], n=[64], d=[32], v=[100], dtype=["fp16"], softcap=[30.0],
              ignore_frac=[0.25], bias=[True]),
     ],
-    "gemma2-2b": [
-        dict(dist=["uniform", "lm"], n=[8192], d=[2304], v=[256000], dtype=["bf16"],
-             softcap=[30.0]),
-    ],
+    # One model's loss layer each (suite/presets.py), both input distributions, bf16; "peers"
+    # is all three: the shapes every peer is measured at.
+    **{s.name: [s.axes()] for s in presets.SHAPES.values()},
+    "peers": [s.axes() for s in presets.PEER_SHAPES],
     # bf16: the full product at N 2048 and 8192. Longer batches (N 32768, where naive runs
     # out of memory and N*V passes 2^31) and the other dtypes are slices at Gemma 2's hidden
     # size, the paper's shape, over three vocabularies (Llama 2, Llama 3, Gemma): the full

@@ -8,7 +8,8 @@ CHUNKS = 8
 
 
 @register("chunked", summary=f"torchtune-style: tokens in {CHUNKS} chunks, each upcast, losses summed",
-          features=("bias", "softcap"))
+          features=("bias", "softcap"), style=dict(color="#56B4E9", marker="^", linestyle="-"),
+          order=3)
 def chunked(e, c, targets, *, bias=None, softcap=None, ignore_index=-100, chunks=CHUNKS):
     total = None
     for e_k, t_k in zip(e.chunk(chunks), targets.chunk(chunks)):

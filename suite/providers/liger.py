@@ -1,12 +1,40 @@
-"""Liger Kernel: cross-entropy on materialised logits, and its fused linear cross-entropy."""
-from suite.providers.naive import logits_of
-from suite.registry import all_of, needs_module, needs_triton_device, register
+"""Liger Kernel: cross-entropy on materialised logits, and its fused linear cross-entropy on each
+of its two CUDA backends.
 
-_requires = all_of(needs_module("liger_kernel", "liger-kernel"), needs_triton_device)
+Liger 0.8.5 picks the fused linear CE's inner cross-entropy kernel per call: its
+``LigerFusedLinearCrossEntropyLoss`` module always runs the Triton kernel, while
+``liger_kernel.functional.fused_linear_cross_entropy`` dispatches, and with no ``impl`` prefers
+the CuTe-DSL kernel on Hopper and newer whenever ``cutlass.cute`` imports. Both providers here
+call the dispatching function with ``impl`` named, so neither depends on what is installed;
+``liger_flce_cute`` also runs in Liger's strict mode, which turns its fallback to Triton (for a
+vocabulary the CuTe kernel cannot load) into an error, so its rows are the CuTe kernel's or say
+why not.
+"""
+import os
+
+from suite.providers.naive import logits_of
+from suite.registry import all_of, needs_cuda, needs_module, needs_triton_device, register
+
+PACKAGE = "liger-kernel"
+VERSION = "0.8.5"
+INSTALL = f"pip install {PACKAGE}=={VERSION}"
+CUTE_INSTALL = f'pip install "{PACKAGE}[cutedsl]=={VERSION}"'
+TRITON_IMPL = "nvidia-triton"
+CUTE_IMPL = "nvidia-cutedsl"
+STRICT_ENV = "LIGER_KERNEL_STRICT"
+GREEN = "#009E73"  # figures: Liger's family colour
+
+_has = needs_module("liger_kernel", PACKAGE, INSTALL)
+_requires = all_of(_has, needs_triton_device)
+
+
+def _style(marker, linestyle):
+    return dict(color=GREEN, marker=marker, linestyle=linestyle)
 
 
 @register("liger_ce", summary="LigerCrossEntropyLoss on materialised logits",
-          features=("bias", "softcap"), requires=_requires)
+          features=("bias", "softcap"), requires=_requires, package=PACKAGE, install=INSTALL,
+          style=_style("d", "--"), order=31)
 def liger_ce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     from liger_kernel.transformers import LigerCrossEntropyLoss
 
@@ -14,10 +42,52 @@ def liger_ce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return loss(logits_of(e, c, bias), targets)
 
 
-@register("liger_flce", summary="LigerFusedLinearCrossEntropyLoss (chunked, grads in forward)",
-          features=("bias", "softcap"), requires=_requires)
-def liger_flce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
-    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+def _flce(e, c, targets, bias, softcap, ignore_index, impl):
+    from liger_kernel.functional import fused_linear_cross_entropy
 
-    loss = LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, softcap=softcap)
-    return loss(c, e, targets, bias)  # weight first
+    loss, *_ = fused_linear_cross_entropy(e, c, targets, bias, ignore_index=ignore_index,
+                                          softcap=softcap, impl=impl)
+    return loss
+
+
+@register("liger_flce",
+          summary=f"Liger fused linear CE (chunked, grads in forward), impl={TRITON_IMPL!r}",
+          features=("bias", "softcap"), requires=_requires, package=PACKAGE, install=INSTALL,
+          style=_style("D", "-"), order=30)
+def liger_flce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _flce(e, c, targets, bias, softcap, ignore_index, TRITON_IMPL)
+
+
+def _needs_cute(device):
+    """Liger's CuTe-DSL kernels need the CuTe DSL and an sm_90 or newer GPU."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("cutlass") is None:
+        return f"nvidia-cutlass-dsl (CuTe DSL) is not installed (install: {CUTE_INSTALL})"
+    index = device.index or 0
+    if torch.cuda.get_device_capability(index) < (9, 0):
+        return f"Liger's CuTe-DSL kernels need sm_90 or newer, this GPU is sm_" \
+               f"{''.join(map(str, torch.cuda.get_device_capability(index)))}"
+    return None
+
+
+@register("liger_flce_cute",
+          summary=f"Liger fused linear CE, impl={CUTE_IMPL!r} (inner CE in CuTe DSL; no silent "
+                  f"fallback to Triton)",
+          features=("bias", "softcap"), requires=all_of(_has, needs_cuda, _needs_cute),
+          package=PACKAGE, install=CUTE_INSTALL, style=_style("X", ":"), order=32)
+def liger_flce_cute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    # Liger warns once per process and runs its Triton kernel when the CuTe one cannot take a
+    # chunk; in its strict mode (read at each fallback) it raises instead, so such a cell's row
+    # is an error saying why, not a Triton time under a CuTe name.
+    before = os.environ.get(STRICT_ENV)
+    os.environ[STRICT_ENV] = "1"
+    try:
+        return _flce(e, c, targets, bias, softcap, ignore_index, CUTE_IMPL)
+    finally:
+        if before is None:
+            del os.environ[STRICT_ENV]
+        else:
+            os.environ[STRICT_ENV] = before

@@ -17,8 +17,12 @@ def logits_of(e, c, bias=None, softcap=None):
     return logits
 
 
+BLACK, ORANGE = "#000000", "#E69F00"  # figures: the baseline's and torch.compile's colours
+
+
 @register("naive", summary="E @ C.T in the input dtype, softcap, .float(), F.cross_entropy",
-          features=("bias", "softcap"))
+          features=("bias", "softcap"), style=dict(color=BLACK, marker="o", linestyle="-"),
+          order=0)
 def naive(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     logits = logits_of(e, c, bias, softcap)
     return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
@@ -30,13 +34,15 @@ def _compiled():
 
 
 @register("torch_compile", summary="the naive baseline under torch.compile",
-          features=("bias", "softcap"))
+          features=("bias", "softcap"), style=dict(color=ORANGE, marker="s", linestyle="-"),
+          order=2)
 def torch_compile(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _compiled()(e, c, targets, bias=bias, softcap=softcap, ignore_index=ignore_index)
 
 
 @register("selective", summary="project only rows whose target is not ignore_index, then naive CE",
-          features=("bias", "softcap"))
+          features=("bias", "softcap"), style=dict(color=BLACK, marker="v", linestyle=":"),
+          order=1)
 def selective(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     keep = targets != ignore_index
     # Boolean indexing copies only the kept rows; the logits shrink by the ignored fraction.

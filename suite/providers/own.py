@@ -1,6 +1,8 @@
 """This project's own Triton CCE kernel (own_kernel/)."""
 from suite.registry import needs_triton_device, register
 
+VERMILLION = "#D55E00"  # figures: the own kernel's colour
+
 
 def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False):
     from own_kernel import linear_cross_entropy
@@ -11,18 +13,21 @@ def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=Fal
 
 
 @register("own", summary="own Triton CCE, exact gradients", features=("bias", "softcap"),
-          requires=needs_triton_device)
+          requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="o", linestyle="-"), order=60)
 def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None)
 
 
 @register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto')",
-          features=("bias", "softcap"), requires=needs_triton_device, exact=False)
+          features=("bias", "softcap"), requires=needs_triton_device, exact=False,
+          style=dict(color=VERMILLION, marker="s", linestyle="--"), order=61)
 def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, "auto")
 
 
 @register("own_low_memory", summary="own Triton CCE, exact, low_memory=True (no fp32 dE copy)",
-          features=("bias", "softcap"), requires=needs_triton_device)
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="^", linestyle=":"), order=62)
 def own_low_memory(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, low_memory=True)

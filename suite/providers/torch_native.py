@@ -12,7 +12,8 @@ def _requires(device):
 
 
 @register("torch_native", summary="F.linear_cross_entropy with LinearCrossEntropyOptions()",
-          features=("bias",), requires=_requires)
+          features=("bias",), requires=_requires,
+          style=dict(color="#CC79A7", marker="<", linestyle="-"), order=4)
 def torch_native(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return F.linear_cross_entropy(e, c, targets, linear_bias=bias, ignore_index=ignore_index,
                                   options=torch.nn.LinearCrossEntropyOptions())
