@@ -76,6 +76,10 @@ def _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ig
     memory than its workspace; the forward's lse +inf keeps the ignored ones' W zero)."""
     options = (softcap or None, label_smoothing, filter_eps if filter_eps >= 0 else None,
                filter_min_p_max)
+    # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
+    # as one value expanded (stride 0). Else (reduction "none", an lse gradient) fp16 scales
+    # rows apart (backward.normalise_weights).
+    uniform = grad_lse is None and (grad_loss.numel() <= 1 or grad_loss.stride(0) == 0)
     used = targets != ignore_index
     # Fresh, unit-stride fp32 vectors whatever autograd hands over (an expanded scalar for
     # sum / mean, any view for reduction "none" or the lse): the kernels index them per row.
@@ -85,7 +89,7 @@ def _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ig
     rows = None
     if low_memory:
         de, dc, dbias = backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight,
-                                            weight_lse, *options)
+                                            weight_lse, *options, uniform=uniform)
         return de, dc, dbias if dbias is not None else e.new_empty(0)
     if grad_lse is None and n:  # an lse gradient reaches ignored rows too: nothing to drop
         if num_used is None:
@@ -97,7 +101,7 @@ def _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ig
             rows = torch.nonzero_static(used, size=num_used).squeeze(1)
     if rows is None:
         de, dc, dbias = _backward(e, c, bias, targets, lse, nll, p_max, row_weight, weight_lse,
-                                  *options)
+                                  *options, uniform=uniform)
     elif num_used == 0:
         de, dc = torch.zeros_like(e), torch.zeros_like(c)
         dbias = torch.zeros_like(bias) if bias is not None else None
@@ -105,7 +109,8 @@ def _rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse, ig
         e_used = e.index_select(0, rows)
         de_used, dc, dbias = _backward(e_used, c, bias, targets[rows], lse[rows], nll[rows],
                                        p_max[rows],
-                                       row_weight[rows], None, *options, de_out=e_used)
+                                       row_weight[rows], None, *options, de_out=e_used,
+                                       uniform=uniform)
         del e_used  # dE's rows may have been written into its buffer
         de = torch.zeros_like(e).index_copy_(0, rows, de_used)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
@@ -360,13 +365,12 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
             loss_rows = loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used)
             lse = None
     _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
-    loss_rows = loss_rows.view(lead)
-    if shift:
-        loss_rows = loss_rows[..., :-shift]
     if return_lse:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
+    # A sum over every row (the last `shift` positions are ignored, their loss 0): its gradient
+    # reaches the backward as one expanded value, which tells it the rows weigh alike.
     if reduction == "none":
-        loss = loss_rows
+        loss = loss_rows.view(lead)[..., :-shift] if shift else loss_rows.view(lead)
     elif reduction == "sum":
         loss = loss_rows.sum()
     else:

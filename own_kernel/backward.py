@@ -346,34 +346,62 @@ class Grads:
     row_eps: torch.Tensor = None      # (N,) fp32, each row's threshold (0: flat, never skips)
     col_keep: torch.Tensor = None     # (V,) int32
     kept_count: torch.Tensor = None   # (chunks,) int32
+    row_scale: torch.Tensor = None    # (N,) fp32: per-row scaled W (normalise_weights), or None
 
 
 def zeros_like(t: torch.Tensor | None) -> torch.Tensor | None:
     return torch.zeros_like(t) if t is not None else None
 
 
-def normalise_weights(e, row_weight, row_weight_lse, filtering):
-    """(row_weight, row_weight_lse, scale_dev): the weights divided by their largest magnitude
-    scale_dev (a device scalar) for fp16 inputs or a filtered call; else unchanged, scale None."""
+def normalise_weights(e, row_weight, row_weight_lse, filtering, uniform=True):
+    """(row_weight, row_weight_lse, scale_dev, row_scale): the weights divided by their largest
+    magnitude scale_dev (a device scalar) for fp16 inputs or a filtered call; else unchanged,
+    scale None. fp16 needs it (a mean over N tokens would push W into subnormals), and the
+    filter's eps is relative to it.
+
+    Exact fp16 calls whose weights differ from row to row (uniform False: reduction "none", an
+    lse gradient) divide each row by its own largest weight instead: by the call's largest, a
+    row weighted 1e-4 beside one weighted 1e4 underflows to 0 in fp16. row_scale[n] is then
+    that row's scale over scale_dev (else None): it multiplies the row's dE (finalize_de.py)
+    and its W row before dC's GEMM (rescale_rows), where a tiny row's share of dC may underflow
+    without harm (it is below dC's rounding)."""
     if e.dtype != torch.float16 and not filtering:
-        return row_weight, row_weight_lse, None
-    scale_dev = row_weight.abs().max()
+        return row_weight, row_weight_lse, None, None
+    row_abs = row_weight.abs()
     if row_weight_lse is not None:
-        scale_dev = torch.maximum(scale_dev, (row_weight + row_weight_lse).abs().max())
-    divisor = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
+        row_abs = torch.maximum(row_abs, (row_weight + row_weight_lse).abs())
+    scale_dev = row_abs.max()
+    overall = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
+    row_scale = None
+    if e.dtype == torch.float16 and not filtering and not uniform:
+        divisor = torch.where(row_abs > 0, row_abs, 1.0)
+        row_scale = divisor / overall
+    else:
+        divisor = overall
     row_weight = row_weight / divisor
     if row_weight_lse is not None:
         row_weight_lse = row_weight_lse / divisor
-    return row_weight, row_weight_lse, scale_dev
+    return row_weight, row_weight_lse, scale_dev, row_scale
+
+
+def rescale_rows(g, w, v_start):
+    """A per-row scaled W's rows times row_scale, as dC's GEMM needs them (normalise_weights).
+    The column sums the epilogue took of the unscaled rows no longer describe W: dbias's are
+    taken again, the rounding ones dropped."""
+    w.mul_(g.row_scale[:, None])
+    width = w.shape[1]
+    torch.sum(w, dim=0, dtype=torch.float32, out=g.col_sum[v_start:v_start + width])
+    g.col_round[v_start:v_start + width] = 0
 
 
 def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap, smooth,
-             filter_eps, filter_min_p_max=0.0, de_out=None):
+             filter_eps, filter_min_p_max=0.0, de_out=None, uniform=True):
     """Gradients (dE, dC, dbias or None) of sum_n row_weight[n] * loss[n] + row_weight_lse[n] * lse[n].
     row_weight is already 0 on ignored rows. With filter_eps, rows whose largest probability
     p_max is below filter_min_p_max are never skipped (their threshold is 0). de_out: an (N, D)
     buffer that dE may be written into, e.g. e itself when the caller no longer needs it (e is
-    not read after the chunks)."""
+    not read after the chunks). uniform: every row with a gradient has the same weight (a mean
+    or sum; see normalise_weights)."""
     (n, d), v, cfg, dbias = e.shape, c.shape[0], config_for(e.device, e.dtype), zeros_like(bias)
     if n == 0:
         return torch.zeros_like(e), torch.zeros_like(c), dbias
@@ -386,6 +414,10 @@ def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, s
 
     cublas_eps = fused_eps = flat = None
     filter_off = None
+    if filter_eps is not None and e.dtype == torch.float16 and not uniform:
+        # Filtered W shares one scale across rows; with weights far apart the small rows'
+        # entries underflow fp16. Exact per-row scaling keeps every row's gradient instead.
+        filter_eps, filter_off = None, "fp16 with per-row weights: exact, rows scaled apart"
     if filter_eps is not None and filter_eps > 0 and not filter_can_skip(
             n, v, d, e.element_size(), cfg, cublas, tma):
         filter_eps = None  # same result as exact, without the filter's host wait and launches
@@ -398,8 +430,8 @@ def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, s
     # GEMM first needs it (HostScalar): a sync here would idle the GPU for the host's whole
     # setup. Exact bf16 and fp32 (fp32's exponent range) store d unscaled: the host knows the
     # scale (1) without reading it, five launches and a copy fewer per call.
-    row_weight, row_weight_lse, scale_dev = normalise_weights(e, row_weight, row_weight_lse,
-                                                              filtering)
+    row_weight, row_weight_lse, scale_dev, row_scale = normalise_weights(
+        e, row_weight, row_weight_lse, filtering, uniform)
 
     # Filtering: cublas_eps for the cuBLAS chunks (column skipping), fused_eps for the fused ones
     # (block-sparse Triton GEMMs; behind cuBLAS chunks, filter_fused False runs them exact on
@@ -413,7 +445,12 @@ def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, s
         if row_weight_lse is not None:
             active |= row_weight_lse != 0
         peaked = active & (p_max >= filter_min_p_max)
-        row_eps = torch.where(peaked, float(filter_eps), torch.where(active, 0.0, float("inf")))
+        # eps relative to each row's own weight (1 for every used row of a mean or sum).
+        row_rel = row_weight.abs()
+        if row_weight_lse is not None:
+            row_rel = torch.maximum(row_rel, (row_weight + row_weight_lse).abs())
+        row_eps = torch.where(peaked, float(filter_eps) * row_rel,
+                              torch.where(active, 0.0, float("inf")))
         decision = FilterDecision(scale_dev, peaked, row_eps, cfg, cublas)
         scale = decision
         if not cublas:
@@ -443,7 +480,7 @@ def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, s
     sums = torch.zeros(sum(sizes), **f32).split(sizes)
     g = Grads(dc=torch.empty((v, d), device=e.device, dtype=e.dtype), de32=torch.zeros((n, d), **f32),
               row_round=sums[0], row_skip=sums[1], col_round=sums[2], col_skip=sums[3],
-              col_sum=sums[4])
+              col_sum=sums[4], row_scale=row_scale)
     if filter_buffers:
         g.col_wsum, g.col_keep, g.kept_count = sums[5], sums[6].view(torch.int32), sums[7].view(torch.int32)
         g.row_eps = row_eps
@@ -509,9 +546,10 @@ def backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, s
         de = de_out if de_out is not None else torch.empty((n, d), device=e.device, dtype=e.dtype)
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
     cce_finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, block_d))](
-        g.de32, g.row_round, c_mean, g.row_skip, c_skip_mean, de, n, d,
+        g.de32, g.row_round, c_mean, g.row_skip, c_skip_mean,
+        row_scale if row_scale is not None else g.row_round, de, n, d,
         g.de32.stride(0), de.stride(0), de.stride(1), scale_f,
-        FILTER=filtered, BLOCK_N=32, BLOCK_D=block_d)
+        FILTER=filtered, ROW_SCALE=row_scale is not None, BLOCK_N=32, BLOCK_D=block_d)
     # What rounding W removed from each column of dC (the chunks that grad_c.py wrote have added
     # theirs already and zeroed it; with tma and col_round off nothing was summed), and the skip
     # model of the filtered cuBLAS chunks.
@@ -719,6 +757,8 @@ def finish_chunk(e, g, scale, flat, cfg, ch):
             row_sums.index_fill_(0, flat, 0.0)
         g.row_skip -= row_sums
     addmm_fp32(g.de32, ch.w, ch.c_chunk)
+    if g.row_scale is not None:
+        rescale_rows(g, ch.w, ch.v_start)
     mm_scaled(dc_chunk, ch.w.t(), e, float(scale))
 
 
@@ -785,6 +825,8 @@ def fused_chunk(e, c, bias, targets, lse_nll, row_weight, row_weight_lse, softca
             work, c, mask, g.de32, n, d, v_start, width, mask_stride, work.stride(0),
             c.stride(0), c.stride(1), g.de32.stride(0),
             FILTER=filtered, MASK_BV=bv, BLOCK_N=bn, DOT_PRECISION=precision, **kde)
+    if g.row_scale is not None:
+        rescale_rows(g, w_chunk, v_start)
     if cublas_dc:
         mm_scaled(g.dc[v_start:v_start + width], w_chunk.t(), e, float(scale))
         return  # the rounding correction comes at the end (rank1_dc)

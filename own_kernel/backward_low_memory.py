@@ -210,9 +210,9 @@ def _view(buf: torch.Tensor, offset: int, rows: int, cols: int, ld: int, dtype) 
 
 
 def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap,
-                        smooth, filter_eps=None, filter_min_p_max=0.0):
+                        smooth, filter_eps=None, filter_min_p_max=0.0, uniform=True):
     """backward.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
-    low_memory_plan instead of an fp32 N x D accumulator."""
+    low_memory_plan instead of an fp32 N x D accumulator. uniform: as backward.backward's."""
     if filter_eps is not None:
         raise ValueError("low_memory: computes exact gradients only; pass filter_eps=None")
     (n, d), v, cfg, dbias = e.shape, c.shape[0], config_for(e.device, e.dtype), zeros_like(bias)
@@ -222,10 +222,11 @@ def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_we
         warnings.warn("low_memory: this torch cannot add 16-bit products into fp32 in cuBLAS "
                       "(torch.mm out_dtype); running the default backward", stacklevel=3)
         return backward(e, c, bias, targets, lse, nll, p_max, row_weight, row_weight_lse, softcap,
-                        smooth, None)
+                        smooth, None, uniform=uniform)
     elt = e.element_size()
     tma = cfg.get("recompute") == "tma" and tma_ready(e) and tma_ready(c)
-    row_weight, row_weight_lse, scale_dev = normalise_weights(e, row_weight, row_weight_lse, False)
+    row_weight, row_weight_lse, scale_dev, row_scale = normalise_weights(
+        e, row_weight, row_weight_lse, False, uniform)
     scale = HostScalar(scale_dev) if scale_dev is not None else HostScalar(value=1.0)
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
     plan = low_memory_plan(n, v, d, elt, cfg)
@@ -267,11 +268,15 @@ def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_we
                 return torch.zeros_like(e), torch.zeros_like(c), dbias
         block_d = min(128, triton.next_power_of_2(max(d, 16)))
         cce_finalize_de_kernel[(triton.cdiv(rows, 32), triton.cdiv(d, block_d))](
-            acc, row_round[r0:], c_mean, row_round, c_mean, de[r0:r0 + rows], rows, d,
+            acc, row_round[r0:], c_mean, row_round, c_mean,
+            row_scale[r0:] if row_scale is not None else row_round, de[r0:r0 + rows], rows, d,
             acc.stride(0), de.stride(0), de.stride(1), scale_f,
-            FILTER=False, BLOCK_N=32, BLOCK_D=block_d)
-    if bias is not None:
+            FILTER=False, ROW_SCALE=row_scale is not None, BLOCK_N=32, BLOCK_D=block_d)
+    if bias is not None and row_scale is None:
         dbias.copy_(col_sum * scale_f)  # pass 1 saw every (row, column) once
+    # Per-row scaled W (normalise_weights): pass 2 scales its rows back before dC's GEMM and
+    # sums dbias from them; the epilogue's column sums of unscaled rows are not used.
+    scaled = None if row_scale is None else _ScaledRows(row_scale, v)
 
     # Pass 2: dC by column chunks (chunks_2), each over row groups (fp32 sum) or all rows at once.
     for v0, width, rows_2, in_dc in plan["chunks_2"]:
@@ -280,7 +285,9 @@ def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_we
         if rows_2 >= n:
             at = (dc_bytes.numel() - n * ld * elt) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
             w = _view(dc_bytes if in_dc else work, at if in_dc else 0, n, width, ld, e.dtype)
-            write_w(e, 0, w, v0)
+            write_w(e, 0, w, v0, col_round=scaled is None)
+            if scaled is not None:
+                scaled(w, 0, v0)
             mm_scaled(dc_chunk, w.t(), e, scale_f)
             continue
         acc = _view(work, _up(rows_2 * ld * elt), width, d, d, torch.float32)
@@ -288,10 +295,27 @@ def backward_low_memory(e, c, bias, targets, lse, nll, p_max, row_weight, row_we
             rows = min(rows_2, n - r0)
             w = _view(work, 0, rows, width, ld, e.dtype)
             e_rows = e[r0:r0 + rows]
-            write_w(e_rows, r0, w, v0)
+            write_w(e_rows, r0, w, v0, col_round=scaled is None)
+            if scaled is not None:
+                scaled(w, r0, v0)
             _gemm_into(acc, w.t(), e_rows, r0 == 0, max_k)
         dc_chunk.copy_(acc.mul_(scale_f))
     del work
-    if not tma or cfg.get("col_round", True):
+    if scaled is not None:
+        if bias is not None:
+            dbias.copy_(scaled.col_sum * scale_f)
+    elif not tma or cfg.get("col_round", True):
         rank1_dc(dc, col_round, e_mean, scale_f)
     return de, dc, dbias
+
+
+class _ScaledRows:
+    """Pass 2's W rows times their row_scale, and dbias's column sums of the result."""
+
+    def __init__(self, row_scale, v):
+        self.row_scale = row_scale
+        self.col_sum = torch.zeros(v, device=row_scale.device, dtype=torch.float32)
+
+    def __call__(self, w, r0, v0):
+        w.mul_(self.row_scale[r0:r0 + w.shape[0], None])
+        self.col_sum[v0:v0 + w.shape[1]] += w.sum(dim=0, dtype=torch.float32)

@@ -1,13 +1,15 @@
 """Backward, last step: dE = scale * (dE32 + row_round x mean(C) + row_skip x skip-weighted mean(C)),
-cast to the input dtype in one pass (no N x D temporary)."""
+cast to the input dtype in one pass (no N x D temporary). ROW_SCALE: each row also times its
+own scale (fp16 rows whose upstream weights differ: backward.weight_scales)."""
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, DE, N, D,
+def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, RowScale, DE, N, D,
                            stride_gn, stride_en, stride_ed, out_scale,
-                           FILTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                           FILTER: tl.constexpr, ROW_SCALE: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     n_mask = offs_n < N
@@ -20,5 +22,7 @@ def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, DE, N, D,
         g += tl.load(RowSkip + offs_n, mask=n_mask, other=0.0)[:, None] \
             * tl.load(CSkipMean + offs_d, mask=d_mask, other=0.0)[None, :]
     g = g * out_scale
+    if ROW_SCALE:
+        g = g * tl.load(RowScale + offs_n, mask=n_mask, other=0.0)[:, None]
     tl.store(DE + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed,
              g.to(DE.dtype.element_ty), mask=m)

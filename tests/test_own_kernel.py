@@ -248,21 +248,20 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     loss.backward()  # a second backward reads what the first left (the gathered rows intact)
     assert torch.allclose(e.grad, 2 * first[0], rtol=1e-6) and torch.allclose(c.grad, 2 * first[1], rtol=1e-6)
     # lse of ignored rows, not asked for: +inf, inert in the backward
-    _, lse_rows, p_max = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
+    _, lse_rows, p_max, _ = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
                                       False, False)
     assert torch.isinf(lse_rows[t == -100]).all() and not p_max[t == -100].any()
     assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
 
 
-def test_forward_gathers_when_the_last_call_had_rows_to_drop(monkeypatch):
-    # Reading the count before the forward idles the GPU: done only after a call on the same
-    # device had ignored rows to drop (a training loop's masking repeats). Same results either way.
+def test_forward_gathers_used_rows_by_this_call_alone(monkeypatch):
+    # Calls large enough (compact_fwd_min_flops) read the count before the forward and gather
+    # the used rows when that pays, whatever the previous call did; without gradients, never.
     import json
 
     import own_kernel.api as api
 
     monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({"compact_fwd_min_flops": 0}))
-    monkeypatch.setattr(api, "_RECENT_USED", {})
     fwd_rows = []
     real_fwd = api._forward
     monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
@@ -274,7 +273,7 @@ def test_forward_gathers_when_the_last_call_had_rows_to_drop(monkeypatch):
     losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t, masked)]
     with torch.no_grad():  # no backward to feed: no gathered copy (the loss keeps its few floats)
         losses.append(linear_cross_entropy(e, c, masked).item())
-    assert fwd_rows == [40, 40, 20, 40, 40, 40]  # no history: read, none to drop; then predicted
+    assert fwd_rows == [40, 20, 20, 40, 20, 40]
     assert losses[1] == pytest.approx(losses[2], rel=1e-6)
     assert losses[0] == pytest.approx(losses[3], rel=1e-6)
     assert losses[5] == pytest.approx(losses[2], rel=1e-6)
@@ -724,8 +723,8 @@ def test_custom_ops_pass_opcheck(low_memory):
     args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0, False, low_memory)
     torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
                                                        "test_autograd_registration"))
-    loss, lse, p_max = lce_rows(*args)
-    torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, p_max,
+    loss, lse, p_max, nll = lce_rows(*args)
+    torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, nll, p_max,
                                               torch.ones(9), None, -100, 0.0, 0.0, -1.0, 0.0,
                                               low_memory),
                           test_utils=("test_schema", "test_faketensor"))
@@ -905,7 +904,38 @@ def _calls(draw):
         low_memory=draw(st.booleans()),  # backward_low_memory.py, in small chunks (exact only)
         dtype=draw(st.sampled_from(_DTYPES)),
         seed=draw(st.integers(0, 2**16)),
+        # a layout per tensor argument: the result must be its contiguous copy's
+        layouts={name: draw(st.sampled_from(LAYOUTS)) for name in ("e", "c", "bias", "targets",
+                                                                    "grad", "grad_lse")},
     )
+
+
+LAYOUTS = ["contiguous", "contiguous", "strided", "offset", "expanded", "transposed", "permuted"]
+
+
+def laid_out(x, layout):
+    """x's values (or, "expanded", its first element's along dim 0) in the given memory layout:
+    strided (every other element of a larger tensor's last dim), offset (3 elements into a
+    larger storage), expanded (stride 0 along dim 0), transposed (a matrix stored column-major)
+    or permuted (a 3-D view whose first two dims are swapped in memory). Layouts that the shape
+    does not allow give x itself."""
+    if x.numel() == 0 or x.dim() == 0 or layout == "contiguous":
+        return x
+    if layout == "strided":
+        wide = torch.empty(x.shape[:-1] + (2 * x.shape[-1],), dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    if layout == "offset":
+        flat = torch.empty(x.numel() + 3, dtype=x.dtype, device=x.device)
+        flat[3:] = x.reshape(-1)
+        return flat[3:].view(x.shape)
+    if layout == "expanded":
+        return x[:1].expand(x.shape)
+    if layout == "transposed" and x.dim() == 2:
+        return x.t().contiguous().t()
+    if layout == "permuted" and x.dim() == 3:
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+    return x
 
 
 DROP_CONFIGS = {"forward": {"compact_fwd_min_flops": 0},
@@ -923,7 +953,6 @@ def test_random_calls_match_fp64(call):
 
     before = os.environ.get("CCE_OWN_CONFIG")
     os.environ["CCE_OWN_CONFIG"] = json.dumps({**DROP_CONFIGS[call["drop"]], **LOW_MEMORY_SMALL})
-    api._RECENT_USED.clear()  # no history: the forward reads the count (when its config lets it)
     try:
         _check_call(call)
     finally:
@@ -941,11 +970,15 @@ def _check_call(call):
     dev, dt = torch.device(_TEST_DEVICE), call["dtype"]
     g = torch.Generator().manual_seed(call["seed"])
     shape, v = call["shape"], call["v"]
+    lay = call["layouts"]
+    # Leaves hold the values; the kernel sees them in the drawn layouts (views of the leaves,
+    # or of copies, so the gradients reach the leaves through autograd).
     e = (call["scale"] * torch.randn(shape, generator=g) / max(1, shape[-1]) ** 0.5).to(dev, dt)
-    e.requires_grad_()
-    c = torch.randn(v, shape[-1], generator=g).to(dev, dt).requires_grad_()
-    bias = ((0.3 * torch.randn(v, generator=g)).to(dev, dt).requires_grad_() if call["bias"]
-            else None)
+    e = laid_out(e, lay["e"]).detach().requires_grad_()
+    c = laid_out(torch.randn(v, shape[-1], generator=g).to(dev, dt), lay["c"])
+    c = c.detach().requires_grad_()
+    bias = (laid_out((0.3 * torch.randn(v, generator=g)).to(dev, dt), lay["bias"]).detach()
+            .requires_grad_() if call["bias"] else None)
     ii = call["ignore_index"]
     t = torch.randint(0, v, shape[:-1], generator=g)
     flat = t.view(-1)
@@ -958,7 +991,7 @@ def _check_call(call):
         flat[: flat.numel() * 2 // 3] = ii
     elif call["ignore"] == "all":
         flat[:] = ii
-    t = t.to(dev)
+    t = laid_out(t.to(dev), lay["targets"])
     kw = dict(bias=bias, softcap=call["softcap"], reduction=call["reduction"],
               label_smoothing=call["ls"], shift=call["shift"], ignore_index=ii,
               filter_eps=None if call["low_memory"] else call["filter_eps"],
@@ -975,8 +1008,10 @@ def _check_call(call):
         assert torch.isnan(loss).all()
         return
     w = torch.randn(loss.shape, generator=g) if call["reduction"] == "none" else torch.tensor(1.0)
-    w = w.to(dev)
-    total, ref_total = (loss * w).sum(), (ref * w.double()).sum()
+    w = laid_out(w.to(dev), lay["grad"])
+    # The upstream gradients handed to the kernel as they are (any layout): backward(grad).
+    outputs, grads = [loss], [w.expand(loss.shape) if loss.dim() == 0 else w]
+    ref_total = (ref * w.double()).sum()
     if zw:  # lse of every position that predicts a target, against fp64
         z = e2 @ c2.T + (b2 if b2 is not None else 0)
         if call["softcap"]:
@@ -986,11 +1021,14 @@ def _check_call(call):
             ref_lse = ref_lse[..., :-call["shift"]]
         assert lse.shape == ref_lse.shape
         assert rel(lse.detach(), ref_lse.detach()) < min(_TOL[dt], 1e-4)
-        total, ref_total = total + zw * lse.sum(), ref_total + zw * ref_lse.sum()
-    if not total.requires_grad:  # empty input: a constant 0
-        assert total.item() == 0.0
+        w_lse = laid_out(zw * torch.randn(lse.shape, generator=g).to(dev), lay["grad_lse"])
+        outputs.append(lse)
+        grads.append(w_lse)
+        ref_total = ref_total + (w_lse.double() * ref_lse).sum()
+    if not loss.requires_grad:  # empty input: a constant 0
+        assert not loss.any()
         return
-    total.backward()
+    torch.autograd.backward(outputs, grads)
     ref_total.backward()
     tol = _TOL[dt] if kw["filter_eps"] is None else 0.1
     # relative error, with an absolute floor for rounding where the reference is (near) 0
