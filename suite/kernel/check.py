@@ -8,7 +8,7 @@ from suite.inputs import make_inputs
 from suite.reference import reference
 from suite.registry import get
 
-PROVIDERS = ("naive", "own", "own_filter")
+PROVIDERS = "naive,own,own_filter,own_low_memory"
 
 
 def add_arguments(ap) -> None:
@@ -17,6 +17,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--v", type=int, default=50257)
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--providers", default=PROVIDERS,
+                    help="comma-separated providers to compare (default: %(default)s)")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                     help="inputs' dtype (default bf16 on CUDA, fp32 on the CPU, where the "
                          "interpreter's bf16 is not the GPU's)")
@@ -34,7 +36,7 @@ def main(args) -> int:
     ref = reference(inp["e"], inp["c"], inp["targets"], softcap=30.0)
     print({k: (float(v) if torch.is_tensor(v) and v.numel() == 1 else None) for k, v in ref.items()
            if not torch.is_tensor(v) or v.numel() == 1})
-    for name in PROVIDERS:
+    for name in args.providers.split(","):
         e = inp["e"].clone().requires_grad_()
         c = inp["c"].clone().requires_grad_()
         get(name).fn(e, c, inp["targets"], softcap=30.0).backward()
