@@ -11,6 +11,7 @@ the next provider starts clean.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -27,12 +28,14 @@ GRAD_PHASES = ("grad", "loss+grad")
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    """An allocation failure: torch's OOM, the CPU allocator's, or cuBLAS failing to allocate
+    its workspace (seen in training steps at the edge of memory)."""
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or "can't allocate memory" in text
-        or isinstance(exc, MemoryError))
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text.lower() or "can't allocate memory" in text.lower()
+        or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -59,34 +62,53 @@ def sync(device: torch.device) -> None:
 
 # ---- timing --------------------------------------------------------------------------------
 
-def time_calls(run, *, device, reps, prepare=None) -> list[float]:
-    """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed."""
-    device = torch.device(device)
-    prepare = prepare or (lambda: None)
-    times = []
-    if device.type == "cuda":
-        flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-        events = []
-        for _ in range(reps):
-            state = prepare()
-            flush.zero_()
+class RegionTimer:
+    """Milliseconds of each timed region: CUDA events around it on a GPU (read back once, by
+    :meth:`times`, so timing never synchronises), wall time on the CPU. A region that raises
+    is not counted."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._events, self._times = [], []
+
+    @contextlib.contextmanager
+    def region(self):
+        if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            run(state)
+            yield
             end.record()
-            events.append((start, end))
-            del state
-        torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) for s, e in events]
-        del flush
-    else:
-        for _ in range(reps):
-            state = prepare()
+            self._events.append((start, end))
+        else:
             t0 = time.perf_counter()
+            yield
+            self._times.append((time.perf_counter() - t0) * 1e3)
+
+    def times(self) -> list[float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return [s.elapsed_time(e) for s, e in self._events]
+        return list(self._times)
+
+
+def time_calls(run, *, device, reps, prepare=None) -> list[float]:
+    """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed;
+    on a GPU the L2 cache is flushed before each, outside the timed region."""
+    device = torch.device(device)
+    prepare = prepare or (lambda: None)
+    timer = RegionTimer(device)
+    flush = None
+    if device.type == "cuda":
+        flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    for _ in range(reps):
+        state = prepare()
+        if flush is not None:
+            flush.zero_()
+        with timer.region():
             run(state)
-            times.append((time.perf_counter() - t0) * 1e3)
-            del state
-    return times
+        del state
+    del flush
+    return timer.times()
 
 
 def percentile(xs, q):

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from suite.schema import ROW_FIELDS
+from suite.schema import ROW_FIELDS, TRAIN_BENCH_CSV, TRAIN_CONVERGENCE_CSV, TRAIN_CURVES_CSV  # noqa: F401
 
 CSV_NAME = "results.csv"
 ENV_NAME = "env.json"
@@ -119,6 +119,47 @@ def _cell(value) -> str:
     return str(value)
 
 
+class CsvAppender:
+    """Appends rows to the CSV ``path`` as they come, flushed and fsynced, so a killed run keeps
+    what it finished; a torn last line (a kill during a write) is cut first. A new file gets the
+    header ``fields``; an existing one with other columns is an error (it is not touched).
+    ``extras``: "raise" on keys outside ``fields``, or "ignore" them."""
+
+    def __init__(self, path, fields, extras: str = "raise"):
+        self.path, self.fields, self.extras = Path(path), list(fields), extras
+        if self.path.exists() and self.path.stat().st_size:
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), [])
+            if header != self.fields:
+                raise ValueError(f"{self.path}: its columns are not this version's "
+                                 f"({', '.join(self.fields)}); move it aside or pick another "
+                                 f"output folder")
+            self._repair_torn_tail()
+
+    def _repair_torn_tail(self):
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def write(self, rows: list[dict]) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with open(self.path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.fields, extrasaction="raise")
+            if new:
+                w.writeheader()
+            if self.extras == "raise":
+                unknown = {k for r in rows for k in r} - set(self.fields)
+                if unknown:
+                    raise ValueError(f"{self.path}: no columns {sorted(unknown)}")
+            w.writerows({k: _cell(r.get(k)) for k in self.fields} for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def add(self, row: dict) -> None:
+        self.write([row])
+
+
 class ResultsWriter:
     """Appends rows to ``run_dir/results.csv``; writes ``env.json`` (``env-<k>.json`` for each
     later session resuming the same folder, so every row's ``run_id`` has its environment)."""
@@ -138,27 +179,10 @@ class ResultsWriter:
             k += 1
         if not env_path.exists():
             env_path.write_text(json.dumps(env, indent=2) + "\n")
-        self._repair_torn_tail()
-
-    def _repair_torn_tail(self):
-        """A kill during a write can leave half a line; cut it so the next append is clean."""
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            with open(self.path, "r+b") as f:
-                f.truncate(keep)
+        self._csv = CsvAppender(self.path, ROW_FIELDS)
 
     def write(self, rows: list[dict]) -> None:
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="raise")
-            if new:
-                w.writeheader()
-            w.writerows({k: _cell(r.get(k)) for k in ROW_FIELDS} for r in rows)
-            f.flush()
-            os.fsync(f.fileno())
+        self._csv.write(rows)
 
 
 def read_rows(run_dir) -> list[dict]:
@@ -202,9 +226,6 @@ def load_dataframe(run_dir):
 
 # ---- training-step runs (suite.train): results/train*/ ------------------------------------
 
-TRAIN_BENCH_CSV = "train_bench.csv"
-TRAIN_CONVERGENCE_CSV = "train_convergence.csv"
-TRAIN_CURVES_CSV = "train_curves.csv"
 # One bench measurement: a setting (device, model shape, dtype) at a vocabulary, and a backend.
 TRAIN_BENCH_KEY = ("device", "vocab", "d_model", "n_layer", "n_head", "seq_len", "dtype",
                    "softcap", "backend")

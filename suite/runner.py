@@ -1,22 +1,21 @@
 """Cells, presets and the benchmark loop: for each cell make inputs, the reference and the floor,
 then measure every provider and append its rows.
 
-``run(..., isolate="cell")`` runs each cell in a child process (``python -m suite.runner RUN_DIR
---cell CELL_ID``, reading ``plan.json``); if the child dies (segfault, poisoned CUDA context),
-the provider it was running is recorded as ``crashed`` and a new child resumes the cell.
+``run(..., isolate="cell")`` runs each cell in a child process (``suite.isolate.Worker`` on
+``python -m suite.runner --worker``, reading ``plan.json``); if the child dies (segfault,
+poisoned CUDA context), the provider it was running is recorded as ``crashed`` and a new child
+resumes the cell.
 ``isolate="provider"`` gives every (cell, provider) pair its own child, so no provider's time
 depends on what ran before it in the process (inputs and reference are rebuilt per child).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import importlib
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from suite import presets, registry
+from suite import isolate, presets, registry
 from suite.inputs import make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
 from suite.reference import reference
@@ -280,74 +279,78 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
 
 def _run_isolated(out: Path, cell: Cell, pending, phases, bar, run_id: str,
                   per_provider: bool = False) -> None:
-    """Run one cell in child processes until every pending provider has rows of this run
-    (``run_id``: a rerun's providers have older rows already); ``per_provider``: one child per
-    provider."""
+    """Run one cell in child processes (suite.isolate) until every pending provider has rows
+    of this run (``run_id``: a rerun's providers have older rows already); every job gets a
+    fresh child, so no provider's time depends on what ran before it in the process;
+    ``per_provider``: one job per provider."""
+    plan = json.loads((out / PLAN).read_text())
+    env = dict(os.environ)
+    if plan["device"].startswith("cpu"):
+        env.setdefault("TRITON_INTERPRET", "1")  # before the child imports triton
+    worker = isolate.Worker([sys.executable, "-m", "suite.runner", "--worker"], env=env)
     inflight = out / INFLIGHT
     while True:
-        done = done_pairs(out, phases, run_id=run_id)
-        left = [p for p in pending if (cell.cell_id, p) not in done]
+        left = [p for p in pending if (cell.cell_id, p) not in done_pairs(out, phases, run_id=run_id)]
         if not left:
             return
-        if inflight.exists():
-            inflight.unlink()
-        before = len(left)
+        inflight.unlink(missing_ok=True)
         batch = left[:1] if per_provider else left
-        cmd = [sys.executable, "-m", "suite.runner", str(out), "--cell", cell.cell_id,
-               "--providers", ",".join(batch)]
-        proc = subprocess.run(cmd)
+        result = worker.run({"run_dir": str(out), "cell": cell.cell_id, "providers": batch})
+        worker.close()
         done = done_pairs(out, phases, run_id=run_id)
         left_after = [p for p in pending if (cell.cell_id, p) not in done]
-        bar.update(before - len(left_after))
-        if proc.returncode == 0 and not left_after:
-            return
-        if proc.returncode == 0 and per_provider and len(left_after) < before:
-            continue  # this child's provider is done: the next one gets a fresh child
-        # The child died. Blame the provider it was measuring, or every pair it was given if it
-        # died before reaching one (inputs, reference); then go on with a fresh child.
-        why = (f"child process died (exit code {proc.returncode})" if proc.returncode >= 0 else
-               f"child process killed by signal {-proc.returncode}")
+        bar.update(len(left) - len(left_after))
+        if result.get("status") == "ok":
+            if not left_after or (per_provider and len(left_after) < len(left)):
+                continue  # done, or this child's provider is: the next one gets a fresh child
+        # The child died (or failed outside any provider). Blame the provider it was measuring,
+        # or every pair it was given if it died before reaching one (inputs, reference).
         blamed = [p for p in batch if p in left_after]
         if inflight.exists():
             cell_id, prov = json.loads(inflight.read_text())
             if cell_id == cell.cell_id and prov in left_after:
                 blamed = [prov]
-        plan = json.loads((out / PLAN).read_text())
-        writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
-        base = {**cell.fields(), "device": _device_label(plan["device"]), "run_id": plan["run_id"]}
-        stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        for prov in blamed:
-            writer.write([{**base, "provider": prov, "phase": ph, "status": "crashed",
-                           "error": f"{why} while measuring {prov}", "timestamp": stamp}
-                          for ph in phases])
-            bar.update(1)
+        why = result.get("error") or f"child process ended with {result.get('status')}"
+        _record_crash(out, plan, cell, blamed, phases, why)
+        bar.update(len(blamed))
         if len(blamed) == len(left_after):
             return
 
 
-def _child_main(argv=None) -> int:
-    """Entry of an --isolate child: measure one cell of RUN_DIR/plan.json."""
-    ap = argparse.ArgumentParser(prog="python -m suite.runner",
-                                 description="internal: one cell of a planned run (--isolate)")
-    ap.add_argument("run_dir")
-    ap.add_argument("--cell", required=True)
-    ap.add_argument("--providers", required=True)
-    args = ap.parse_args(argv)
-    out = Path(args.run_dir)
+def _record_crash(out: Path, plan: dict, cell: Cell, blamed, phases, why: str) -> None:
+    writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    base = {**cell.fields(), "device": _device_label(plan["device"]), "run_id": plan["run_id"]}
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    for prov in blamed:
+        writer.write([{**base, "provider": prov, "phase": ph, "status": "crashed",
+                       "error": f"{why} while measuring {prov}", "timestamp": stamp}
+                      for ph in phases])
+
+
+_PLUGINS_LOADED: set[str] = set()
+
+
+def measure_job(job: dict) -> dict:
+    """One isolated job (``--worker``): the ``providers`` of cell ``cell`` of the planned run
+    ``run_dir``; its rows go to the run's results.csv."""
+    out = Path(job["run_dir"])
     plan = json.loads((out / PLAN).read_text())
     for module in plan.get("plugins", []):
-        importlib.import_module(module)  # providers registered outside suite/providers
+        if module not in _PLUGINS_LOADED:
+            importlib.import_module(module)  # providers registered outside suite/providers
+            _PLUGINS_LOADED.add(module)
     cells = {Cell(**c).cell_id: Cell(**c) for c in plan["cells"]}
-    if args.cell not in cells:
-        ap.error(f"--cell {args.cell!r} is not in {out / PLAN}")
-    if plan["device"].startswith("cpu"):
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if job["cell"] not in cells:
+        return {"status": "error", "error": f"cell {job['cell']!r} is not in {out / PLAN}"}
     writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
-    measure_cell(cells[args.cell], args.providers.split(","), plan["phases"],
-                 device=plan["device"], reps=plan["reps"], warmup=plan["warmup"], writer=writer,
+    measure_cell(cells[job["cell"]], job["providers"], plan["phases"], device=plan["device"],
+                 reps=plan["reps"], warmup=plan["warmup"], writer=writer,
                  run_id=plan["run_id"], inflight_path=out / INFLIGHT)
-    return 0
+    return {"status": "ok"}
 
 
 if __name__ == "__main__":
-    raise SystemExit(_child_main())
+    if sys.argv[1:] != ["--worker"]:
+        raise SystemExit("python -m suite.runner --worker: internal, the child of --isolate "
+                         "(suite.isolate); measure with `python -m suite bench`")
+    isolate.serve(measure_job)

@@ -66,3 +66,60 @@ ROW_FIELDS = CELL_FIELDS + [
 # Model FLOPs of each phase in units of one E @ C.T (2*N*V*D): forward 1, backward dE + dC = 2.
 # (A kernel that keeps no N x V values also recomputes the logits: 4 matmuls for loss+grad.)
 PHASE_MATMULS = {"fwd": 1, "loss": 1, "grad": 2, "loss+grad": 3}
+
+
+# ---- the training bench (suite.train) ----------------------------------------------------
+# A training step is not a kernel call: its rows have their own columns, in these files of a
+# ``results/train*/`` folder (beside env.json / env-<k>.json, one per session; rows name theirs
+# by run_id). Timing and OOM handling are suite.measure's, as for the kernel rows.
+
+TRAIN_BENCH_CSV = "train_bench.csv"
+TRAIN_CURVES_CSV = "train_curves.csv"
+TRAIN_CONVERGENCE_CSV = "train_convergence.csv"
+
+# Statuses of a training job: the kernel statuses, plus a job killed at its time limit and one
+# not started because the session's budget was spent.
+TRAIN_STATUSES = STATUSES + ("timeout", "skipped")
+
+TRAIN_BENCH_FIELDS = [
+    "run_id", "timestamp", "device",  # the run and the device it was measured on
+    "vocab", "d_model", "n_layer", "n_head", "seq_len",
+    "n_params",          # all parameters
+    "n_params_nonemb",   # without wte, wpe and the lm head
+    "dtype",             # bf16 = bf16 autocast for the trunk
+    "softcap",
+    "ignored_frac",      # mean fraction of targets that are ignore_index
+    "optimizer",
+    "backend",           # registry provider, or selective+<provider>
+    "exact",             # 1 when its gradient is exact
+    "status", "error",   # one of TRAIN_STATUSES, and the reason
+    "batch",             # the common batch (sequences)
+    "tokens_per_step",   # batch * seq_len
+    "peak_mib",          # max_memory_allocated over one plain step after warm-up
+    # The peak's breakdown (sums to peak_mib): weights, gradients and AdamW moments from
+    # parameter counts; loss measured in a step split at E; activations the rest.
+    "weights_mib", "grads_mib", "optim_mib", "act_mib", "loss_mib",
+    "saved_act_mib",     # the trunk's saved tensors, measured directly (cross-check)
+    "split_peak_mib",    # the split step's own peak (cross-check)
+    "ms_step", "ms_step_p20", "ms_step_p80",  # median and percentiles of the timed steps
+    "tokens_per_s",      # tokens_per_step / ms_step
+    "max_batch",         # largest batch that fits
+    "max_batch_capped",  # 1 when the search hit --max-batch
+    "max_batch_peak_mib", "max_batch_tokens_per_s",  # that try's peak and rough throughput
+    "search_log",        # every try as batch+ (fits) or batch- (OOM)
+    "search_s",          # the search's wall time
+]
+TRAIN_CURVE_FIELDS = ["run", "backend", "step", "loss", "lr", "ms_step"]
+TRAIN_CONVERGENCE_FIELDS = [
+    "run_id", "timestamp", "device", "run", "backend", "exact",
+    "verdict",           # pass | fail | diverged | reference | incomplete | no reference | a status
+    "error", "steps", "steps_done", "vocab", "d_model", "n_layer", "seq_len", "batch", "lr",
+    "tol", "warmup_steps", "smooth",
+    "first_loss", "final_loss", "final_loss_naive",  # final: mean of the last `smooth` steps
+    "final_rel_diff",    # (final - naive's final) / naive's final
+    "max_rel_dev",       # largest relative deviation of the smoothed curve from naive's
+    "max_rel_dev_step",  # after the warm-up steps
+    "ms_step",           # median step time over the second half of the run
+    "tokens_per_s",
+    "peak_mib",          # includes the run's whole token set, kept on the device
+]

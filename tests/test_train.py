@@ -1,5 +1,5 @@
-"""suite/train.py: model, training step per backend, batch search, memory breakdown, corpus,
-convergence verdicts, CLI, worker isolation. CPU, tiny shapes."""
+"""suite/train/: model, training step per backend, batch search, memory breakdown, corpus,
+convergence verdicts, CLI, worker isolation (suite/isolate.py). CPU, tiny shapes."""
 import argparse
 import csv
 import json
@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from suite import isolate
 from suite import train as tr
+from suite.measure import MIB, is_oom
+from suite.results import CsvAppender
+from suite.schema import TRAIN_BENCH_FIELDS
+from suite.train.cli import _check_args, make_runner
 
 TINY = tr.GPTConfig(vocab=97, seq_len=16, d_model=32, n_layer=2, n_head=2)
 REPO = Path(__file__).resolve().parent.parent
@@ -173,10 +178,10 @@ def test_largest_batch_other_errors_propagate():
 
 
 def test_is_oom():
-    assert tr.is_oom(torch.cuda.OutOfMemoryError("x"))
-    assert tr.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
-    assert tr.is_oom(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
-    assert not tr.is_oom(RuntimeError("shape mismatch"))
+    assert is_oom(torch.cuda.OutOfMemoryError("x"))
+    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert is_oom(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert not is_oom(RuntimeError("shape mismatch"))
 
 
 # ---- memory breakdown ----------------------------------------------------------------------
@@ -196,13 +201,13 @@ def test_static_memory_matches_parameters_and_adam_state():
 
 
 def test_memory_breakdown_arithmetic():
-    static = {"weights": 100 * tr.MiB, "grads": 100 * tr.MiB, "optim": 200 * tr.MiB}
-    parts = tr.memory_breakdown_mib(1000 * tr.MiB, static, 350 * tr.MiB)
+    static = {"weights": 100 * MIB, "grads": 100 * MIB, "optim": 200 * MIB}
+    parts = tr.memory_breakdown_mib(1000 * MIB, static, 350 * MIB)
     assert parts == {"weights_mib": 100, "grads_mib": 100, "optim_mib": 200, "loss_mib": 350,
                      "act_mib": 250}
     assert sum(parts.values()) == 1000
     # the rest can be negative when not all gradients coexist with the peak; kept, not clipped
-    assert tr.memory_breakdown_mib(500 * tr.MiB, static, 200 * tr.MiB)["act_mib"] == -100
+    assert tr.memory_breakdown_mib(500 * MIB, static, 200 * MIB)["act_mib"] == -100
 
 
 # ---- corpus --------------------------------------------------------------------------------
@@ -308,7 +313,7 @@ def test_cli_end_to_end_cpu(tmp_path):
                      "train_convergence.csv", "train_convergence.pdf", "train_convergence.png",
                      "train_curves.csv"]
     bench = list(csv.DictReader(open(out / "train_bench.csv")))
-    assert list(bench[0]) == tr.BENCH_FIELDS
+    assert list(bench[0]) == TRAIN_BENCH_FIELDS
     assert [(r["vocab"], r["backend"], r["status"]) for r in bench] == [
         ("97", "naive", "ok"), ("97", "selective", "ok"), ("97", "apple_cce", "unavailable"),
         ("211", "naive", "ok"), ("211", "selective", "ok"), ("211", "apple_cce", "unavailable")]
@@ -341,7 +346,7 @@ def test_train_csv_with_other_columns_is_not_overwritten(tmp_path):
     path = tmp_path / "train_bench.csv"
     path.write_text("run_id,backend\nold,naive\n")
     with pytest.raises(ValueError, match="columns"):
-        tr.CsvAppender(path, tr.BENCH_FIELDS)
+        CsvAppender(path, TRAIN_BENCH_FIELDS)
     assert path.read_text() == "run_id,backend\nold,naive\n"
 
 
@@ -379,9 +384,9 @@ def test_cli_rejects_bad_input(capsys):
     with pytest.raises(SystemExit):
         parse(["--prompt-frac", "0.7,0.5"])
     with pytest.raises(SystemExit, match="n-head"):
-        tr._check_args(parse(["--device", "cpu", "--d-model", "30", "--n-head", "4"]))
+        _check_args(parse(["--device", "cpu", "--d-model", "30", "--n-head", "4"]))
     with pytest.raises(SystemExit, match="warm-up"):
-        tr._check_args(parse(["--device", "cpu", "--steps", "20"]))
+        _check_args(parse(["--device", "cpu", "--steps", "20"]))
 
 
 FAKE_WORKER = textwrap.dedent("""
@@ -398,12 +403,12 @@ FAKE_WORKER = textwrap.dedent("""
 
 
 def test_isolated_runner_survives_crash_and_timeout():
-    runner = tr.IsolatedRunner(worker_cmd=[sys.executable, "-c", FAKE_WORKER])
+    runner = isolate.Worker([sys.executable, "-c", FAKE_WORKER])
     try:
         assert runner.run({"what": "ok", "n": 1}) == {"status": "ok", "echo": 1}
-        first = runner.proc.pid
+        first = runner.pid
         assert runner.run({"what": "ok", "n": 2})["echo"] == 2
-        assert runner.proc.pid == first  # one worker for consecutive jobs
+        assert runner.pid == first  # one worker for consecutive jobs
         crashed = runner.run({"what": "crash", "n": 3})
         assert crashed["status"] == "crashed" and "code 7" in crashed["error"]
         assert runner.run({"what": "ok", "n": 4})["echo"] == 4  # a fresh worker took over
@@ -415,7 +420,7 @@ def test_isolated_runner_survives_crash_and_timeout():
 
 
 def test_real_worker_runs_a_bench_job():
-    runner = tr.IsolatedRunner()
+    runner = make_runner(in_process=False)
     job = dict(kind="bench", backend="naive", device="cpu",
                model=dict(vocab=97, seq_len=16, d_model=32, n_layer=2, n_head=2), dtype="fp32",
                softcap=None, seed=0, lr=1e-4, prompt_frac=[0.5, 0.7], search=False, max_batch=8,
