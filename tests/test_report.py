@@ -46,16 +46,16 @@ def test_bench_rows_per_vocab_with_capped_failed_and_superseded_rows():
     assert "| own | 10.5 | 0.50 | 400 | >= 64 (cap) |" in v5000
 
 
-def test_seed000_comparison_is_computed_from_the_rows():
+def test_liger_and_selection_savings_are_computed_from_the_rows():
     text = report.render_train([RUN_A, RUN_B])
-    assert ("Seed 000's steps at V = 1000, batch 8 x 128: Liger CE instead of naive CE saves "
+    assert ("Liger CE and row selection at V = 1000, batch 8 x 128: Liger CE instead of naive CE saves "
             "8.0 GiB of the step's peak (20.0 -> 12.0 GiB); selecting the labelled rows first "
             "(selective+liger_ce) saves 3.0 GiB more (-> 9.00 GiB).") in text
-    assert "Seed 000's steps at V = 5000, batch 2 x 128: Liger CE instead of naive CE saves " \
+    assert "Liger CE and row selection at V = 5000, batch 2 x 128: Liger CE instead of naive CE saves " \
            "20.0 GiB" in text
     rows, _ = results.train_bench_rows([RUN_A])
     v5000 = [r for r in rows if r["vocab"] == "5000"]
-    assert "not measured" in report.seed000_comparison(v5000)  # naive OOM there
+    assert "not measured" in report.liger_selective_comparison(v5000)  # naive OOM there
 
 
 def test_convergence_verdicts():
@@ -263,3 +263,49 @@ def test_env_line_names_the_session_that_re_measured_a_provider(tmp_path):
         writer.writerows(dict(r, run_id="LATER") for r in rows if r["provider"] == "own")
     line = report.env_line(run)
     assert line.endswith("Re-measured since: own at commit abc1234, 2030-01-02."), line
+
+
+def test_links_are_rebased_into_the_results_document():
+    from suite.report.readme import README, RESULTS_DOC, rebase_links
+
+    text = "from [`results/x/results.csv`](results/x/results.csv); [p](https://a.b/c) [s](#t)"
+    assert rebase_links(text, RESULTS_DOC) == \
+        "from [`results/x/results.csv`](x/results.csv); [p](https://a.b/c) [s](#t)"
+    assert rebase_links(text, README) == text
+
+
+def _cpu_copy(run: Path, tmp_path: Path) -> Path:
+    """The fixture run as a CPU run records it: device cpu, no memory."""
+    out = tmp_path / "cpu-run"
+    out.mkdir()
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(dict(r, device="cpu", peak_extra_mib="", peak_abs_mib="") for r in rows)
+    return out
+
+
+def test_headline_is_one_compact_table_per_run_folder(tmp_path):
+    from suite.report.readme import headline, headline_table
+
+    run = FIXTURE / "synthetic_run"
+    table = headline_table(run)
+    rows = _table_rows(table)
+    assert table.splitlines()[2] == ("| provider | loss MiB | loss+grad MiB | loss+grad ms, uniform "
+                                     "| loss+grad ms, lm | ×floor, lm | dE err, lm |")
+    assert any(r.startswith("| `naive` | ") for r in rows)
+    assert all(" – | – | – |" not in r for r in rows)  # providers that ran show numbers
+    cpu = headline_table(_cpu_copy(run, tmp_path))
+    naive = next(r for r in _table_rows(cpu) if r.startswith("| `naive` |"))
+    assert naive.startswith("| `naive` | not measured | not measured | ")
+    assert "CPU (not GPU numbers)" in cpu
+    both = headline([run, tmp_path / "cpu-run"], "python -m suite report x --headline")
+    assert both.count("| provider |") == 2
+
+
+def test_cpu_cells_say_memory_was_not_measured(tmp_path):
+    rows = results.read_rows(_cpu_copy(FIXTURE / "synthetic_run", tmp_path))
+    text = report.summary(rows, cells=[rows[0]["cell_id"]])  # one cell: the per-cell table
+    assert "| naive | " in text and "not measured / " in text

@@ -21,11 +21,11 @@ from suite.report.kernel_tables import (aggregate_table, cell_table, render, sum
                                         versus_table)
 from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
                                  update_readme)
-from suite.report.train_tables import is_train_run, render_train, seed000_comparison
+from suite.report.train_tables import is_train_run, render_train, liger_selective_comparison
 from suite.results import read_rows
 
 __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline", "read_envs",
-           "render", "render_train", "seed000_comparison", "summary", "targets_table",
+           "render", "render_train", "liger_selective_comparison", "summary", "targets_table",
            "update_markers", "update_readme", "versus_table", "main", "add_arguments"]
 
 

@@ -10,9 +10,10 @@ from suite.report.envs import env_line, remeasured_train
 from suite.report.formatting import fmt_count, fmt_gib, fmt_pct, num
 from suite.report.kernel_tables import ORDER
 
-# What seed 000 reports on an A100 (nvidia-smi, its own 50M model, batch 64 x 2048): Liger's CE
-# took 16 GB off the step, selective CE then 11 GB more (30316 MB -> 19274 MB).
-SEED000_TEXT = "seed 000 reports -16 GB, then -11 GB more, on an A100 (its own model and data)"
+# A reference A100 measurement (nvidia-smi, its own 50M model, batch 64 x 2048): Liger's CE took
+# 16 GB off the step, selective CE then 11 GB more (30316 MB -> 19274 MB).
+REFERENCE_TEXT = ("a reference A100 run (its own 50M model and data) reports -16 GB, then -11 GB "
+                  "more")
 NOTE_CHARS = 160
 
 
@@ -52,29 +53,29 @@ def _by_setting(rows, key) -> list[list[dict]]:
     return sorted(groups.values(), key=lambda g: (g[0]["device"], num(g[0]["vocab"])))
 
 
-def seed000_comparison(rows: list[dict]) -> str:
-    """Seed 000's steps in one setting: Liger CE's saving of the step's peak vs naive, then
+def liger_selective_comparison(rows: list[dict]) -> str:
+    """The steps of one setting: Liger CE's saving of the step's peak vs naive, then
     selective+liger_ce's further saving, when all three ran at one batch."""
     by = {r["backend"]: r for r in rows}
     steps = [by.get(b) for b in ("naive", "liger_ce", "selective+liger_ce")]
     vocab = rows[0]["vocab"]
     if not all(r and r["status"] == "ok" and r["peak_mib"] for r in steps) \
             or len({r["batch"] for r in steps}) != 1:
-        return (f"Seed 000's steps at V = {vocab}: not measured (needs naive, liger_ce and "
+        return (f"Liger CE and row selection at V = {vocab}: not measured (needs naive, liger_ce and "
                 f"selective+liger_ce with status ok at one batch, with CUDA memory stats).")
     naive, liger, selective = steps
     liger_saves = (num(naive["peak_mib"]) - num(liger["peak_mib"])) / 1024
     selective_saves = (num(liger["peak_mib"]) - num(selective["peak_mib"])) / 1024
-    return (f"Seed 000's steps at V = {vocab}, batch {naive['batch']} x {naive['seq_len']}: "
+    return (f"Liger CE and row selection at V = {vocab}, batch {naive['batch']} x {naive['seq_len']}: "
             f"Liger CE instead of naive CE saves {liger_saves:.1f} GiB of the step's peak "
             f"({fmt_gib(naive['peak_mib'])} -> {fmt_gib(liger['peak_mib'])} GiB); selecting the "
             f"labelled rows first (selective+liger_ce) saves {selective_saves:.1f} GiB more "
-            f"(-> {fmt_gib(selective['peak_mib'])} GiB). For comparison, {SEED000_TEXT}.")
+            f"(-> {fmt_gib(selective['peak_mib'])} GiB). For comparison, {REFERENCE_TEXT}.")
 
 
 def train_bench_table(rows: list[dict], superseded: list[dict]) -> str:
     """One setting (a vocabulary): a row per backend, notes for failures, the superseded rows
-    named (they stay in their CSVs), and seed 000's comparison."""
+    named (they stay in their CSVs), and Liger CE's and row selection's savings."""
     first = next((r for r in rows if r["status"] == "ok"), rows[0])
     sources = list(dict.fromkeys(r["source"] for r in rows))
     batches = {r["batch"] for r in rows if r["status"] == "ok"}
@@ -115,7 +116,7 @@ def train_bench_table(rows: list[dict], superseded: list[dict]) -> str:
                  + f" (`{source}`)" for source, statuses in by_source.items()]
         lines += ["", "Not shown, superseded by the row above of each backend: "
                   + "; ".join(parts) + "."]
-    lines += ["", seed000_comparison(rows)]
+    lines += ["", liger_selective_comparison(rows)]
     return "\n".join(lines)
 
 
@@ -153,7 +154,7 @@ def train_convergence_table(rows: list[dict]) -> str:
 
 def render_train(run_dirs, command: str | None = None) -> str:
     """The training-step table of the folders (suite.train): per vocabulary and backend the row
-    with status ok from the most recent run, seed 000's comparison, convergence verdicts."""
+    with status ok from the most recent run, Liger CE's and row selection's savings, convergence verdicts."""
     run_dirs = [Path(d) for d in run_dirs]
     for d in run_dirs:
         if not is_train_run(d):
