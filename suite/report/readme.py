@@ -7,9 +7,10 @@ import os
 import re
 from pathlib import Path
 
-from suite.report.claims import GEMMA2_2B
+from suite.report.claims import GEMMA2_2B, gradient_lower_bound_mib
 from suite.report.envs import read_envs
-from suite.report.formatting import fmt_err, fmt_ms, latest_rows, md_table, memory_text, num
+from suite.report.formatting import (fmt_err, fmt_mib, fmt_ms, latest_rows, md_table,
+                                     memory_text, num)
 from suite.report.kernel_tables import provider_order
 from suite.results import read_rows
 
@@ -97,8 +98,11 @@ def headline_table(run_dir) -> str:
                     + [fmt_ms(r["ms"]) if (r := row(p, d, "loss+grad")) else "–" for d in dists]
                     + [f"{num(lg['floor_ratio']):.2f}" if lg and lg["floor_ratio"] else "–",
                        fmt_err(lg["de_rel_err"]) if lg else "–"])
-    title = (f"**{_where(run_dir, rows)}**: N 8192, D 2304, V 256000, bf16, softcap 30; "
-             f"from [`{run_dir.as_posix()}`]({run_dir.as_posix()}/results.csv)")
+    g = GEMMA2_2B
+    grads = fmt_mib(gradient_lower_bound_mib(g["n"], g["d"], g["v"], g["dtype"]))
+    title = (f"**{_where(run_dir, rows)}**: N 8192, D 2304, V 256000, bf16, softcap 30 (the "
+             f"gradients dE + dC alone: {grads} MiB); from "
+             f"[`{run_dir.as_posix()}`]({run_dir.as_posix()}/results.csv)")
     text = title + "\n\n" + md_table(header, body)
     if not_run:
         text += "\n\nNot run there: " + ", ".join(not_run) + "."
