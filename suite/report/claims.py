@@ -8,13 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from suite import presets
 from suite.report.formatting import fmt_err, fmt_ms, latest_rows, num, num_or_none
 from suite.schema import DTYPE_BYTES
 
 MIB = 2**20
 
-# The paper's Table 1 setting (Gemma 2 (2B)); its claims and the loss-memory target hold here.
-GEMMA2_2B = dict(n=8192, d=2304, v=256000, dtype="bf16", softcap=30.0)
+# The paper's Table 1 setting: the Gemma 2 (2B) shape (suite.presets) in bf16; its claims and
+# the loss-memory target hold here.
+_G = presets.GEMMA2_2B
+GEMMA2_2B = dict(n=_G.n, d=_G.d, v=_G.v, dtype="bf16", softcap=_G.softcap)
 
 # ---- the gradients' size: the least memory a loss+grad call can hold ------------------------
 

@@ -60,6 +60,11 @@ def _is_gemma(row) -> bool:
             and str(row.get("bias", "0")) in ("0", "", "False"))
 
 
+def _shape_text() -> str:
+    g = GEMMA2_2B
+    return f"N {g['n']}, D {g['d']}, V {g['v']}, {g['dtype']}, softcap {g['softcap']:g}"
+
+
 def _where(run_dir, rows) -> str:
     envs = read_envs(run_dir)
     gpu = next((e.get("gpu_name") for e in envs if e.get("gpu_name")), None)
@@ -73,8 +78,8 @@ def headline_table(run_dir) -> str:
     run_dir = Path(run_dir)
     rows = [r for r in read_rows(run_dir) if _is_gemma(r)]
     if not rows:
-        raise ValueError(f"--headline: no Gemma 2 (2B) cell (N 8192, D 2304, V 256000, bf16, "
-                         f"softcap 30) in {run_dir}/results.csv")
+        raise ValueError(f"--headline: no Gemma 2 (2B) cell ({_shape_text()}) in "
+                         f"{run_dir}/results.csv")
     latest = latest_rows(rows)
 
     def row(provider, dist, phase):
@@ -100,8 +105,8 @@ def headline_table(run_dir) -> str:
                        fmt_err(lg["de_rel_err"]) if lg else "–"])
     g = GEMMA2_2B
     grads = fmt_mib(gradient_lower_bound_mib(g["n"], g["d"], g["v"], g["dtype"]))
-    title = (f"**{_where(run_dir, rows)}**: N 8192, D 2304, V 256000, bf16, softcap 30 (the "
-             f"gradients dE + dC alone: {grads} MiB); from "
+    title = (f"**{_where(run_dir, rows)}**: {_shape_text()} (the gradients dE + dC alone: "
+             f"{grads} MiB); from "
              f"[`{run_dir.as_posix()}`]({run_dir.as_posix()}/results.csv)")
     text = title + "\n\n" + md_table(header, body)
     if not_run:
