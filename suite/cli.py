@@ -19,7 +19,7 @@ EXTERNAL = {
     "plots": ("suite.plots", "draw every figure from results/**/results.csv and results/train*/"),
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
     "gate": ("suite.gate", "regression gates on results"),
-    "report": ("suite.report", "markdown tables from a run folder or training-step folders; --update-readme"),
+    "report": ("suite.report", "markdown tables from run folders; --update-readme / --results-doc"),
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
