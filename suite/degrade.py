@@ -97,7 +97,7 @@ def register_degraded(mode: str, providers=DEGRADABLE) -> list[str]:
         name = degraded_name(base.name, mode)
         if name not in registry.PROVIDERS:
             registry.PROVIDERS[name] = dataclasses.replace(
-                base, name=name, fn=WRAPPERS[mode](base.fn),
+                base, name=name, fn=WRAPPERS[mode](base.fn), label=f"{base.label} ({mode})",
                 summary=f"{base.summary}; deliberately degraded ({mode}, suite/degrade.py)")
         names.append(name)
     return names

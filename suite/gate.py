@@ -27,18 +27,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, environment, read_rows
+from suite.presets import GEMMA2_2B, LLAMA3_8B, Shape
+from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, read_rows
 
 DEFAULT_BASELINE_DIR = "results/baselines"
 
-# The gate's cells: bf16 ``lm`` inputs, seed 0, at these shapes (N, D, V, softcap).
+# The gate's cells: bf16 ``lm`` inputs, seed 0, at these shapes (suite/presets.py), and one
+# with a small vocabulary, where the kernel's fixed costs weigh most.
 DIST, DTYPE, SEED = "lm", "bf16", 0
-GATE_SHAPES = {
-    "gemma2-2b": (8192, 2304, 256000, 30.0),  # the paper's Table 1
-    "llama3": (8192, 4096, 128256, None),
-    "small": (8192, 4096, 32000, None),
-}
-PEER_SHAPES = ("gemma2-2b",)  # peers run here only, unless --all-shapes
+SMALL_VOCAB = Shape("small", "N 8192, D 4096, V 32000 (Llama 2's vocabulary)", n=8192, d=4096,
+                    v=32000)
+GATE_SHAPES = {s.name: s for s in (GEMMA2_2B, LLAMA3_8B, SMALL_VOCAB)}
+PEER_SHAPES = (GEMMA2_2B.name,)  # peers run here only, unless --all-shapes
 OWN_PROVIDERS = ("own", "own_filter")  # the own kernel runs at every shape
 GATE_PHASES = ("fwd", "loss+grad")
 
@@ -88,8 +88,8 @@ def gate_cells() -> dict:
     """Shape name -> runner.Cell of the gate."""
     from suite.runner import Cell
 
-    return {name: Cell(dist=DIST, n=n, d=d, v=v, dtype=DTYPE, softcap=softcap, seed=SEED)
-            for name, (n, d, v, softcap) in GATE_SHAPES.items()}
+    return {name: Cell(dist=DIST, n=s.n, d=s.d, v=s.v, dtype=DTYPE, softcap=s.softcap, seed=SEED)
+            for name, s in GATE_SHAPES.items()}
 
 
 def keyword_matches(expr: str | None, name: str) -> bool:

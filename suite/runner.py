@@ -10,21 +10,26 @@ depends on what ran before it in the process (inputs and reference are rebuilt p
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import importlib
 import itertools
 import json
+import logging
 import os
 import sys
 import time
 import uuid
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from suite import isolate, presets, registry
+from suite import presets, registry
+from suite.isolate import Worker, serve
 from suite.inputs import make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
 from suite.reference import reference
@@ -217,24 +222,12 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     d_reps, d_warmup = default_reps(device)
     reps = d_reps if reps is None else reps
     warmup = d_warmup if warmup is None else warmup
-    phases = list(phases)
-    for ph in phases:
-        if ph not in PHASES:
-            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {ph!r}")
-    providers = [registry.get(p).name for p in providers]  # validates names
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
+    phases, providers, isolate, rerun = _checked(phases, providers, reps, warmup, isolate,
+                                                 rerun, resume)
     out = Path(out_dir)
     if (out / "results.csv").exists() and not resume:
         raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
                               f"or choose another --out")
-    rerun = {registry.get(p).name for p in rerun}
-    if rerun and not resume:
-        raise ValueError("rerun needs resume (it re-measures providers of an existing run)")
-    if isolate is True:
-        isolate = "cell"
-    if isolate not in (False, None, "cell", "provider"):
-        raise ValueError(f"isolate must be False, 'cell' or 'provider', got {isolate!r}")
     done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
     chosen = [(c, [p for p in providers if select is None or select(c, p)]) for c in cells]
     todo = [(c, [p for p in ps if (c.cell_id, p) not in done]) for c, ps in chosen]
@@ -250,20 +243,8 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
             "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
             "device": device, "plugins": list(plugins)}
     (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
-    writer = None if isolate else ResultsWriter(out, environment(device), run_id)
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=n_pairs, unit="pair", desc="bench", disable=quiet or n_pairs == 0,
-               dynamic_ncols=True)
     t0 = time.time()
-    for cell, pending in todo:
-        if isolate:
-            _run_isolated(out, cell, pending, phases, bar, run_id, isolate == "provider")
-        else:
-            measure_cell(cell, pending, phases, device=device, reps=reps, warmup=warmup,
-                         writer=writer, run_id=run_id, progress=bar)
-    bar.close()
+    _measure_all(out, plan, todo, isolate, quiet)
     if summary and not quiet:
         from suite.report import summary as summary_tables
 
@@ -277,26 +258,113 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     return out
 
 
+def _checked(phases, providers, reps, warmup, isolate, rerun, resume):
+    """(phases, provider names, isolate mode, rerun names), each validated."""
+    phases = list(phases)
+    for ph in phases:
+        if ph not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {ph!r}")
+    providers = [registry.get(p).name for p in providers]  # validates names
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
+    rerun = {registry.get(p).name for p in rerun}
+    if rerun and not resume:
+        raise ValueError("rerun needs resume (it re-measures providers of an existing run)")
+    if isolate is True:
+        isolate = "cell"
+    if isolate not in (False, None, "cell", "provider"):
+        raise ValueError(f"isolate must be False, 'cell' or 'provider', got {isolate!r}")
+    return phases, providers, isolate, rerun
+
+
+def _measure_all(out: Path, plan: dict, todo, isolate, quiet: bool) -> None:
+    """Every pending (cell, providers) of ``todo``, under one progress bar; third-party
+    messages are held while it runs and printed after it."""
+    from tqdm.auto import tqdm
+
+    n_pairs = sum(len(ps) for _, ps in todo)
+    writer = None if isolate else ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    bar = tqdm(total=n_pairs, unit="pair", desc="bench", disable=quiet or n_pairs == 0,
+               dynamic_ncols=True)
+    with held_messages() as held:
+        for cell, pending in todo:
+            if isolate:
+                held += _run_isolated(out, cell, pending, plan["phases"], bar, plan["run_id"],
+                                      isolate == "provider")
+            else:
+                measure_cell(cell, pending, plan["phases"], device=plan["device"],
+                             reps=plan["reps"], warmup=plan["warmup"], writer=writer,
+                             run_id=plan["run_id"], progress=bar)
+    bar.close()
+    print_held(held)
+
+
+class _HoldingHandler(logging.Handler):
+    def __init__(self, held: list):
+        super().__init__(logging.WARNING)
+        self.held = held
+
+    def emit(self, record):
+        self.held.append(f"{record.name}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def held_messages():
+    """Warnings and log records raised while measuring, held in the yielded list instead of
+    written over the progress bar (Liger logs a line for each optional backend it cannot
+    import, and warns when it falls back to another kernel). Log records are held unless the
+    program sends its logs to the terminal itself (unconfigured, they would go to stderr)."""
+    held: list[str] = []
+    root = logging.getLogger()
+    to_terminal = any(isinstance(h, logging.StreamHandler) and h.stream in (sys.stderr, sys.stdout)
+                      for h in root.handlers)
+    handler = None if to_terminal else _HoldingHandler(held)
+    if handler:
+        root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                yield held
+            finally:
+                held += [f"{w.category.__name__}: {w.message}" for w in caught]
+    finally:
+        if handler:
+            root.removeHandler(handler)
+
+
+def print_held(held: list[str]) -> None:
+    """Each distinct held message once, with how often it came."""
+    if not held:
+        return
+    counts = Counter(held)
+    print(f"{len(counts)} message(s) from the measured code during the run (held back from the "
+          f"progress bar):")
+    for text, k in counts.items():
+        print(f"  {text}" + (f" (x{k})" if k > 1 else ""))
+
+
 def _run_isolated(out: Path, cell: Cell, pending, phases, bar, run_id: str,
-                  per_provider: bool = False) -> None:
+                  per_provider: bool = False) -> list[str]:
     """Run one cell in child processes (suite.isolate) until every pending provider has rows
     of this run (``run_id``: a rerun's providers have older rows already); every job gets a
     fresh child, so no provider's time depends on what ran before it in the process;
-    ``per_provider``: one job per provider."""
+    ``per_provider``: one job per provider. Returns the messages the children held."""
     plan = json.loads((out / PLAN).read_text())
     env = dict(os.environ)
     if plan["device"].startswith("cpu"):
         env.setdefault("TRITON_INTERPRET", "1")  # before the child imports triton
-    worker = isolate.Worker([sys.executable, "-m", "suite.runner", "--worker"], env=env)
-    inflight = out / INFLIGHT
+    worker = Worker([sys.executable, "-m", "suite.runner", "--worker"], env=env)
+    inflight, held = out / INFLIGHT, []
     while True:
         left = [p for p in pending if (cell.cell_id, p) not in done_pairs(out, phases, run_id=run_id)]
         if not left:
-            return
+            return held
         inflight.unlink(missing_ok=True)
         batch = left[:1] if per_provider else left
         result = worker.run({"run_dir": str(out), "cell": cell.cell_id, "providers": batch})
         worker.close()
+        held += result.get("messages", [])
         done = done_pairs(out, phases, run_id=run_id)
         left_after = [p for p in pending if (cell.cell_id, p) not in done]
         bar.update(len(left) - len(left_after))
@@ -314,7 +382,7 @@ def _run_isolated(out: Path, cell: Cell, pending, phases, bar, run_id: str,
         _record_crash(out, plan, cell, blamed, phases, why)
         bar.update(len(blamed))
         if len(blamed) == len(left_after):
-            return
+            return held
 
 
 def _record_crash(out: Path, plan: dict, cell: Cell, blamed, phases, why: str) -> None:
@@ -343,14 +411,15 @@ def measure_job(job: dict) -> dict:
     if job["cell"] not in cells:
         return {"status": "error", "error": f"cell {job['cell']!r} is not in {out / PLAN}"}
     writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
-    measure_cell(cells[job["cell"]], job["providers"], plan["phases"], device=plan["device"],
-                 reps=plan["reps"], warmup=plan["warmup"], writer=writer,
-                 run_id=plan["run_id"], inflight_path=out / INFLIGHT)
-    return {"status": "ok"}
+    with held_messages() as held:  # handed to the parent, which prints them after its bar
+        measure_cell(cells[job["cell"]], job["providers"], plan["phases"], device=plan["device"],
+                     reps=plan["reps"], warmup=plan["warmup"], writer=writer,
+                     run_id=plan["run_id"], inflight_path=out / INFLIGHT)
+    return {"status": "ok", "messages": held}
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--worker"]:
         raise SystemExit("python -m suite.runner --worker: internal, the child of --isolate "
                          "(suite.isolate); measure with `python -m suite bench`")
-    isolate.serve(measure_job)
+    serve(measure_job)

@@ -68,13 +68,13 @@ def test_keyword_selection():
 
 def test_plan_runs_peers_at_gemma_only_unless_all_shapes():
     names = {b.name for b in gate.plan(["own", "own_filter", "liger"])}
-    assert "llama3/own/fwd" in names and "small/own_filter/loss+grad" in names
-    assert "gemma2-2b/liger/loss+grad" in names and "llama3/liger/fwd" not in names
+    assert "llama3-8b/own/fwd" in names and "small/own_filter/loss+grad" in names
+    assert "gemma2-2b/liger/loss+grad" in names and "llama3-8b/liger/fwd" not in names
     assert len(names) == 2 * 3 * 2 + 2  # own kernel: 2 providers x 3 shapes x 2 phases
     every = {b.name for b in gate.plan(["liger"], all_shapes=True)}
     assert "small/liger/fwd" in every
     assert {b.name for b in gate.plan(["own", "liger"], keyword="own and fwd")} == {
-        "gemma2-2b/own/fwd", "llama3/own/fwd", "small/own/fwd"}
+        "gemma2-2b/own/fwd", "llama3-8b/own/fwd", "small/own/fwd"}
 
 
 def test_rows_map_to_benchmarks_and_degraded_variants_to_their_provider():
@@ -254,7 +254,8 @@ def test_cli_without_cuda_refuses(tmp_path, capsys):
 @pytest.fixture
 def tiny_gate(monkeypatch):
     """The gate's cells at a tiny shape, and the degraded providers removed afterwards."""
-    monkeypatch.setattr(gate, "GATE_SHAPES", {"gemma2-2b": (64, 32, 257, 30.0)})
+    tiny = gate.Shape("gemma2-2b", "tiny", n=64, d=32, v=257, softcap=30.0)
+    monkeypatch.setattr(gate, "GATE_SHAPES", {"gemma2-2b": tiny})
     yield
     for name in list(registry.PROVIDERS):
         if degrade.base_provider(name) != name:
