@@ -20,7 +20,8 @@ from suite.report.claims import (CCE_METHODS, CLAIM_DISTS, CLAIM_GRAD, CLAIM_HEA
                                  PAPER_SOURCE, PAPER_TABLE1, PHASE_TITLE, Check, claim_checks,
                                  gradient_lower_bound_mib, lookup, lower_bound_mib, status_text)
 from suite.report.envs import read_envs
-from suite.report.formatting import fmt_mib, fmt_ms, fmt_ratio, md_table, num_or_none as num
+from suite.report.formatting import (fmt_mib, fmt_ms, fmt_ratio, md_table, memory_text,
+                                     num_or_none as num)
 
 # The paper's Table 1 setting.
 PRESET = "gemma2-2b"
@@ -85,7 +86,7 @@ def cell_text(row) -> str:
         return "not run"
     if row["status"] != "ok":
         return f"**{row['status']}**"
-    return f"{fmt_mib(row['peak_extra_mib'])} / {fmt_ms(row['ms'])}"
+    return f"{memory_text(row)} / {fmt_ms(row['ms'])}"
 
 
 # ---- table1.md ------------------------------------------------------------------------------

@@ -246,6 +246,12 @@ def test_preset_matches_table1_setting():
         assert not c.bias and not c.ignore_frac
 
 
+def test_cpu_rows_say_memory_was_not_measured(tmp_path):
+    run = variant(tmp_path, "naive", "loss", device="cpu", peak_extra_mib="")
+    reproduce.write_table1(run)
+    assert "| baseline (naive) | not measured / " in (run / "table1.md").read_text()
+
+
 def test_rows_without_memory_or_time_are_not_run(tmp_path):
     """A CPU run records no CUDA memory: no verdict can be drawn from it."""
     checks = checks_of(variant(tmp_path, "own", "loss", peak_extra_mib=""))
