@@ -31,7 +31,8 @@ def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dic
     TFLOP/s on the model, 15 ms per step of overhead, 40 * D bytes of saved activations per
     token and layer, 14 bytes per logit for the backends that materialise the logits (scaled
     by the labelled fraction for selective ones), and a search costing ~6 steps at the largest
-    batch, plus the timed steps at the common batch and ~5 s of start-up per job."""
+    batch, plus at the common batch the warm-up, split, memory and timed steps and ~5 s of
+    start-up per job."""
     def step_s(cfg, tokens):
         n_params, _ = param_counts(cfg)
         flops = tokens * (6 * n_params + 6 * cfg.n_layer * cfg.seq_len * cfg.d_model)
@@ -56,7 +57,7 @@ def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dic
         common = args.batch or 2 ** int(math.log2(batches.get("naive", min(batches.values()))))
         for b, biggest in batches.items():
             search = 0 if args.no_search else 6 * step_s(cfg, biggest * args.seq_len)
-            timed = (args.warmup + args.timed_steps + 1) * step_s(cfg, common * args.seq_len)
+            timed = (args.warmup + args.timed_steps + 2) * step_s(cfg, common * args.seq_len)
             bench += search + timed + 5
     return {"convergence": conv, "bench": bench}
 
