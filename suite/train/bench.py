@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from suite.measure import MIB, RegionTimer, free_memory, is_oom, time_calls, time_stats
-from suite.schema import TRAIN_BENCH_CSV, TRAIN_BENCH_FIELDS
 from suite.results import CsvAppender
+from suite.schema import TRAIN_BENCH_CSV, TRAIN_BENCH_FIELDS
 from suite.train.backends import failure, provider_problem
 from suite.train.data import IGNORE_INDEX, instruction_batch, markov_chain, sample_tokens
 from suite.train.model import (GPT, GPTConfig, init_optimizer_state, make_optimizer,
