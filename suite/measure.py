@@ -91,14 +91,14 @@ class RegionTimer:
         return list(self._times)
 
 
-def time_calls(run, *, device, reps, prepare=None) -> list[float]:
+def time_calls(run, *, device, reps, prepare=None, flush_l2=True) -> list[float]:
     """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed;
-    on a GPU the L2 cache is flushed before each, outside the timed region."""
+    on a GPU the L2 cache is flushed before each (``flush_l2``), outside the timed region."""
     device = torch.device(device)
     prepare = prepare or (lambda: None)
     timer = RegionTimer(device)
     flush = None
-    if device.type == "cuda":
+    if device.type == "cuda" and flush_l2:
         flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
     for _ in range(reps):
         state = prepare()

@@ -37,7 +37,8 @@ Mode ``bench`` (per vocab, per backend; one row of ``train_bench.csv`` each):
   a margin below the edge of memory, measured on every backend at that same batch): after
   ``--warmup`` untimed steps, one step measured for the whole-step peak memory and its
   breakdown (method below), then ``--timed-steps`` steps timed as ``suite.measure`` times a
-  kernel (CUDA events around each step, L2 flushed before it; median and percentiles).
+  kernel (CUDA events around each step; median and percentiles; no L2 flush, which a whole
+  step does not need and whose buffer would take memory from it).
   Caveat: the bench starts from the random init, where the softmax is nearly flat, so gradient
   filtering (apple_cce, own_filter) skips more of the backward than it would in a trained model;
   the convergence run's tokens/s (second half of training, peaked softmax) is the fairer number.
