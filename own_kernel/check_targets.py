@@ -2,8 +2,11 @@
 ignore_index, else 0; out[1] = the number of targets that are not ignore_index (the mean's
 divisor). One launch instead of six elementwise ops and a reduction; N int64 reads are
 microseconds even on one SM."""
+import torch
 import triton
 import triton.language as tl
+
+from own_kernel.gemm import HostScalar
 
 
 @triton.jit
@@ -19,3 +22,17 @@ def cce_check_targets_kernel(Targets, Out, N, V, ignore_index, BLOCK: tl.constex
         count += used.to(tl.int32)
     tl.store(Out, tl.max(bad, axis=0).to(tl.float32))
     tl.store(Out + 1, tl.sum(count, axis=0).to(tl.float32))
+
+
+def check_and_count_targets(targets, v: int, ignore_index: int):
+    """(check, count): [whether any target is outside [0, V) and not ignore_index, how many are
+    not ignore_index], copied to the host without waiting (HostScalar; the backward reads the
+    count there), and that count as a 0-d fp32 device tensor (the mean's divisor). The check is
+    queued before the forward and read after it is queued (its kernels mask such targets): the
+    host then waits for this small kernel only, not for the forward."""
+    if torch.compiler.is_compiling() or not targets.numel():
+        # A data-dependent check would break the graph; eager calls still check.
+        return None, (targets != ignore_index).sum()
+    out = torch.empty(2, device=targets.device, dtype=torch.float32)
+    cce_check_targets_kernel[(1,)](targets, out, targets.numel(), v, int(ignore_index), BLOCK=1024)
+    return HostScalar(out), out[1]

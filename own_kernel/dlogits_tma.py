@@ -19,8 +19,11 @@ TMA zero-fills rows past N, columns past V and the D tail, and clips W's stores 
 """
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.tile import row_terms, softmax_grad_tile
+from own_kernel.plan import cdiv
+from own_kernel.tile import (dot_precision, num_sms, row_terms, softcap_scalars,
+                             softmax_grad_tile)
 
 
 @triton.jit
@@ -152,3 +155,42 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeigh
         tl.atomic_add(RowRound + offs_n, r, mask=n_mask)
         if FILTER:
             tl.atomic_add(RowWSum + offs_n, ws, mask=n_mask)
+
+
+class RecomputeTma:
+    """The launcher, made once per backward: the descriptors of E and C, the call's constants.
+    ``write(w, rows, sums, v_start, filters)`` writes W (rows x w.shape[1]) for e's rows at
+    columns [v_start, v_start + width), adding RowRound, ColRound (cfg.col_round and
+    col_round), ColSum and, filtered, the filter's sums into sums."""
+
+    def __init__(self, e, c, bias, softcap, smooth, cfg):
+        k = cfg.recompute
+        self.k, self.v, self.d = k, c.shape[0], e.shape[1]
+        self.e, self.bias = e, bias
+        self.e_desc = TensorDescriptor.from_tensor(e, [k.tiles.block_n, k.tiles.block_d])
+        self.c_desc = TensorDescriptor.from_tensor(c, [k.tiles.block_v, k.tiles.block_d])
+        self.scalars = (*softcap_scalars(softcap), float(smooth))
+        self.flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+                          DOT_PRECISION=dot_precision(e.dtype), SUBTILES=k.subtiles,
+                          GROUP_N=k.group_n, FLATTEN=k.flatten, **k.tiles.launch())
+        self.slots = num_sms(e.device)
+
+    def write(self, w, rows, sums, v_start, filters=False, col_round=True, e_desc=None):
+        """e_desc: a descriptor of other rows of E than the whole (low memory's row chunks)."""
+        n, width = w.shape
+        k = self.k.tiles
+        w_desc = TensorDescriptor.from_tensor(w, [k.block_n, k.block_v // self.k.subtiles])
+        tiles = cdiv(n, k.block_n) * cdiv(width, k.block_v)
+        grid = (min(tiles, self.slots) if self.k.persistent else tiles,)
+        stand_in = sums.col_round  # for pointers whose flag is off: never read
+        cce_dlogits_tma_kernel[grid](
+            e_desc or self.e_desc, self.c_desc, w_desc,
+            self.bias if self.bias is not None else stand_in,
+            rows.targets, rows.lse, rows.nll, rows.weight,
+            rows.weight_lse if rows.weight_lse is not None else rows.weight,
+            rows.eps if filters else rows.weight,
+            sums.row_round, sums.col_round, sums.row_skip,
+            sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
+            sums.col_sum, n, self.v, v_start, width, *self.scalars, D=self.d,
+            FILTER=filters, HAS_GRAD_LSE=rows.weight_lse is not None,
+            COL_ROUND=self.k.col_round and col_round, **self.flags)

@@ -4,6 +4,8 @@ own scale (fp16 rows whose upstream weights differ: backward.weight_scales)."""
 import triton
 import triton.language as tl
 
+from own_kernel.plan import cdiv
+
 
 @triton.jit
 def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, RowScale, DE, N, D,
@@ -26,3 +28,18 @@ def cce_finalize_de_kernel(DE32, RowRound, CMean, RowSkip, CSkipMean, RowScale, 
         g = g * tl.load(RowScale + offs_n, mask=n_mask, other=0.0)[:, None]
     tl.store(DE + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed,
              g.to(DE.dtype.element_ty), mask=m)
+
+
+def finalize_de(de32, row_round, c_mean, de, scale, *, row_skip=None, c_skip_mean=None,
+                row_scale=None):
+    """de (input dtype) = scale * (de32 + row_round x c_mean [+ row_skip x c_skip_mean])
+    [times row_scale per row]."""
+    n, d = de.shape
+    block_d = min(128, triton.next_power_of_2(max(d, 16)))
+    cce_finalize_de_kernel[(cdiv(n, 32), cdiv(d, block_d))](
+        de32, row_round, c_mean, row_skip if row_skip is not None else row_round,
+        c_skip_mean if c_skip_mean is not None else c_mean,
+        row_scale if row_scale is not None else row_round, de, n, d,
+        de32.stride(0), de.stride(0), de.stride(1), float(scale),
+        FILTER=row_skip is not None, ROW_SCALE=row_scale is not None,
+        BLOCK_N=32, BLOCK_D=block_d)

@@ -12,8 +12,11 @@ inputs take the pointer kernel).
 """
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.tile import lse_tile_update, row_block_and_split, skip_if_all_ignored
+from own_kernel.plan import cdiv
+from own_kernel.tile import (dot_precision, lse_tile_update, row_block_and_split,
+                             skip_if_all_ignored, softcap_scalars)
 
 
 @triton.jit
@@ -53,3 +56,19 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
     tl.store(base + plane, s, mask=n_mask)
     if NEED_ZSUM:
         tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+
+
+def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
+                         skip_ignored):
+    """Each split's (running max, sum[, sum of logits]) per row into part, TMA loads.
+    grid: plan.ForwardGrid; cfg: the Config."""
+    (n, d), v = e.shape, c.shape[0]
+    k = cfg.forward.tiles
+    cce_fwd_tma_kernel[(cdiv(n, k.block_n) * grid.splits,)](
+        TensorDescriptor.from_tensor(e, [k.block_n, k.block_d]),
+        TensorDescriptor.from_tensor(c, [k.block_v, k.block_d]),
+        bias if bias is not None else part, targets, part, n, v, grid.v_per_split,
+        grid.splits * n, grid.splits, grid.group_rows, int(ignore_index),
+        *softcap_scalars(softcap), HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+        NEED_ZSUM=part.shape[0] == 3, SKIP_IGNORED=skip_ignored, D=d,
+        FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype), **k.launch())

@@ -8,8 +8,11 @@ RowSkip[n] -= sum_j Out[n, j]. One pass instead of four (gather, pad, flat rows,
 filtering the host's launches, not the GPU, set the pace. One program per row block, looping
 over the columns, so the row sums need no atomics (same result every run).
 """
+import torch
 import triton
 import triton.language as tl
+
+from own_kernel.plan import cdiv
 
 
 @triton.jit
@@ -31,3 +34,14 @@ def cce_gather_kept_kernel(W, Kept, RowEps, Out, RowSkip, N, num_kept, size,
         kept_sum += tl.sum(w.to(tl.float32), axis=1)
     row_skip = tl.load(RowSkip + offs_n, mask=n_mask, other=0.0)
     tl.store(RowSkip + offs_n, row_skip - kept_sum, mask=n_mask)
+
+
+def gather_kept(w, kept, num_kept, row_eps, row_skip):
+    """W's kept columns (kept[:num_kept]; kept's length is the padded count) in a new buffer,
+    zero in the padding and in the flat rows; their share comes off row_skip."""
+    n = w.shape[0]
+    out = torch.empty((n, kept.numel()), device=w.device, dtype=w.dtype)
+    cce_gather_kept_kernel[(cdiv(n, 32),)](w, kept, row_eps, out, row_skip, n, num_kept,
+                                          kept.numel(), w.stride(0), out.stride(0),
+                                          BLOCK_N=32, BLOCK_K=64)
+    return out

@@ -16,9 +16,11 @@ so the row's max M is the target's own logit and nll = ln(S) exactly, from the f
 numbers: >= 0 (the max's term of S is exactly 1) and as accurate as a naive fp32 softmax. The
 backward takes the target column's probability from nll too (tile.py).
 """
+import torch
 import triton
 import triton.language as tl
 
+from own_kernel.plan import cdiv
 from own_kernel.tile import LOG2E
 
 
@@ -63,3 +65,16 @@ def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, N, spli
     tl.store(Lse + offs, lse, mask=mask)
     tl.store(PMax + offs, p_max, mask=mask)
     tl.store(Nll + offs, nll, mask=mask)
+
+
+def combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_ignored):
+    """(loss, lse, p_max, nll), each (N,) fp32, from the splits' partials part
+    ((2 or 3) x splits x N: running max, sum and, with label smoothing, the sum of logits)."""
+    n = part.shape[2]
+    outs = tuple(torch.empty(n, device=part.device, dtype=torch.float32) for _ in range(4))
+    block = 256
+    cce_lse_combine_kernel[(cdiv(n, block),)](
+        part, z_target, targets, *outs, n, part.shape[1], part.shape[1] * n, int(ignore_index),
+        float(label_smoothing), float(label_smoothing) / max(v, 1),
+        NEED_ZSUM=part.shape[0] == 3, SKIP_IGNORED=skip_ignored, BLOCK_N=block)
+    return outs

@@ -8,6 +8,8 @@ mean weighted by the skipped mass per row). One pass in fp32, no V x D temporary
 import triton
 import triton.language as tl
 
+from own_kernel.plan import cdiv
+
 
 @triton.jit
 def cce_rank1_dc_kernel(DC, A, X, A2, X2, V, D, stride_cv, stride_cd, scale,
@@ -26,3 +28,15 @@ def cce_rank1_dc_kernel(DC, A, X, A2, X2, V, D, stride_cv, stride_cd, scale,
             * tl.load(X2 + offs_d, mask=d_mask, other=0.0)[None, :] * scale
     g += tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
     tl.store(ptrs, g.to(DC.dtype.element_ty), mask=m)
+
+
+def rank1_dc(dc, a, x, scale, a2=None, x2=None):
+    """dc[v, :] += scale * (a[v] * x + a2[v] * x2) (the second term where given)."""
+    v, d = dc.shape
+    if v == 0:
+        return
+    block_d = min(128, triton.next_power_of_2(max(d, 16)))
+    cce_rank1_dc_kernel[(cdiv(v, 32), cdiv(d, block_d))](
+        dc, a, x, a2 if a2 is not None else a, x2 if x2 is not None else x,
+        v, d, dc.stride(0), dc.stride(1), float(scale),
+        RANK2=a2 is not None, BLOCK_V=32, BLOCK_D=block_d)

@@ -29,7 +29,10 @@ aligned; TMA zero-fills reads past N and clips writes there.
 import triton
 import triton.language as tl
 
-from own_kernel.tile import row_terms, softmax_grad_tile
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from own_kernel.plan import cdiv
+from own_kernel.tile import num_sms, row_terms, softcap_scalars, softmax_grad_tile
 
 
 @triton.jit
@@ -91,3 +94,29 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
         keep = (tl.max(col_keep, axis=0) > 0).to(tl.int32)
         before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
         tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
+
+
+def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,
+                        filters=False, kept_count=None):
+    """W = the softmax gradient from fp32 logits X (both N x width, inside dC's unwritten rows)
+    at columns [v_start, v_start + width); the sums as dlogits_tma.py adds them, and, filtered,
+    the number of newly kept columns into kept_count[0]. cfg: the Config."""
+    k = cfg.softmax_grad
+    n, width = x.shape
+    # Row blocks split across programs until the grid fills `waves` programs per SM.
+    strips = cdiv(width, k.block_v)
+    splits = max(1, min(cdiv(n, k.block_n), cdiv(k.waves * num_sms(x.device), strips)))
+    rows_per_program = cdiv(cdiv(n, splits), k.block_n) * k.block_n
+    stand_in = sums.col_round  # for pointers whose flag is off: never read
+    cce_softmax_grad_kernel[(strips * cdiv(n, rows_per_program),)](
+        TensorDescriptor.from_tensor(x, [k.block_n, k.block_v]),
+        TensorDescriptor.from_tensor(w, [k.block_n, k.block_v]),
+        bias if bias is not None else stand_in, rows.targets, rows.lse, rows.nll, rows.weight,
+        rows.weight_lse if rows.weight_lse is not None else rows.weight,
+        rows.eps if filters else rows.weight, sums.row_round, sums.col_round, sums.row_skip,
+        sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
+        kept_count if filters else stand_in, sums.col_sum,
+        n, v, v_start, width, rows_per_program, *softcap_scalars(softcap), float(smooth),
+        HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filters,
+        HAS_GRAD_LSE=rows.weight_lse is not None, BLOCK_N=k.block_n, BLOCK_V=k.block_v,
+        num_warps=k.num_warps, STAGES=k.stages)

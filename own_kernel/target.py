@@ -1,10 +1,12 @@
 """The target's logit per row: z[n, t_n] = softcap(e_n . c_{t_n} + bias[t_n]) (0 where t_n is out of
 range, e.g. ignore_index). One gathered row of C per token: O(N * D), no N x V work, and it keeps
 the forward's inner loop free of a per-element compare-and-select."""
+import torch
 import triton
 import triton.language as tl
 
-from own_kernel.tile import softcap_tanh
+from own_kernel.plan import cdiv
+from own_kernel.tile import softcap_scalars, softcap_tanh
 
 
 @triton.jit
@@ -31,3 +33,18 @@ def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
     if HAS_SOFTCAP:
         acc = softcap_tanh(acc, tanh_scale) * softcap
     tl.store(Out + offs_n, tl.where(valid, acc, 0.0), mask=n_mask)
+
+
+def target_logit(e, c, bias, targets, softcap):
+    """(N,) fp32: each row's target logit (0 where the target is out of range)."""
+    n, d = e.shape
+    out = torch.empty(n, device=e.device, dtype=torch.float32)
+    if n:
+        block_n = 16
+        cce_target_logit_kernel[(cdiv(n, block_n),)](
+            e, c, bias if bias is not None else e, targets, out, n, c.shape[0], d,
+            e.stride(0), e.stride(1), c.stride(0), c.stride(1),
+            float(softcap or 1.0), softcap_scalars(softcap)[0],
+            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
+            BLOCK_N=block_n, BLOCK_D=min(128, triton.next_power_of_2(max(d, 16))))
+    return out

@@ -2,6 +2,9 @@
 
 Logits are handled in base 2 (z2 = z * log2(e)) so every exponential is one exp2.
 """
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
@@ -67,6 +70,30 @@ def lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
     if NEED_ZSUM:
         z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
     return m2_new, s, z2_sum
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get true fp32 products (Triton's default for fp32 is tf32, ~3e-4 error)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (4 for the interpreter's grids)."""
+    if device.type == "cuda":
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can be read through a TMA descriptor: unit stride along its rows,
+    16-byte aligned base and row stride (the kernels' layouts, api.py, rule out stride 0)."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
 def softcap_scalars(softcap):

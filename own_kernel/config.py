@@ -1,0 +1,273 @@
+"""The kernel's configuration: one frozen, validated value per target, resolved once per
+(device, dtype) and passed down.
+
+Targets: ``HOPPER_16BIT`` (sm90, bf16/fp16: TMA loads, the persistent recompute kernel),
+``PORTABLE`` (any other CUDA device, and fp32 inputs: pointer kernels, cuBLAS recompute) and
+``INTERPRETER`` (TRITON_INTERPRET=1 on the CPU: tiny tiles, one config per kernel, chunks small
+enough that every path runs on tiny shapes). Every tuned number carries its reason; the notes
+under ``results/notes/`` hold the measurements and the commands that repeat them.
+
+Experiments and tests override fields without touching the hot path: ``overridden({...})`` (a
+context manager) or ``CCE_OWN_CONFIG='{"forward": {"tma": false}}'`` (read once, at import),
+both as nested dicts of field names; an unknown name is an error that names it.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _power_of_two(name: str, value: int) -> None:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two, got {value}")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One Triton launch shape: rows x columns x depth per program, warps, pipeline stages."""
+    block_n: int
+    block_v: int
+    block_d: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        for name in ("block_n", "block_v", "block_d", "num_warps"):
+            _power_of_two(f"tiles.{name}", getattr(self, name))
+        if self.num_stages < 1:
+            raise ValueError(f"tiles.num_stages: expected >= 1, got {self.num_stages}")
+
+    def launch(self) -> dict:
+        """The kernel keywords of this shape."""
+        return dict(BLOCK_N=self.block_n, BLOCK_V=self.block_v, BLOCK_D=self.block_d,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward's log-sum-exp GEMM (forward.py, forward_tma.py)."""
+    tiles: Tiles
+    tma: bool = False        # TMA loads where the inputs allow (Hopper)
+    flatten: bool = False    # pipeline loads across vocabulary tiles
+    l2_mib: int = 0          # E bytes the resident programs may share in L2; 0 = no bound
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """The backward's persistent recompute kernel (dlogits_tma.py): logits on the tensor cores,
+    W written by the epilogue in `subtiles` column slices."""
+    tiles: Tiles
+    subtiles: int = 1
+    group_n: int = 8         # row blocks sharing the chunk's C tiles in L2
+    persistent: bool = False
+    flatten: bool = False
+    col_round: bool = True   # sum what rounding W removed per column (dC's correction)
+
+    def __post_init__(self):
+        if self.subtiles not in (1, 2, 4) or self.tiles.block_v % self.subtiles:
+            raise ValueError(f"recompute.subtiles: expected 1, 2 or 4 dividing block_v, got "
+                             f"{self.subtiles}")
+
+
+@dataclass(frozen=True)
+class SoftmaxGrad:
+    """cuBLAS-recompute route: fp32 logits X -> W (softmax_grad.py)."""
+    block_n: int
+    block_v: int
+    num_warps: int
+    stages: int
+    waves: int               # programs per SM the grid aims at
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Vocabulary chunks of the backward (plan.py): W lives in dC's unwritten tail."""
+    recompute: Literal["tma", "cublas"]
+    max_width: int           # columns per chunk at most ...
+    max_entries: int         # ... or max_entries / N when that is more (few tokens)
+    min_width: int           # narrower chunks go to the tail
+    align: int               # widths are multiples of this
+    tail_min_width: bool     # (tma) cuBLAS chunks narrower than the tail's go to the tail
+    min_tail_width: int      # the tail's chunks are at least this wide ...
+    tail_mib: int            # ... else this many MiB of W
+
+    def __post_init__(self):
+        if self.recompute not in ("tma", "cublas"):
+            raise ValueError(f"chunks.recompute: expected 'tma' or 'cublas', got {self.recompute!r}")
+        if self.align % 8:
+            raise ValueError(f"chunks.align: expected a multiple of 8 (16-byte TMA rows), got "
+                             f"{self.align}")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """The gradient filter's host-side choices (backward.py)."""
+    max_width: int           # filtered chunks may be wider: each costs the host a wait
+    max_entries: int
+    min_flops: float         # chunks with fewer dense GEMM flops run exact
+    min_total_flops: float   # calls whose filtering chunks add up to less run exact
+    max_kept: float          # a chunk keeping more than this fraction of columns runs dense
+    kept_align: int          # gathered column counts are padded to a multiple of this
+    max_flat: float          # more flat rows than this fraction: no column skipping
+    lookahead_max_n: int     # queue chunk k+1's kernel before chunk k's GEMMs up to this N
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Rows whose target is ignored, left out of the work (api.py, ops.py)."""
+    max_used: float = 15 / 16      # gather only when at most this fraction is used
+    fwd_min_flops: float = 0.0     # gather before the forward from this many forward flops
+
+
+@dataclass(frozen=True)
+class LowMemory:
+    """low_memory=True (backward_low_memory.py)."""
+    frac: float = 1 / 16           # pass 2's workspace, of the gradients' bytes
+    min_entries: int = 2**21       # least rows x D (pass 1) or columns x D (pass 2) per chunk
+    row_align: int = 128
+    max_k: int = 8192              # longest GEMM reduction: one K = 256000 lost dE accuracy
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    forward: Forward
+    dlogits: Tiles                 # the pointer W writer (dlogits.py)
+    dlogits_tiles_per_program: int
+    recompute: Recompute
+    softmax_grad: SoftmaxGrad
+    chunks: Chunks
+    filter: Filter
+    compaction: Compaction = field(default_factory=Compaction)
+    low_memory: LowMemory = field(default_factory=LowMemory)
+    poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
+
+
+# Hopper (sm90), 16-bit inputs. Measured on an H200 unless said otherwise.
+HOPPER_16BIT = Config(
+    name="hopper-16bit",
+    # 128 x 256 TMA tiles with nested loops: the fastest forward (results/notes/forward-tiles.md);
+    # l2_mib 24: E's resident row blocks stay in L2 (19 -> 1.7 GB DRAM at N 32768; forward-l2.md).
+    forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24),
+    dlogits=Tiles(128, 128, 64, num_warps=8, num_stages=4),
+    dlogits_tiles_per_program=1,
+    # Persistent, flattened: the next tile's loads overlap this one's epilogue; column sums of
+    # the rounding residual cost the most and change dC the least (recompute-kernel.md,
+    # column-rounding.md).
+    recompute=Recompute(Tiles(128, 256, 64, num_warps=8, num_stages=3), subtiles=4, group_n=8,
+                        persistent=True, flatten=True, col_round=False),
+    # 16 x 128: 3-4 programs per SM; 32 x 256 ran at 25 % occupancy (softmax-grad-tiles.md).
+    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8),
+    # 2048-column tail chunks in dE's buffer beat 1024 at N 32768 (tail-chunks.md).
+    chunks=Chunks("tma", max_width=8192, max_entries=4096 * 8192, min_width=1024, align=64,
+                  tail_min_width=True, min_tail_width=2048, tail_mib=40),
+    # A filtered chunk costs the host ~0.5 ms: 3e11 flops of dense GEMM (filter-min-flops.md);
+    # few tokens need wide chunks to hide it (filter-chunk-width.md); the look-ahead stops
+    # paying past N 16384 (filter-lookahead.md).
+    filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384),
+    # The count's read before the forward idles the GPU: only calls long enough to hide it
+    # (ignored-targets.md).
+    compaction=Compaction(fwd_min_flops=4e12),
+)
+
+# Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers and shared
+# memory). Not tuned yet: fixed tiles that run everywhere.
+PORTABLE = Config(
+    name="portable",
+    forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3)),
+    dlogits=Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    dlogits_tiles_per_program=1,
+    recompute=Recompute(Tiles(64, 128, 32, num_warps=4, num_stages=3)),  # unused: cuBLAS route
+    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8),
+    chunks=Chunks("cublas", max_width=4096, max_entries=4096 * 8192, min_width=1024, align=64,
+                  tail_min_width=False, min_tail_width=1024, tail_mib=48),
+    filter=Filter(max_width=4096, max_entries=0, min_flops=0.0, min_total_flops=0.0,
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=2**62),
+    compaction=Compaction(fwd_min_flops=4e12),
+)
+
+# The interpreter runs on numpy: tiny tiles, and chunks a few columns wide so that tiny shapes
+# take every route (several chunks, a tail, dlogits programs of two tiles).
+INTERPRETER = Config(
+    name="interpreter",
+    forward=Forward(Tiles(16, 16, 16, num_warps=1, num_stages=1), tma=True),
+    dlogits=Tiles(16, 16, 16, num_warps=1, num_stages=1),
+    dlogits_tiles_per_program=2,
+    recompute=Recompute(Tiles(16, 32, 16, num_warps=1, num_stages=1), subtiles=2, group_n=2),
+    softmax_grad=SoftmaxGrad(8, 16, num_warps=1, stages=1, waves=2),
+    chunks=Chunks("tma", max_width=48, max_entries=0, min_width=8, align=8,
+                  tail_min_width=False, min_tail_width=0, tail_mib=1),
+    filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,
+                  max_kept=0.5, kept_align=8, max_flat=0.5, lookahead_max_n=2**62),
+)
+
+
+# ---- resolution ----------------------------------------------------------------------------
+
+def with_overrides(cfg: Config, overrides: dict) -> Config:
+    """cfg with fields replaced from a nested dict of field names ({"forward": {"tma": False}});
+    an unknown name raises, naming it."""
+    changes = {}
+    for name, value in overrides.items():
+        if not any(f.name == name for f in dataclasses.fields(cfg)):
+            known = ", ".join(f.name for f in dataclasses.fields(cfg))
+            raise ValueError(f"config override: unknown field {name!r} of "
+                             f"{type(cfg).__name__} (fields: {known})")
+        current = getattr(cfg, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = with_overrides(current, value)
+        changes[name] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+_ENV_OVERRIDES = json.loads(os.environ.get("CCE_OWN_CONFIG") or "{}")
+_OVERRIDES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("cce_own_config",
+                                                                          default=None)
+
+
+@contextlib.contextmanager
+def overridden(overrides: dict):
+    """Calls inside the block resolve their config with these overrides (on top of any
+    CCE_OWN_CONFIG), e.g. ``with overridden({"chunks": {"recompute": "cublas"}}): ...``."""
+    token = _OVERRIDES.set({**(_OVERRIDES.get() or {}), **overrides})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def config_for(device: torch.device, dtype: torch.dtype) -> Config:
+    """The config of this (device, dtype): resolved once, then a dictionary look-up."""
+    extra = _OVERRIDES.get()
+    base = _resolved(_target_key(device, dtype))
+    return _cached_override(base, json.dumps(extra, sort_keys=True)) if extra else base
+
+
+def _target_key(device: torch.device, dtype: torch.dtype) -> str:
+    if INTERPRET or device.type != "cuda":
+        return "interpreter"
+    if torch.cuda.get_device_capability(device)[0] == 9 and dtype != torch.float32:
+        return "hopper-16bit"
+    return "portable"
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(target: str) -> Config:
+    base = {"interpreter": INTERPRETER, "hopper-16bit": HOPPER_16BIT, "portable": PORTABLE}[target]
+    return with_overrides(base, _ENV_OVERRIDES) if _ENV_OVERRIDES else base
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_override(base: Config, overrides_json: str) -> Config:
+    return with_overrides(base, json.loads(overrides_json))

@@ -1,0 +1,56 @@
+"""What the backward's kernels read per row and add into per row and column, grouped so that
+each launcher takes them as two arguments instead of a dozen."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Per-row inputs of the softmax gradient, each (N,), unit stride:
+    d[n, v] = (w_n + w'_n) p[n, v] - w_n ((1 - ls) [v == t_n] + ls / V)."""
+    targets: torch.Tensor             # int64
+    lse: torch.Tensor                 # fp32, natural log
+    nll: torch.Tensor                 # fp32, -log p_target (the target column, tile.py)
+    weight: torch.Tensor              # fp32 w_n, 0 where ignored
+    weight_lse: torch.Tensor | None   # fp32 w'_n (a gradient into lse), or None
+    eps: torch.Tensor | None = None   # fp32 filter thresholds (0: never skips), or None
+
+    def select(self, start: int, stop: int) -> "Rows":
+        """Rows [start, stop)."""
+        def cut(t):
+            return t[start:stop] if t is not None else None
+        return Rows(*(cut(getattr(self, f)) for f in
+                      ("targets", "lse", "nll", "weight", "weight_lse", "eps")))
+
+
+@dataclass
+class Sums:
+    """fp32 sums the kernels add into (atomics), in one zero-filled buffer:
+    - row_round / col_round: what rounding W to the input dtype removed, per row / column;
+    - col_sum: d per column (dbias);
+    - row_skip: the filter's skipped mass per row (and, briefly, its kept share);
+    - col_wsum, col_keep, kept_count (filtered calls): per column, the rounded d of the rows
+      that may skip and whether any of their entries was kept (int32); per chunk, how many
+      columns were kept (int32)."""
+    row_round: torch.Tensor
+    col_round: torch.Tensor
+    col_sum: torch.Tensor
+    row_skip: torch.Tensor
+    col_wsum: torch.Tensor | None = None
+    col_keep: torch.Tensor | None = None
+    kept_count: torch.Tensor | None = None
+
+    @classmethod
+    def zeros(cls, n: int, v: int, device, filter_chunks: int | None = None) -> "Sums":
+        """filter_chunks: the number of chunks that may filter (None: an exact call)."""
+        sizes = [n, v, v, n] + ([v, v, filter_chunks] if filter_chunks is not None else [])
+        parts = torch.zeros(sum(sizes), device=device, dtype=torch.float32).split(sizes)
+        sums = cls(*parts[:4])
+        if filter_chunks is not None:  # int32 views: zero bits are 0 either way
+            sums.col_wsum = parts[4]
+            sums.col_keep = parts[5].view(torch.int32)
+            sums.kept_count = parts[6].view(torch.int32)
+        return sums
