@@ -6,11 +6,11 @@ import os
 import torch
 from torch import Tensor, nn
 
-from own_kernel.backward import FilterOptions
 from own_kernel.check_targets import check_and_count_targets
 from own_kernel.config import config_for
 from own_kernel.gemm import HostScalar
-from own_kernel.ops import LceRowsEager, Options, lce_rows
+from own_kernel.ops import LceRowsEager, lce_rows
+from own_kernel.options import FilterOptions, Options
 from own_kernel.plan import compaction_pays
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -33,8 +33,7 @@ def _check_runnable(device: torch.device) -> None:
 
 # ---- the public function ---------------------------------------------------------------------
 
-def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
-              filter_eps, low_memory):
+def _validate_tensors(e, c, targets, bias):
     if not isinstance(e, Tensor) or not isinstance(c, Tensor) or not isinstance(targets, Tensor):
         raise TypeError("e, c and targets must be torch.Tensors")
     if e.dtype not in DTYPES:
@@ -60,6 +59,10 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
             raise ValueError(f"bias: expected shape ({c.shape[0]},); got {tuple(bias.shape)}")
         if bias.dtype != e.dtype:
             raise TypeError(f"bias: dtype {bias.dtype} must match e's dtype {e.dtype}")
+    _check_runnable(e.device)
+
+
+def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory):
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction: expected 'mean', 'sum' or 'none'; got {reduction!r}")
     if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
@@ -79,7 +82,6 @@ def _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, labe
     if low_memory and filter_eps is not None:
         raise ValueError(f"low_memory: computes exact gradients only; got filter_eps={filter_eps!r} "
                          f"(pass filter_eps=None)")
-    _check_runnable(e.device)
 
 
 def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ignore_index: int):
@@ -181,8 +183,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         dtype = torch.get_autocast_dtype(e.device.type)
         e, c = e.to(dtype), c.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
-    _validate(e, c, targets, bias, ignore_index, softcap, reduction, shift, label_smoothing,
-              filter_eps, low_memory)
+    _validate_tensors(e, c, targets, bias)
+    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory)
     opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
                     low_memory)
     lead = targets.shape

@@ -40,6 +40,7 @@ from own_kernel.dlogits import write_w_pointer
 from own_kernel.dlogits_tma import RecomputeTma
 from own_kernel.finalize_de import finalize_de
 from own_kernel.gather_kept import gather_kept
+from own_kernel.options import FilterOptions, Options
 from own_kernel.gemm import (HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean,
                              weighted_mean)
 from own_kernel.plan import (Chunk, chunk_plan, filter_can_skip, looks_ahead, tail_width,
@@ -48,14 +49,6 @@ from own_kernel.rank1_dc import rank1_dc
 from own_kernel.rows import Rows, Sums
 from own_kernel.softmax_grad import write_w_from_logits
 from own_kernel.tile import tma_ready
-
-
-@dataclass(frozen=True)
-class FilterOptions:
-    """The gradient filter of one call: skip entries below eps (relative to the row's weight)
-    in rows whose largest probability is at least min_p_max (flatter rows stay exact)."""
-    eps: float
-    min_p_max: float = 0.0
 
 
 @dataclass
@@ -160,10 +153,12 @@ class ChunkWriter:
     """Writes each chunk's W where the plan puts it (dC's unwritten rows, or the tail's
     buffer), by the call's route, and runs its dense GEMMs."""
 
-    def __init__(self, e, c, bias, rows, g, softcap, smooth, cfg, tma, tail_work):
+    def __init__(self, e, c, bias, rows, g, opts: Options, cfg, tma, tail_work):
         self.e, self.c, self.bias, self.rows, self.g = e, c, bias, rows, g
-        self.softcap, self.smooth, self.cfg, self.tail_work = softcap, smooth, cfg, tail_work
-        self.recompute = RecomputeTma(e, c, bias, softcap, smooth, cfg) if tma else None
+        self.softcap, self.smooth = opts.softcap, opts.label_smoothing
+        self.cfg, self.tail_work = cfg, tail_work
+        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg) if tma
+                          else None)
         self.dc_bytes = g.dc.view(-1).view(torch.uint8)
         self.slots: dict[int, int] = {}
 
@@ -340,10 +335,10 @@ def sparse_gemms(writer: ChunkWriter, done: _Written, kept, num_kept, flat, scal
 
 # ---- the whole backward -------------------------------------------------------------------
 
-def backward(e, c, bias, rows: Rows, softcap, smooth, cfg: Config, *, p_max=None,
-             filter_options: FilterOptions | None = None, uniform=True, de_out=None):
+def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, uniform=True,
+             de_out=None):
     """Gradients (dE, dC, dbias or None) of sum_n w_n loss_n + w'_n lse_n (rows.weight,
-    rows.weight_lse; w_n already 0 on ignored rows). filter_options (needs p_max, the rows'
+    rows.weight_lse; w_n already 0 on ignored rows). opts.filter (needs p_max, the rows'
     largest probability): the gradient filter. uniform: every row with a gradient has the same
     weight (a mean or sum; see normalise_weights). de_out: an (N, D) buffer dE may be written
     into, e.g. e itself when the caller no longer needs it (e is not read after the chunks)."""
@@ -351,7 +346,7 @@ def backward(e, c, bias, rows: Rows, softcap, smooth, cfg: Config, *, p_max=None
     if n == 0:
         return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
     tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
-    filter_options = _filter_worth_it(e, v, cfg, filter_options, tma, uniform)
+    filter_options = _filter_worth_it(e, v, cfg, opts.filter, tma, uniform)
     rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform)
     decision = None
     if filter_options is not None:
@@ -369,7 +364,7 @@ def backward(e, c, bias, rows: Rows, softcap, smooth, cfg: Config, *, p_max=None
               sums=Sums.zeros(n, v, e.device, len(plan) if decision else None),
               row_scale=row_scale)
     de, tail_work = _tail_buffers(e, v, cfg, g, any(ch.in_tail for ch in plan))
-    writer = ChunkWriter(e, c, bias, rows, g, softcap, smooth, cfg, tma, tail_work)
+    writer = ChunkWriter(e, c, bias, rows, g, opts, cfg, tma, tail_work)
     filtered = False
     if decision is None:
         exact_chunks(writer, plan, scale)

@@ -31,6 +31,7 @@ from own_kernel.config import Config
 from own_kernel.dlogits import write_w_pointer
 from own_kernel.dlogits_tma import RecomputeTma
 from own_kernel.finalize_de import finalize_de
+from own_kernel.options import Options
 from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
 from own_kernel.plan import (WORKSPACE_ALIGN, low_memory_plan, round_up, row_stride)
 from own_kernel.rank1_dc import rank1_dc
@@ -97,7 +98,7 @@ class _ScaledRows:
         self.col_sum[v0:v0 + w.shape[1]] += w.sum(dim=0, dtype=torch.float32)
 
 
-def backward_low_memory(e, c, bias, rows: Rows, softcap, smooth, cfg: Config, *, uniform=True):
+def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, uniform=True):
     """backward.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
     plan.low_memory_plan instead of an fp32 N x D accumulator."""
     (n, d), v = e.shape, c.shape[0]
@@ -115,7 +116,7 @@ def backward_low_memory(e, c, bias, rows: Rows, softcap, smooth, cfg: Config, *,
     if cfg.poison:  # every read of these must follow a write (tests)
         dc.fill_(float("nan"))
         work.view(e.dtype)[: work.numel() // elt].fill_(float("nan"))
-    write_w = _WriteW(e, c, bias, rows, sums, softcap, smooth, cfg, tma)
+    write_w = _WriteW(e, c, bias, rows, sums, opts.softcap, opts.label_smoothing, cfg, tma)
     de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg)
     if de is None:  # every weight 0
         return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)

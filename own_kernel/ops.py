@@ -7,43 +7,19 @@ schema takes them as plain optional scalars.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from own_kernel.backward import FilterOptions, backward
+from own_kernel.backward import backward
 from own_kernel.backward_low_memory import backward_low_memory
 from own_kernel.config import config_for
 from own_kernel.forward import forward
 from own_kernel.gemm import HostScalar
+from own_kernel.options import Options
 from own_kernel.plan import compaction_pays
 from own_kernel.rows import Rows
-
-
-@dataclass(frozen=True)
-class Options:
-    """One call's options, validated by api.py."""
-    ignore_index: int = -100
-    softcap: float | None = None
-    label_smoothing: float = 0.0
-    filter: FilterOptions | None = None
-    ignored_lse: bool = False   # the lse of ignored rows is wanted (return_lse)
-    low_memory: bool = False
-
-    def op_args(self) -> tuple:
-        """The custom ops' trailing arguments."""
-        f = self.filter
-        return (self.ignore_index, self.softcap, self.label_smoothing,
-                f.eps if f else None, f.min_p_max if f else 0.0, self.ignored_lse,
-                self.low_memory)
-
-    @classmethod
-    def from_op_args(cls, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
-                     ignored_lse, low_memory) -> "Options":
-        f = FilterOptions(filter_eps, filter_min_p_max) if filter_eps is not None else None
-        return cls(ignore_index, softcap, label_smoothing, f, ignored_lse, low_memory)
 
 
 # ---- the passes, on plain tensors -------------------------------------------------------------
@@ -72,19 +48,18 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     # Fresh, unit-stride fp32 vectors whatever autograd hands over: the kernels index them.
     rows = Rows(targets, lse, nll, torch.where(used, grad_loss.float(), 0.0),
                 grad_lse.float().contiguous() if grad_lse is not None else None)
-    common = (opts.softcap, opts.label_smoothing, cfg)
     if opts.low_memory:
-        return backward_low_memory(e, c, bias, rows, *common, uniform=uniform)
-    kw = dict(filter_options=opts.filter, uniform=uniform)
+        return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform)
+    kw = dict(uniform=uniform)
     gathered = _used_rows(e, c, used, grad_lse, num_used, cfg)
     if gathered is None:
-        return backward(e, c, bias, rows, *common, p_max=p_max, **kw)
+        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, **kw)
     if gathered.numel() == 0:
         return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
     e_used = e.index_select(0, gathered)
     used_rows = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered], None)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
-    de_used, dc, dbias = backward(e_used, c, bias, used_rows, *common, p_max=p_max[gathered],
+    de_used, dc, dbias = backward(e_used, c, bias, used_rows, opts, cfg, p_max=p_max[gathered],
                                   de_out=e_used, **kw)
     del e_used
     return torch.zeros_like(e).index_copy_(0, gathered, de_used), dc, dbias

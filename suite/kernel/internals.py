@@ -1,58 +1,101 @@
 """The kernel tools' only window into ``own_kernel``'s private modules.
 
 The public API (``own_kernel.linear_cross_entropy``) is all the tools need to call the kernel;
-what they also read — the forward pass alone, the config in force, an override of it, the last
-call's chunk plan and compiled kernels — is not public and changes with the kernel. Each such use
-is one function here, so a change inside ``own_kernel`` is adapted in this file only.
+what they also read (the forward pass alone, the config in force, an override of it, a
+backward's chunk plan and what its filter kept, the compiled kernels' resources) is not public
+and changes with the kernel. Each such use is one function here, so a change inside
+``own_kernel`` is adapted in this file only. The kernel keeps no record of its calls: the plan is
+recomputed from ``own_kernel.plan`` (pure), and the filter's counts are read by wrapping the
+filtered loop for the duration of a ``with``.
 """
 from __future__ import annotations
 
 import contextlib
-import json
-import os
+import dataclasses
 
 import torch
 
 
 def forward_lse(e, c, targets, softcap):
     """The forward pass alone (no autograd): returns the rows' log-sum-exp."""
-    from own_kernel.configs import config_for
+    from own_kernel.config import config_for
     from own_kernel.forward import forward
 
     return forward(e, c, None, targets, softcap, 0.0, -100, config_for(e.device, e.dtype))[1]
 
 
 def config_in_force(device: torch.device, dtype: torch.dtype) -> dict:
-    """The kernel's config for this device and dtype, overrides included."""
-    from own_kernel.configs import config_for
+    """The kernel's config for this device and dtype, overrides included, as a nested dict."""
+    from own_kernel.config import config_for
 
-    return config_for(device, dtype)
+    return dataclasses.asdict(config_for(device, dtype))
+
+
+def config_override(override: dict):
+    """A context: the kernel runs with ``override`` (nested field names of own_kernel.config,
+    e.g. {"forward": {"tma": False}}) on top of its config."""
+    from own_kernel.config import overridden
+
+    return overridden(override)
+
+
+def backward_plan(n, v, d, dtype, device, filtered) -> list:
+    """The chunks [(start, width, "dC" | "tail")] a backward of this shape runs (TMA-readable
+    inputs assumed where the config recomputes with TMA)."""
+    from own_kernel.config import config_for
+    from own_kernel.plan import chunk_plan
+
+    cfg = config_for(torch.device(device), dtype)
+    elt = torch.tensor([], dtype=dtype).element_size()
+    plan = chunk_plan(n, v, d, elt, cfg, tma=cfg.chunks.recompute == "tma", filtered=filtered)
+    return [(ch.v_start, ch.width, "tail" if ch.in_tail else "dC") for ch in plan]
 
 
 @contextlib.contextmanager
-def config_override(override: dict):
-    """Run the kernel with ``override`` merged into its config (CCE_OWN_CONFIG)."""
-    previous = os.environ.get("CCE_OWN_CONFIG")
-    os.environ["CCE_OWN_CONFIG"] = json.dumps(override)
+def filter_record():
+    """Inside the block, each filtered backward appends {'filtered': bool, 'kept': [columns
+    kept per chunk] or None, 'flat': rows that never skip} to the yielded list."""
+    from own_kernel import backward
+
+    records, run = [], backward.FilteredRun.run
+
+    def recording(self, plan, replan):
+        filtered = run(self, plan, replan)
+        sums = self.writer.g.sums
+        flat = self.decision.flat
+        records.append(dict(filtered=filtered, flat=None if flat is None else flat.numel(),
+                            kept=sums.kept_count.tolist() if filtered else None))
+        return filtered
+
+    backward.FilteredRun.run = recording
     try:
-        yield
+        yield records
     finally:
-        if previous is None:
-            os.environ.pop("CCE_OWN_CONFIG", None)
-        else:
-            os.environ["CCE_OWN_CONFIG"] = previous
+        backward.FilteredRun.run = run
 
 
-def last_backward_plan() -> dict:
-    """The last backward's chunks [(start, width, kind)], its flat rows and, filtered, how many
-    columns each cuBLAS chunk kept (keys plan, num_flat, kept_count)."""
-    from own_kernel.backward import LAST_PLAN
+def compiled_kernels() -> dict:
+    """Every compiled variant of the kernel package's Triton kernels, by name: objects with
+    n_regs, n_spills and metadata (shared, num_warps, num_stages)."""
+    import importlib
+    import pkgutil
 
-    return dict(LAST_PLAN)
+    import own_kernel
+    from triton.runtime.jit import JITFunction
+
+    out = {}
+    for info in pkgutil.iter_modules(own_kernel.__path__):
+        module = importlib.import_module(f"own_kernel.{info.name}")
+        for name, fn in vars(module).items():
+            if isinstance(fn, JITFunction) and name.startswith("cce_"):
+                for i, compiled in enumerate(_compiled_variants(fn)):
+                    out[f"{name}#{i}"] = compiled
+    return out
 
 
-def last_compiled_kernels() -> dict:
-    """The last compiled Triton kernel of each launch site (registers, spills, shared memory)."""
-    from own_kernel.forward import LAST_COMPILED
-
-    return dict(LAST_COMPILED)
+def _compiled_variants(fn) -> list:
+    variants = []
+    for cache in getattr(fn, "device_caches", {}).values():
+        kernels = cache[0] if isinstance(cache, tuple) else cache
+        variants += list(kernels.values()) if isinstance(kernels, dict) else []
+    return variants

@@ -43,7 +43,7 @@ def main(args) -> int:
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
-            with config_override({"fwd": {"TMA": tma}}):
+            with config_override({"forward": {"tma": tma}}):
                 forward_lse(e, c, t, 30.0)
     else:
         e.requires_grad_(), c.requires_grad_()

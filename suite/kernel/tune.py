@@ -14,24 +14,28 @@ from triton.testing import do_bench
 from own_kernel import linear_cross_entropy
 from suite.inputs import make_inputs
 from suite.kernel.common import require_cuda
-from suite.kernel.internals import (config_in_force, config_override, forward_lse,
-                                    last_backward_plan, last_compiled_kernels)
+from suite.kernel.internals import (backward_plan, compiled_kernels, config_in_force,
+                                    config_override, filter_record, forward_lse)
 from suite.results import git_commit
 
 FWD = [  # overrides of the device's config
-    {"fwd": dict(TMA=False), "fwd_balance": False},  # the pointer kernel with the old split rule
-    {"fwd": dict(TMA=False)},
-    {"fwd": dict(TMA=True)},
+    {"forward": {"tma": False}},
+    {"forward": {"tma": True}},
 ]
+def _tma_tiles(block_n, block_v, block_d, num_warps, num_stages):
+    return {"recompute": {"tiles": dict(block_n=block_n, block_v=block_v, block_d=block_d,
+                                        num_warps=num_warps, num_stages=num_stages)}}
+
+
 TMA_TILES = [  # dlogits_tma.py tiles (the default is 128 x 256 in 4 column slices, 8 warps)
-    dict(SUBTILES=2),
-    dict(BLOCK_N=256, BLOCK_V=128, BLOCK_D=64, SUBTILES=4, num_warps=8, num_stages=3),
-    dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, SUBTILES=2, num_warps=8, num_stages=4),
+    {"recompute": {"subtiles": 2}},
+    _tma_tiles(256, 128, 64, 8, 3),
+    {"recompute": {**_tma_tiles(128, 128, 64, 8, 4)["recompute"], "subtiles": 2}},
 ]
-WIDE = {"cublas_max_width": 8192}
-BWD = ([{}, {"recompute": "cublas"}] + [{"dlogits_tma": k} for k in TMA_TILES]
-       + [WIDE, {"cublas_min_width": 512}])
-FILTER = [{}, {"recompute": "cublas"}, WIDE, {"filter_max_kept": 0.25}]
+WIDE = {"chunks": {"max_width": 16384}}
+CUBLAS = {"chunks": {"recompute": "cublas"}}
+BWD = [{}, CUBLAS] + TMA_TILES + [WIDE, {"chunks": {"min_width": 512}}]
+FILTER = [{}, CUBLAS, WIDE, {"filter": {"max_kept": 0.25}}]
 
 
 def bench(fn):
@@ -114,11 +118,11 @@ def main(args) -> int:
     measure_memory(s)
     for eps in (None, "auto"):
         kernel_breakdown(s, eps)
-    for name, k in last_compiled_kernels().items():
+    for name, k in compiled_kernels().items():
         s.say(f"{name}: regs {getattr(k, 'n_regs', '?')} spills {getattr(k, 'n_spills', '?')} "
               f"shared {k.metadata.shared} B, warps {k.metadata.num_warps}, "
               f"stages {k.metadata.num_stages}")
-    s.say(f"config: {json.dumps(base)}")
+    s.say(f"config: {json.dumps(base, default=str)}")
     return write(args.out, s.lines)
 
 
@@ -181,7 +185,7 @@ def kernel_breakdown(s: Session, eps) -> None:
     for ev in sorted(prof.key_averages(), key=lambda ev: -ev.device_time_total)[:8]:
         s.say(f"  {ev.device_time_total / 1e3:9.2f} ms  {ev.count:5d} calls  {ev.key[:70]}")
     idle_gaps(prof, s.say)
-    filter_summary(eps, s.say)
+    filter_summary(s, eps, s.say)
     with profile(activities=[ProfilerActivity.CPU]) as host_prof:
         for _ in range(3):
             s.fwd_bwd(eps)
@@ -213,18 +217,24 @@ def idle_gaps(prof, say, top=6):
         say(f"    {total / 3e3:6.3f} ms  {count / 3:5.1f}x  after {before}  before {after}")
 
 
-def filter_summary(eps, say):
-    """The last call's chunk plan and, filtered, how many columns each cuBLAS chunk kept."""
-    last = last_backward_plan()
-    plan, kept = last.get("plan", []), last.get("kept_count")
-    cublas = [w for _, w, kind in plan if kind == "cublas"]
-    fused = [w for _, w, kind in plan if kind == "fused"]
-    say(f"  chunks ({eps}): {len(cublas)} cuBLAS ({sum(cublas)} columns, widest {max(cublas, default=0)}), "
-        f"{len(fused)} fused ({sum(fused)} columns); flat rows {last.get('num_flat')}")
-    if kept is not None:
-        kept = kept.tolist()
-        say("  kept fraction per cuBLAS chunk: "
-            + " ".join(f"{k / w:.2f}" for k, w in zip(kept, cublas)))
+def filter_summary(s, eps, say):
+    """The backward's chunk plan and, filtered, how many columns each chunk kept."""
+    n, d, v = s.args.n, s.args.d, s.args.v
+    plan = backward_plan(n, v, d, s.e.dtype, s.dev, filtered=eps is not None)
+    in_dc = [w for _, w, where in plan if where == "dC"]
+    tail = [w for _, w, where in plan if where == "tail"]
+    say(f"  chunks ({eps}): {len(in_dc)} in dC ({sum(in_dc)} columns, widest "
+        f"{max(in_dc, default=0)}), {len(tail)} in the tail ({sum(tail)} columns)")
+    if eps is None:
+        return
+    with filter_record() as records:
+        s.fwd_bwd(eps)
+    for rec in records:
+        if not rec["filtered"]:
+            say("  the filter skipped nothing (exact after the first chunk)")
+            continue
+        say(f"  flat rows {rec['flat']}; kept fraction per chunk: "
+            + " ".join(f"{k / w:.2f}" for k, w in zip(rec["kept"], in_dc)))
 
 
 def compare_protocols(fwd_bwd, say):
