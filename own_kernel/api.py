@@ -141,7 +141,8 @@ def _options(dtype, ignore_index, softcap, label_smoothing, filter_eps, return_l
     elif filter_eps is not None and float(filter_eps) > 0:
         filt = FilterOptions(float(filter_eps))
     return Options(int(ignore_index), float(softcap) if softcap is not None else None,
-                   float(label_smoothing), filt, bool(return_lse), low_memory)
+                   float(label_smoothing), filt, bool(return_lse), low_memory,
+                   torch.are_deterministic_algorithms_enabled())
 
 
 def _eager_rows(e2, c, t2, bias, opts: Options, check):

@@ -156,9 +156,9 @@ class ChunkWriter:
     def __init__(self, e, c, bias, rows, g, opts: Options, cfg, tma, tail_work):
         self.e, self.c, self.bias, self.rows, self.g = e, c, bias, rows, g
         self.softcap, self.smooth = opts.softcap, opts.label_smoothing
-        self.cfg, self.tail_work = cfg, tail_work
-        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg) if tma
-                          else None)
+        self.cfg, self.tail_work, self.deterministic = cfg, tail_work, opts.deterministic
+        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
+                                       opts.deterministic) if tma else None)
         self.dc_bytes = g.dc.view(-1).view(torch.uint8)
         self.slots: dict[int, int] = {}
 
@@ -180,7 +180,8 @@ class ChunkWriter:
             if self.recompute is not None:
                 self.recompute.write(w, *args[1:])
             else:
-                write_w_pointer(e, self.c, w, *args, self.softcap, self.smooth, self.cfg)
+                write_w_pointer(e, self.c, w, *args, self.softcap, self.smooth, self.cfg,
+                                deterministic=self.deterministic)
         elif self.recompute is not None:
             at = self.slots[ch.v_start]
             w = self.dc_bytes[at:at + elt * n * ch.width].view(e.dtype).view(n, ch.width)
@@ -193,7 +194,8 @@ class ChunkWriter:
             if before_w is not None:
                 before_w()
             write_w_from_logits(x, w, *args, self.softcap, self.smooth, self.cfg,
-                                v=self.c.shape[0], filters=filters, kept_count=kept_count)
+                                v=self.c.shape[0], filters=filters, kept_count=kept_count,
+                                deterministic=self.deterministic)
         return w
 
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:

@@ -44,10 +44,12 @@ class _WriteW:
     """The softmax-gradient launches of both passes: dlogits_tma.py where the inputs allow TMA
     and the config asks for it, else dlogits.py (any strides). Exact (no filter)."""
 
-    def __init__(self, e, c, bias, rows, sums, softcap, smooth, cfg, tma):
+    def __init__(self, e, c, bias, rows, sums, opts, cfg, tma):
         self.c, self.bias, self.rows, self.sums, self.cfg = c, bias, rows, sums, cfg
-        self.softcap, self.smooth = softcap, smooth
-        self.recompute = RecomputeTma(e, c, bias, softcap, smooth, cfg) if tma else None
+        self.softcap, self.smooth = opts.softcap, opts.label_smoothing
+        self.deterministic = opts.deterministic
+        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
+                                       opts.deterministic) if tma else None)
 
     def __call__(self, e_rows, r0, w, v_start, col_round=True):
         """W (rows x width) = the softmax gradient of e's rows r0... (e_rows) at columns
@@ -61,7 +63,8 @@ class _WriteW:
             self.recompute.write(w, rows, sums, v_start, col_round=col_round, e_desc=e_desc)
         else:
             write_w_pointer(e_rows, self.c, w, self.bias, rows, sums, v_start, self.softcap,
-                            self.smooth, self.cfg, col_round=col_round)
+                            self.smooth, self.cfg, col_round=col_round,
+                            deterministic=self.deterministic)
 
 
 def _view(buf: torch.Tensor, offset: int, rows: int, cols: int, ld: int, dtype) -> torch.Tensor:
@@ -116,7 +119,7 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
     if cfg.poison:  # every read of these must follow a write (tests)
         dc.fill_(float("nan"))
         work.view(e.dtype)[: work.numel() // elt].fill_(float("nan"))
-    write_w = _WriteW(e, c, bias, rows, sums, opts.softcap, opts.label_smoothing, cfg, tma)
+    write_w = _WriteW(e, c, bias, rows, sums, opts, cfg, tma)
     de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg)
     if de is None:  # every weight 0
         return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)

@@ -19,17 +19,20 @@ import triton
 import triton.language as tl
 
 from own_kernel.plan import cdiv
-from own_kernel.tile import dot_precision, logit_tile, row_terms, softcap_scalars, softmax_grad_tile
+from own_kernel.rows import Partials
+from own_kernel.tile import (accumulate, dot_precision, logit_tile, row_terms, softcap_scalars,
+                             softmax_grad_tile)
 
 
 @triton.jit
 def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W,
-                       RowRound, ColRound, ColSum,
+                       RowRound, ColRound, ColSum, Part,
                        N, V, D, v_start, width, stride_wn,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        tanh_scale, softcap_log2e, smooth,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                       HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr, TILES: tl.constexpr,
+                       HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
+                       DETERMINISTIC: tl.constexpr, TILES: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
@@ -43,6 +46,10 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W
     lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n,
                                         n_mask, HAS_GRAD_LSE)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # DETERMINISTIC partials (rows.Partials): per vocabulary group, rows (RowRound); then per
+    # row block, columns (ColRound, ColSum).
+    num_nb = tl.cdiv(N, BLOCK_N)
+    col_part = Part + 2 * num_groups * N + nb * width
     for vb in range(group * TILES, tl.minimum(group * TILES + TILES, num_vb)):
         offs_w = vb * BLOCK_V + tl.arange(0, BLOCK_V)  # column inside the chunk
         offs_v = v_start + offs_w
@@ -59,28 +66,34 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W
         r = d - d_used.to(tl.float32)
         row_round += tl.sum(r, axis=1)
         if COL_ROUND:
-            tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=v_mask)
+            accumulate(ColRound + offs_v, col_part + offs_w, tl.sum(r, axis=0), v_mask,
+                       DETERMINISTIC)
         if HAS_BIAS:
-            tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=v_mask)
-    tl.atomic_add(RowRound + offs_n, row_round, mask=n_mask)
+            accumulate(ColSum + offs_v, col_part + num_nb * width + offs_w, tl.sum(d, axis=0),
+                       v_mask, DETERMINISTIC)
+    accumulate(RowRound + offs_n, Part + group * N + offs_n, row_round, n_mask, DETERMINISTIC)
 
 
-def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, col_round=True):
+def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, col_round=True,
+                    deterministic=False):
     """W (e's rows x w.shape[1], any row stride) = the softmax gradient of e's rows (rows: their
     Rows) at columns [v_start, v_start + width); RowRound, ColRound (col_round) and ColSum added
     into sums. cfg: the Config (its dlogits tiles)."""
     n, width = w.shape
     tiles = cfg.dlogits
     groups = cdiv(cdiv(width, tiles.block_v), cfg.dlogits_tiles_per_program)
+    part = Partials(deterministic, groups, n, cdiv(n, tiles.block_n), width, e.device)
     stand_in = sums.col_sum  # for pointers whose flag is off: never read
     cce_dlogits_kernel[(cdiv(n, tiles.block_n) * groups,)](
         e, c, bias if bias is not None else stand_in, rows.targets, rows.lse, rows.nll,
         rows.weight, rows.weight_lse if rows.weight_lse is not None else rows.weight, w,
-        sums.row_round, sums.col_round, sums.col_sum,
+        sums.row_round, sums.col_round, sums.col_sum, part.buffer,
         n, c.shape[0], e.shape[1], v_start, width, w.stride(0),
         e.stride(0), e.stride(1), c.stride(0), c.stride(1),
         *softcap_scalars(softcap), float(smooth),
         HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
         HAS_GRAD_LSE=rows.weight_lse is not None, COL_ROUND=col_round,
-        TILES=cfg.dlogits_tiles_per_program, DOT_PRECISION=dot_precision(e.dtype),
-        **tiles.launch())
+        DETERMINISTIC=deterministic, TILES=cfg.dlogits_tiles_per_program,
+        DOT_PRECISION=dot_precision(e.dtype), **tiles.launch())
+    part.add_to(sums, v_start, {"row_round"} | ({"col_round"} if col_round else set())
+                | ({"col_sum"} if bias is not None else set()))

@@ -22,16 +22,17 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.plan import cdiv
-from own_kernel.tile import (dot_precision, num_sms, row_terms, softcap_scalars,
+from own_kernel.rows import Partials
+from own_kernel.tile import (accumulate, dot_precision, num_sms, row_terms, softcap_scalars,
                              softmax_grad_tile)
 
 
 @triton.jit
-def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                  tanh_scale, softcap_log2e, smooth,
+                  tanh_scale, softcap_log2e, smooth, col_plane,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-                  COL_ROUND: tl.constexpr, SUB_V: tl.constexpr):
+                  COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
     # slice's row sums (rounding removed, rounded values of the rows that may skip).
     offs_w = w0 + tl.arange(0, SUB_V)
@@ -46,10 +47,12 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
     W.store([n0, w0], d_used)
     d_used = d_used.to(tl.float32)
     r = d - d_used
+    # DETERMINISTIC: this row block's partials, planes (ColRound, ColSum, ColWSum) of ColPart
+    part = ColPart + (n0 // x.shape[0]) * width + offs_w
     if COL_ROUND:
-        tl.atomic_add(ColRound + offs_v, tl.sum(r, axis=0), mask=w_mask)
+        accumulate(ColRound + offs_v, part, tl.sum(r, axis=0), w_mask, DETERMINISTIC)
     if HAS_BIAS:
-        tl.atomic_add(ColSum + offs_v, tl.sum(d, axis=0), mask=w_mask)
+        accumulate(ColSum + offs_v, part + col_plane, tl.sum(d, axis=0), w_mask, DETERMINISTIC)
     row_wsum = tl.zeros_like(lse2)
     if FILTER:
         # Over the rows that may skip (eps > 0): a column is kept when one of its entries
@@ -58,7 +61,8 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
         may_skip = eps > 0
         d_skip = tl.where(may_skip[:, None], d_used, 0.0)
         row_wsum = tl.sum(d_skip, axis=1)
-        tl.atomic_add(ColWSum + offs_v, tl.sum(d_skip, axis=0), mask=w_mask)
+        accumulate(ColWSum + offs_v, part + 2 * col_plane, tl.sum(d_skip, axis=0), w_mask,
+                   DETERMINISTIC)
         over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
         keep = (tl.max(over, axis=0) > 0).to(tl.int32)
         tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
@@ -72,31 +76,33 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-               tanh_scale, softcap_log2e, smooth,
+               tanh_scale, softcap_log2e, smooth, col_plane,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-               COL_ROUND: tl.constexpr, BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
+               COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
+               SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
-    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                           n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                          tanh_scale, softcap_log2e, smooth, HAS_BIAS, HAS_SOFTCAP, FILTER,
-                          COL_ROUND, SUB_V)
-    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+                          tanh_scale, softcap_log2e, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
+                          FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
+    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                             n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start,
-                            width, tanh_scale, softcap_log2e, smooth,
-                            HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, SUB_V)
+                            width, tanh_scale, softcap_log2e, smooth, col_plane,
+                            HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
     return r + r1, ws + ws1
 
 
 @triton.jit
 def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
-                           RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum,
+                           RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum, Part,
                            N, V, v_start, width,
                            tanh_scale, softcap_log2e, smooth,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
+                           DETERMINISTIC: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                            SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
                            D: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -106,8 +112,13 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeigh
     # A program takes tiles pid, pid + programs, ... (one each unless launched persistent);
     # FLATTEN pipelines the next tile's loads under this tile's epilogue.
     num_nb = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_N * tl.cdiv(width, BLOCK_V)
-    num_tiles = num_nb * tl.cdiv(width, BLOCK_V)
+    num_vb = tl.cdiv(width, BLOCK_V)
+    per_group = GROUP_N * num_vb
+    num_tiles = num_nb * num_vb
+    # DETERMINISTIC partials (rows.Partials): per column tile, rows (RowRound, RowWSum); then
+    # per row block, columns (ColRound, ColSum, ColWSum).
+    col_part = Part + 2 * num_vb * N
+    col_plane = num_nb * width
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         first_nb = (tile // per_group) * GROUP_N
         group_size = tl.minimum(num_nb - first_nb, GROUP_N)
@@ -130,43 +141,48 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeigh
         # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
-            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
                                   n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                                  tanh_scale, softcap_log2e, smooth,
-                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_V)
+                                  tanh_scale, softcap_log2e, smooth, col_plane,
+                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_V)
         elif SUBTILES == 2:
-            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                               tanh_scale, softcap_log2e, smooth,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 2)
+                               tanh_scale, softcap_log2e, smooth, col_plane,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
-            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
                                n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                               tanh_scale, softcap_log2e, smooth,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
-            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum,
+                               tanh_scale, softcap_log2e, smooth, col_plane,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               BLOCK_V // 4)
+            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
                                  n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V,
-                                 v_start, width, tanh_scale, softcap_log2e, smooth,
-                                 HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, BLOCK_N, BLOCK_V // 4)
+                                 v_start, width, tanh_scale, softcap_log2e, smooth, col_plane,
+                                 HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                                 BLOCK_V // 4)
             r += r1
             ws += ws1
-        tl.atomic_add(RowRound + offs_n, r, mask=n_mask)
+        row_part = Part + (w0 // BLOCK_V) * N + offs_n
+        accumulate(RowRound + offs_n, row_part, r, n_mask, DETERMINISTIC)
         if FILTER:
-            tl.atomic_add(RowWSum + offs_n, ws, mask=n_mask)
+            accumulate(RowWSum + offs_n, row_part + num_vb * N, ws, n_mask, DETERMINISTIC)
 
 
 class RecomputeTma:
     """The launcher, made once per backward: the descriptors of E and C, the call's constants.
     ``write(w, rows, sums, v_start, filters)`` writes W (rows x w.shape[1]) for e's rows at
     columns [v_start, v_start + width), adding RowRound, ColRound (cfg.col_round and
-    col_round), ColSum and, filtered, the filter's sums into sums."""
+    col_round), ColSum and, filtered, the filter's sums into sums; deterministic: through
+    rows.Partials instead of atomics."""
 
-    def __init__(self, e, c, bias, softcap, smooth, cfg):
+    def __init__(self, e, c, bias, softcap, smooth, cfg, deterministic=False):
         k = cfg.recompute
         self.k, self.v, self.d = k, c.shape[0], e.shape[1]
-        self.e, self.bias = e, bias
+        self.bias, self.deterministic = bias, deterministic
         self.e_desc = TensorDescriptor.from_tensor(e, [k.tiles.block_n, k.tiles.block_d])
         self.c_desc = TensorDescriptor.from_tensor(c, [k.tiles.block_v, k.tiles.block_d])
         self.scalars = (*softcap_scalars(softcap), float(smooth))
@@ -182,6 +198,9 @@ class RecomputeTma:
         w_desc = TensorDescriptor.from_tensor(w, [k.block_n, k.block_v // self.k.subtiles])
         tiles = cdiv(n, k.block_n) * cdiv(width, k.block_v)
         grid = (min(tiles, self.slots) if self.k.persistent else tiles,)
+        col_round = self.k.col_round and col_round
+        part = Partials(self.deterministic, cdiv(width, k.block_v), n, cdiv(n, k.block_n),
+                        width, w.device)
         stand_in = sums.col_round  # for pointers whose flag is off: never read
         cce_dlogits_tma_kernel[grid](
             e_desc or self.e_desc, self.c_desc, w_desc,
@@ -191,6 +210,14 @@ class RecomputeTma:
             rows.eps if filters else rows.weight,
             sums.row_round, sums.col_round, sums.row_skip,
             sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
-            sums.col_sum, n, self.v, v_start, width, *self.scalars, D=self.d,
-            FILTER=filters, HAS_GRAD_LSE=rows.weight_lse is not None,
-            COL_ROUND=self.k.col_round and col_round, **self.flags)
+            sums.col_sum, part.buffer, n, self.v, v_start, width, *self.scalars, D=self.d,
+            FILTER=filters, HAS_GRAD_LSE=rows.weight_lse is not None, COL_ROUND=col_round,
+            DETERMINISTIC=self.deterministic, **self.flags)
+        part.add_to(sums, v_start, _written(col_round, self.bias is not None, filters))
+
+
+def _written(col_round: bool, bias: bool, filters: bool) -> set:
+    """The sums a softmax-gradient launch adds to."""
+    return ({"row_round"} | ({"col_round"} if col_round else set())
+            | ({"col_sum"} if bias else set())
+            | ({"row_skip", "col_wsum"} if filters else set()))

@@ -87,13 +87,13 @@ def _zeros_like(t):
 @torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
-             filter_min_p_max: float, ignored_lse: bool,
-             low_memory: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
+             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, lse, largest probability, -log p_target) per row for 2-D e; ignored rows have
     loss 0, and lse +inf unless ignored_lse. The filter and low_memory only affect the
     backward."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
-                                filter_min_p_max, ignored_lse, low_memory)
+                                filter_min_p_max, ignored_lse, low_memory, deterministic)
     return rows_forward(e, c, targets, bias, opts)
 
 
@@ -107,9 +107,9 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       nll: Tensor, p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor],
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
-                      low_memory: bool) -> tuple[Tensor, Tensor, Tensor]:
+                      low_memory: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
-                                filter_min_p_max, ignored_lse, low_memory)
+                                filter_min_p_max, ignored_lse, low_memory, deterministic)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max), grad_loss, grad_lse,
                                   opts)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
@@ -134,7 +134,7 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll):
         grad_loss = torch.zeros_like(lse)
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse,
                                       *ctx.op_args)
-    return (de, dc, None, dbias if bias is not None else None) + (None,) * 7
+    return (de, dc, None, dbias if bias is not None else None) + (None,) * 8
 
 
 lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)

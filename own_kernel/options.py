@@ -22,16 +22,20 @@ class Options:
     filter: FilterOptions | None = None
     ignored_lse: bool = False   # the lse of ignored rows is wanted (return_lse)
     low_memory: bool = False
+    # Sums per tile stored apart and added in a fixed order instead of atomics (the backward
+    # bitwise the same run to run): torch.use_deterministic_algorithms(True) asks for it.
+    deterministic: bool = False
 
     def op_args(self) -> tuple:
         """The custom ops' trailing arguments."""
         f = self.filter
         return (self.ignore_index, self.softcap, self.label_smoothing,
                 f.eps if f else None, f.min_p_max if f else 0.0, self.ignored_lse,
-                self.low_memory)
+                self.low_memory, self.deterministic)
 
     @classmethod
     def from_op_args(cls, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
-                     ignored_lse, low_memory) -> "Options":
+                     ignored_lse, low_memory, deterministic) -> "Options":
         f = FilterOptions(filter_eps, filter_min_p_max) if filter_eps is not None else None
-        return cls(ignore_index, softcap, label_smoothing, f, ignored_lse, low_memory)
+        return cls(ignore_index, softcap, label_smoothing, f, ignored_lse, low_memory,
+                   deterministic)

@@ -54,3 +54,34 @@ class Sums:
             sums.col_keep = parts[5].view(torch.int32)
             sums.kept_count = parts[6].view(torch.int32)
         return sums
+
+
+class Partials:
+    """Deterministic mode's stand-in for the kernels' atomics: each tile stores its row sums
+    in a plane of (column slices x rows) and its column sums in a plane of (row slices x
+    columns); add_to() then sums each plane over its slices, a reduction whose order is fixed,
+    into the Sums. Off (deterministic False), the buffer is one element, never written."""
+
+    ROW_PLANES = ("row_round", "row_skip")
+    COL_PLANES = ("col_round", "col_sum", "col_wsum")
+
+    def __init__(self, deterministic: bool, row_slices: int, rows: int, col_slices: int,
+                 cols: int, device):
+        self.on = deterministic
+        self.shape = (row_slices, rows, col_slices, cols)
+        size = 2 * row_slices * rows + 3 * col_slices * cols if deterministic else 1
+        self.buffer = torch.empty(size, device=device, dtype=torch.float32)
+
+    def add_to(self, sums: Sums, v_start: int, written: set) -> None:
+        """Sum the planes named in `written` into sums (columns from v_start)."""
+        if not self.on:
+            return
+        row_slices, rows, col_slices, cols = self.shape
+        row_part = self.buffer[:2 * row_slices * rows].view(2, row_slices, rows)
+        col_part = self.buffer[2 * row_slices * rows:].view(3, col_slices, cols)
+        for i, name in enumerate(self.ROW_PLANES):
+            if name in written:
+                getattr(sums, name).add_(row_part[i].sum(dim=0))
+        for i, name in enumerate(self.COL_PLANES):
+            if name in written:
+                getattr(sums, name)[v_start:v_start + cols].add_(col_part[i].sum(dim=0))

@@ -32,21 +32,29 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.plan import cdiv
-from own_kernel.tile import num_sms, row_terms, softcap_scalars, softmax_grad_tile
+from own_kernel.rows import Partials
+from own_kernel.tile import accumulate, num_sms, row_terms, softcap_scalars, softmax_grad_tile
 
 
 @triton.jit
 def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
                             RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
-                            N, V, v_start, width, rows_per_program,
+                            Part, N, V, v_start, width, rows_per_program,
                             tanh_scale, softcap_log2e, smooth,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
+                            DETERMINISTIC: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     num_strips = tl.cdiv(width, BLOCK_V)
     strip = pid % num_strips
-    row_start = (pid // num_strips) * rows_per_program
+    row_range = pid // num_strips
+    row_start = row_range * rows_per_program
+    # DETERMINISTIC partials (rows.Partials): per strip, rows (RowRound, RowWSum); then per
+    # row range, columns (ColRound, ColSum, ColWSum).
+    row_part = Part + strip * N
+    col_plane = tl.cdiv(N, rows_per_program) * width
+    col_part = Part + 2 * num_strips * N + row_range * width
     row_end = tl.minimum(row_start + rows_per_program, N)
     offs_w = strip * BLOCK_V + tl.arange(0, BLOCK_V)  # column inside the chunk
     offs_v = v_start + offs_w
@@ -75,7 +83,7 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
         d_used = d_used.to(tl.float32)
         r = d - d_used
         col_round += r
-        tl.atomic_add(RowRound + offs_n, tl.sum(r, axis=1), mask=n_mask)
+        accumulate(RowRound + offs_n, row_part + offs_n, tl.sum(r, axis=1), n_mask, DETERMINISTIC)
         if HAS_BIAS:
             col_sum += d
         if FILTER:
@@ -83,21 +91,25 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
             may_skip = eps > 0
             d_skip = tl.where(may_skip[:, None], d_used, 0.0)
             col_wsum += d_skip
-            tl.atomic_add(RowWSum + offs_n, tl.sum(d_skip, axis=1), mask=n_mask)
+            accumulate(RowWSum + offs_n, row_part + num_strips * N + offs_n,
+                       tl.sum(d_skip, axis=1), n_mask, DETERMINISTIC)
             col_keep = tl.maximum(col_keep, tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0))
 
-    tl.atomic_add(ColRound + offs_v, tl.sum(col_round, axis=0), mask=w_mask)
+    accumulate(ColRound + offs_v, col_part + offs_w, tl.sum(col_round, axis=0), w_mask,
+               DETERMINISTIC)
     if HAS_BIAS:
-        tl.atomic_add(ColSum + offs_v, tl.sum(col_sum, axis=0), mask=w_mask)
+        accumulate(ColSum + offs_v, col_part + col_plane + offs_w, tl.sum(col_sum, axis=0),
+                   w_mask, DETERMINISTIC)
     if FILTER:
-        tl.atomic_add(ColWSum + offs_v, tl.sum(col_wsum, axis=0), mask=w_mask)
+        accumulate(ColWSum + offs_v, col_part + 2 * col_plane + offs_w, tl.sum(col_wsum, axis=0),
+                   w_mask, DETERMINISTIC)
         keep = (tl.max(col_keep, axis=0) > 0).to(tl.int32)
         before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
         tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
 
 
 def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,
-                        filters=False, kept_count=None):
+                        filters=False, kept_count=None, deterministic=False):
     """W = the softmax gradient from fp32 logits X (both N x width, inside dC's unwritten rows)
     at columns [v_start, v_start + width); the sums as dlogits_tma.py adds them, and, filtered,
     the number of newly kept columns into kept_count[0]. cfg: the Config."""
@@ -107,6 +119,7 @@ def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *
     strips = cdiv(width, k.block_v)
     splits = max(1, min(cdiv(n, k.block_n), cdiv(k.waves * num_sms(x.device), strips)))
     rows_per_program = cdiv(cdiv(n, splits), k.block_n) * k.block_n
+    part = Partials(deterministic, strips, n, cdiv(n, rows_per_program), width, x.device)
     stand_in = sums.col_round  # for pointers whose flag is off: never read
     cce_softmax_grad_kernel[(strips * cdiv(n, rows_per_program),)](
         TensorDescriptor.from_tensor(x, [k.block_n, k.block_v]),
@@ -115,8 +128,10 @@ def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *
         rows.weight_lse if rows.weight_lse is not None else rows.weight,
         rows.eps if filters else rows.weight, sums.row_round, sums.col_round, sums.row_skip,
         sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
-        kept_count if filters else stand_in, sums.col_sum,
+        kept_count if filters else stand_in, sums.col_sum, part.buffer,
         n, v, v_start, width, rows_per_program, *softcap_scalars(softcap), float(smooth),
         HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filters,
-        HAS_GRAD_LSE=rows.weight_lse is not None, BLOCK_N=k.block_n, BLOCK_V=k.block_v,
-        num_warps=k.num_warps, STAGES=k.stages)
+        HAS_GRAD_LSE=rows.weight_lse is not None, DETERMINISTIC=deterministic,
+        BLOCK_N=k.block_n, BLOCK_V=k.block_v, num_warps=k.num_warps, STAGES=k.stages)
+    written = {"row_round", "col_round"} | ({"col_sum"} if bias is not None else set())
+    part.add_to(sums, v_start, written | ({"row_skip", "col_wsum"} if filters else set()))

@@ -121,6 +121,17 @@ def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def accumulate(sum_ptrs, part_ptrs, val, mask, DETERMINISTIC: tl.constexpr):
+    # sum += val by atomics (tiles add in whatever order they finish: the last bits vary run
+    # to run), or, DETERMINISTIC, this tile's partial stored apart for the host to sum in a
+    # fixed order (rows.py's Partials).
+    if DETERMINISTIC:
+        tl.store(part_ptrs, val, mask=mask)
+    else:
+        tl.atomic_add(sum_ptrs, val, mask=mask)
+
+
+@triton.jit
 def expm1(x):
     # exp(x) - 1 without the cancellation near 0 (libdevice is unavailable under the
     # interpreter): a Taylor series where |x| < 1/64 (next term < 2e-10 relative).
