@@ -173,7 +173,9 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
     ignore_index=..., reduction=..., label_smoothing=...)`` with softcap(x) = s * tanh(x / s).
     ``shift=k`` pairs position i with ``targets[..., i + k]`` (sequence dim = e's dim -2) without
-    copying e. ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every
+    copying e; ``reduction="none"`` then returns shape ``(..., T - k)``. A mean over targets that
+    are all ignore_index is NaN, as in torch. Any tensor layout is accepted. The loss is bitwise
+    reproducible; the gradients are under ``torch.use_deterministic_algorithms(True)``. ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every
     entry is below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
     (AUTO_FLAT_P_MAX). ``return_lse=True`` also returns the per-token log-sum-exp.
     ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
