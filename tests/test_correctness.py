@@ -7,8 +7,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-import own_kernel.configs as configs
 from own_kernel import linear_cross_entropy
+from own_kernel.config import overridden
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 
@@ -128,22 +128,21 @@ def test_fp16_rows_keep_their_gradient_whatever_their_weight():
 def test_results_do_not_depend_on_the_previous_call(monkeypatch):
     # Let the forward gather used rows at any size, so its decision is live on the CPU, and
     # record how many rows each forward sees: the decision must not depend on earlier calls.
-    import own_kernel.api as api
+    import own_kernel.ops as ops
 
-    cfg = dict(configs.config_for(DEV, torch.float32), compact_fwd_min_flops=0)
-    monkeypatch.setattr(api, "config_for", lambda device, dtype: cfg)
     seen = []
-    apply = api._LceRowsEager.apply
-    monkeypatch.setattr(api._LceRowsEager, "apply",
+    apply = ops.LceRowsEager.apply
+    monkeypatch.setattr(ops.LceRowsEager, "apply",
                         lambda e, *rest: seen.append(e.shape[0]) or apply(e, *rest))
     e, c, t = _inputs(n=48, d=16, v=29, seed=5)
     t_masked = t.clone()
     t_masked[::3] = -100
 
-    grads_of(e, c, t)  # a previous call with nothing to drop
-    after_full = grads_of(e, c, t_masked)
-    grads_of(e, c, t_masked)  # a previous call with rows to drop
-    after_masked = grads_of(e, c, t_masked)
+    with overridden({"compaction": {"fwd_min_flops": 0}}):
+        grads_of(e, c, t)  # a previous call with nothing to drop
+        after_full = grads_of(e, c, t_masked)
+        grads_of(e, c, t_masked)  # a previous call with rows to drop
+        after_masked = grads_of(e, c, t_masked)
     assert seen[1] == seen[3], f"rows in the forward after each history: {seen}"
     assert torch.equal(after_full[0], after_masked[0])  # the forward has no atomics
     for a, b in zip(after_full[1:3], after_masked[1:3]):  # the backward's sums do (on a GPU)

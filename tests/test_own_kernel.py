@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel import LinearCrossEntropy, linear_cross_entropy
+from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
 
 
 def reference(e, c, t, bias=None, softcap=None, reduction="mean", ls=0.0, ignore_index=-100, shift=0):
@@ -208,20 +209,24 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     # are dropped before the forward (gathered), before the backward only, or not at all: then
     # the forward computes no logits for the all-ignored blocks and the backward runs on every
     # row, the ignored ones inert through their +inf lse. All must match fp64.
-    import json
+    import own_kernel.ops as ops
+    from own_kernel.config import config_for
+    from own_kernel.options import Options
 
-    import own_kernel.api as api
-    from own_kernel.configs import config_for
-
-    override = {"fwd": {"TMA": tma}, "compact_fwd_min_flops": 0 if drop == "forward" else 1e30}
+    compaction = {"fwd_min_flops": 0 if drop == "forward" else 1e30}
     if drop == "none":
-        override["compact_max_used"] = 0.0
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
-    bn = config_for(torch.device("cpu"), torch.float32)["fwd"]["BLOCK_N"]
+        compaction["max_used"] = 0.0
+    override = {"forward": {"tma": tma}, "compaction": compaction}
+    with overridden(override):
+        _ignored_rows_case(monkeypatch, ops, config_for, Options, filter_eps, drop)
+
+
+def _ignored_rows_case(monkeypatch, ops, config_for, Options, filter_eps, drop):
+    bn = config_for(torch.device("cpu"), torch.float32).forward.tiles.block_n
     seen, fwd_rows = [], []
-    real, real_fwd = api._backward, api._forward
-    monkeypatch.setattr(api, "_backward", lambda e, *a, **k: seen.append(e.shape[0]) or real(e, *a, **k))
-    monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
+    real, real_fwd = ops.backward, ops.forward
+    monkeypatch.setattr(ops, "backward", lambda e, *a, **k: seen.append(e.shape[0]) or real(e, *a, **k))
+    monkeypatch.setattr(ops, "forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
     g = torch.Generator().manual_seed(11)
     n, d, v = 5 * bn + 3, 24, 61
     e, c, t = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g) / 3, torch.randint(0, v, (n,), generator=g)
@@ -248,8 +253,8 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     loss.backward()  # a second backward reads what the first left (the gathered rows intact)
     assert torch.allclose(e.grad, 2 * first[0], rtol=1e-6) and torch.allclose(c.grad, 2 * first[1], rtol=1e-6)
     # lse of ignored rows, not asked for: +inf, inert in the backward
-    _, lse_rows, p_max, _ = api.lce_rows(e.detach(), c.detach(), t, None, -100, 0.0, 0.0, -1.0, 0.0,
-                                      False, False)
+    _, lse_rows, p_max, _ = ops.lce_rows(e.detach(), c.detach(), t, None,
+                                         *Options(ignore_index=-100).op_args())
     assert torch.isinf(lse_rows[t == -100]).all() and not p_max[t == -100].any()
     assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
 
@@ -257,22 +262,20 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
 def test_forward_gathers_used_rows_by_this_call_alone(monkeypatch):
     # Calls large enough (compact_fwd_min_flops) read the count before the forward and gather
     # the used rows when that pays, whatever the previous call did; without gradients, never.
-    import json
+    import own_kernel.ops as ops
 
-    import own_kernel.api as api
-
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({"compact_fwd_min_flops": 0}))
     fwd_rows = []
-    real_fwd = api._forward
-    monkeypatch.setattr(api, "_forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
+    real_fwd = ops.forward
+    monkeypatch.setattr(ops, "forward", lambda e, *a, **k: fwd_rows.append(e.shape[0]) or real_fwd(e, *a, **k))
     g = torch.Generator().manual_seed(12)
     e, c = torch.randn(40, 16, generator=g).requires_grad_(), torch.randn(23, 16, generator=g)
     t = torch.randint(0, 23, (40,), generator=g)
     masked = t.clone()
     masked[::2] = -100
-    losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t, masked)]
-    with torch.no_grad():  # no backward to feed: no gathered copy (the loss keeps its few floats)
-        losses.append(linear_cross_entropy(e, c, masked).item())
+    with overridden({"compaction": {"fwd_min_flops": 0}}):
+        losses = [linear_cross_entropy(e, c, tt).item() for tt in (t, masked, masked, t, masked)]
+        with torch.no_grad():  # no backward to feed: no gathered copy (the loss keeps its few floats)
+            losses.append(linear_cross_entropy(e, c, masked).item())
     assert fwd_rows == [40, 20, 20, 40, 20, 40]
     assert losses[1] == pytest.approx(losses[2], rel=1e-6)
     assert losses[0] == pytest.approx(losses[3], rel=1e-6)
@@ -288,51 +291,90 @@ def test_forward_gathers_used_rows_by_this_call_alone(monkeypatch):
     (32768, 24577, 32000, 2304, True, False),
 ])
 def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
-    from own_kernel.api import compaction_pays
-    from own_kernel.backward import tail_width
-    from own_kernel.configs import _SM90_16BIT
+    from own_kernel.plan import compaction_pays, tail_width
 
-    assert compaction_pays(n, used, v, d, 2, _SM90_16BIT) is expect
+    assert compaction_pays(n, used, v, d, 2, HOPPER_16BIT) is expect
     if used:
-        assert tail_width(used, v, d, 2, _SM90_16BIT)[1] is in_de
+        assert tail_width(used, v, d, 2, HOPPER_16BIT).in_de is in_de
 
 
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])
 def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
-    # fwd_l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
+    # forward.l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
     # blocks (the last group partial); every (row block, split) must still run exactly once.
-    import json
-
-    from own_kernel.configs import config_for
-    from own_kernel.forward import num_sms, split_plan
+    from own_kernel import forward
+    from own_kernel.config import config_for
+    from own_kernel.plan import split_plan
+    from own_kernel.tile import num_sms
 
     n, d, v = 100, 24, 300
     cfg = config_for(torch.device("cpu"), torch.float32)
-    e_block = cfg["fwd"]["BLOCK_N"] * d * 4
-    override = {"fwd_l2_mib": l2_rows * e_block / 2**20, "fwd": {"TMA": tma}}
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
-    cfg = config_for(torch.device("cpu"), torch.float32)
+    e_block = cfg.forward.tiles.block_n * d * 4
+    override = {"forward": {"l2_mib": l2_rows * e_block / 2**20, "tma": tma}}
     slots = num_sms(torch.device("cpu"))
-    splits, group_rows = split_plan(n, v, d, 4, cfg, slots)
+    with overridden(override):
+        cfg = config_for(torch.device("cpu"), torch.float32)
+    grid = split_plan(n, v, d, 4, cfg, slots)
+    splits, group_rows = grid.splits, grid.group_rows
     assert splits >= -(-slots // l2_rows) and group_rows <= -(-slots // splits)
-    assert group_rows < -(-n // cfg["fwd"]["BLOCK_N"])  # the grouped order is what runs
+    assert group_rows < -(-n // cfg.forward.tiles.block_n)  # the grouped order is what runs
+    grids = []  # the forward launches with this grid, on the route asked for
+    real_plan = forward.split_plan
+    monkeypatch.setattr(forward, "split_plan", lambda *a: grids.append(real_plan(*a)) or grids[-1])
+    routes = []
+    for name in ("forward_partials", "forward_partials_tma"):
+        real_partials = getattr(forward, name)
+        monkeypatch.setattr(forward, name, lambda *a, _real=real_partials, _name=name:
+                            routes.append(_name) or _real(*a))
     g = torch.Generator().manual_seed(5)
     e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
     t = torch.randint(0, v, (n,), generator=g)
-    loss, lse = linear_cross_entropy(e, c, t, reduction="none", return_lse=True)
+    with overridden(override):
+        loss, lse = linear_cross_entropy(e, c, t, reduction="none", return_lse=True)
+    assert grids == [grid]
+    assert routes == ["forward_partials_tma" if tma else "forward_partials"]
     z = e.double() @ c.double().T
     assert torch.allclose(lse.double(), torch.logsumexp(z, 1), atol=1e-4)
     assert torch.allclose(loss.double(), F.cross_entropy(z, t, reduction="none"), atol=1e-4)
 
 
-@pytest.mark.parametrize("recompute", ["tma", "cublas", "triton"])
+# Every chunk in the tail (no chunk's W in dC): chunks.max_width 0 leaves dC's unwritten rows
+# unused, filtered or not.
+ALL_IN_TAIL = {"chunks": {"max_width": 0}, "filter": {"max_width": 0}}
+RECOMPUTE_ROUTES = {
+    "tma": {"chunks": {"recompute": "tma"}},
+    "cublas": {"chunks": {"recompute": "cublas"}},
+    # the pointer dlogits kernel (dlogits.py) for the whole vocabulary
+    "pointer": {"chunks": {"recompute": "cublas", "max_width": 0}, "filter": {"max_width": 0}},
+}
+
+
+def _spy_w_writers(monkeypatch):
+    """Which launcher wrote each chunk's W: ["tma" | "cublas" | "pointer", ...]."""
+    from own_kernel import backward, backward_low_memory, dlogits_tma
+
+    writers = []
+    real_tma = dlogits_tma.RecomputeTma.write
+    monkeypatch.setattr(dlogits_tma.RecomputeTma, "write",
+                        lambda self, *a, **k: writers.append("tma") or real_tma(self, *a, **k))
+    for module in (backward, backward_low_memory):
+        real_pointer = module.write_w_pointer
+        monkeypatch.setattr(module, "write_w_pointer", lambda *a, _real=real_pointer, **k:
+                            writers.append("pointer") or _real(*a, **k))
+    real_logits = backward.write_w_from_logits
+    monkeypatch.setattr(backward, "write_w_from_logits",
+                        lambda *a, **k: writers.append("cublas") or real_logits(*a, **k))
+    return writers
+
+
+@pytest.mark.parametrize("recompute", ["tma", "cublas", "pointer"])
 @pytest.mark.parametrize("dtype, softcap, has_bias", [(torch.float32, 30.0, True), (torch.float16, None, False)])
 def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, softcap, has_bias):
     # "cublas": logits recomputed by torch.mm into dC's unwritten tail, then softmax_grad.py;
-    # "triton": the fused dlogits kernel for the whole vocabulary. Exact and filtered.
-    import json
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({"recompute": recompute}))
+    # "pointer": the dlogits kernel (pointer loads) for the whole vocabulary, every chunk in the
+    # tail's buffer. Exact and filtered.
+    writers = _spy_w_writers(monkeypatch)
     g = torch.Generator().manual_seed(11)
     e = torch.randn(29, 24, generator=g).to(dtype).requires_grad_()
     c = torch.randn(113, 24, generator=g).to(dtype).requires_grad_()
@@ -345,18 +387,22 @@ def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, sof
         e.grad = c.grad = None
         if bias is not None:
             bias.grad = None
-        linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, filter_eps=filter_eps).backward()
+        writers.clear()
+        with overridden(RECOMPUTE_ROUTES[recompute]):
+            linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, filter_eps=filter_eps).backward()
+        # the route asked for wrote W (with cuBLAS, the tail's chunks on the pointer kernel)
+        assert writers and writers[0] == recompute, writers
+        assert set(writers) <= ({"tma"} if recompute == "tma" else {recompute, "pointer"}), writers
         assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
         if has_bias:
             assert rel(bias.grad, b2.grad) < tol
 
 
 # Small chunks for the low-memory backward: several pass-1 row chunks, pass-2 row groups.
-LOW_MEMORY_SMALL = {"low_memory_frac": 0.0, "low_memory_row_align": 4, "low_memory_min_entries": 300,
-                    "low_memory_max_k": 16}
+LOW_MEMORY_SMALL = {"low_memory": {"frac": 0.0, "row_align": 4, "min_entries": 300, "max_k": 16}}
 
 
-@pytest.mark.parametrize("recompute", ["tma", "triton"])
+@pytest.mark.parametrize("recompute", ["tma", "pointer"])
 @pytest.mark.parametrize("chunks", ["default", "small", "groups"])
 @pytest.mark.parametrize("dtype, softcap, has_bias, ls", [(torch.float32, 30.0, True, 0.1),
                                                           (torch.float16, None, False, 0.0)])
@@ -365,15 +411,19 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     # backward_low_memory.py: dE by row chunks, dC by column chunks (over row groups with
     # "small"); dC's buffer and the workspace start as NaN, so a read before a write shows. With
     # a z-loss on the lse and ignored rows.
-    import json
-
     from own_kernel import backward_low_memory as blm
 
     # "groups": chunks of pass 1 must be so tall that dC's buffer holds only part of their W
-    override = {"recompute": recompute, **(LOW_MEMORY_SMALL if chunks == "small" else {}),
-                **({**LOW_MEMORY_SMALL, "low_memory_min_entries": 24 * 64} if chunks == "groups" else {})}
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps(override))
-    monkeypatch.setattr(blm, "POISON", True)
+    override = {"chunks": {"recompute": "tma" if recompute == "tma" else "cublas"},
+                "poison": True}
+    if chunks == "small":
+        override.update(LOW_MEMORY_SMALL)
+    if chunks == "groups":
+        override["low_memory"] = {**LOW_MEMORY_SMALL["low_memory"], "min_entries": 24 * 64}
+    plans = []
+    real_plan = blm.low_memory_plan
+    monkeypatch.setattr(blm, "low_memory_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    writers = _spy_w_writers(monkeypatch)
     g = torch.Generator().manual_seed(23)
     n, d, v = 150, 24, 61  # n > 2 d: row groups need less workspace than every row at once
     e = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
@@ -381,15 +431,17 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     bias = (0.1 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
     t = torch.randint(0, v, (n,), generator=g)
     t[::4] = -100
-    loss, lse = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, label_smoothing=ls,
-                                     return_lse=True, low_memory=True)
-    (loss + 0.01 * (lse ** 2).mean()).backward()
-    plan = blm.LAST_PLAN
-    assert plan["tma"] == (recompute == "tma")
+    with overridden(override):
+        loss, lse = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, label_smoothing=ls,
+                                         return_lse=True, low_memory=True)
+        (loss + 0.01 * (lse ** 2).mean()).backward()
+    assert len(plans) == 1
+    plan = plans[0]
+    assert writers and set(writers) == {recompute}, writers
     if chunks == "small":  # the paths this case is for
-        assert plan["rows_1"] < n and plan["rows_2"] < n and plan["width_2"] < v
+        assert plan.rows_1 < n and plan.rows_2 < n and plan.width_2 < v
     if chunks == "groups":
-        assert plan["width_1"] < v
+        assert plan.width_1 < v
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, ls=ls)
     z = e2 @ c2.T + (b2 if b2 is not None else 0)
     if softcap:
@@ -408,15 +460,14 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
                                           (8192, 50257, 2304, 2), (8192, 20000, 2304, 2)])
 def test_low_memory_plan_fits_its_buffers(n, v, d, elt):
     # Pass 1's W and fp32 result fit the larger of dC's buffer and pass 2's; pass 2's fit its
-    # buffer; that buffer is low_memory_frac of the gradients wherever that holds one row block.
-    from own_kernel.backward_low_memory import low_memory_plan, tile_bytes
-    from own_kernel.configs import _SM90_16BIT
+    # buffer; that buffer is low_memory.frac of the gradients wherever that holds one row block.
+    from own_kernel.plan import low_memory_plan, tile_bytes
 
-    cfg = dict(_SM90_16BIT)
+    cfg = HOPPER_16BIT
     plan = low_memory_plan(n, v, d, elt, cfg)
-    rows_1, width_2, rows_2, ws = plan["rows_1"], plan["width_2"], plan["rows_2"], plan["workspace_2"]
+    rows_1, width_2, rows_2, ws = plan.rows_1, plan.width_2, plan.rows_2, plan.workspace_2
     assert 1 <= rows_1 <= n and 1 <= rows_2 <= n and 1 <= width_2 <= v
-    width_1 = plan["width_1"]
+    width_1 = plan.width_1
     assert tile_bytes(rows_1, width_1, rows_1, d, elt) <= max(v * d * elt, ws)
     assert rows_1 * d >= min(n, 2**21 // d) * d or rows_1 == n
     assert tile_bytes(rows_2, width_2, 0 if rows_2 == n else width_2, d, elt) <= ws
@@ -427,7 +478,7 @@ def test_low_memory_plan_fits_its_buffers(n, v, d, elt):
         assert ws <= grads / 16 + 1
     # Pass 2's chunks cover the vocabulary in order, aligned but for the last few columns; a W
     # in dC's tail lies above the chunk's own rows; a W in the workspace fits it.
-    chunks, at = plan["chunks_2"], 0
+    chunks, at = plan.chunks_2, 0
     for k, (v0, width, rows, in_dc) in enumerate(chunks):
         assert v0 == at and width > 0 and (width % 8 == 0 or (k == len(chunks) - 1 and width < 8))
         if in_dc:
@@ -469,27 +520,28 @@ def test_low_memory_rejects_the_filter_and_non_bools():
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
                                           (8192, 32000, 4096, 2), (1, 7, 16, 2)])
 def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
-    from own_kernel.backward import chunk_plan, slot_offsets
-    from own_kernel.configs import _SM90_16BIT, _INTERPRETER
+    # The cuBLAS route (tma False): X and W at dC's end, above the chunk's own rows.
+    from own_kernel.plan import chunk_plan, x_and_w_slots
 
-    for cfg in (_INTERPRETER, _SM90_16BIT):
-        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256)
-        starts = [s for s, _, _ in plan]
-        assert starts[0] == 0 and all(w > 0 for _, w, _ in plan)
-        assert [s + w for s, w, _ in plan] == starts[1:] + [v], "chunks tile the vocabulary"
-        kinds = [k for _, _, k in plan]
-        assert kinds == sorted(kinds), "cuBLAS chunks first, then fused"
-        assert all(w % 8 == 0 for _, w, _ in plan[:-1]) and plan[-1][1] % 8 == v % 8, \
+    for cfg in (INTERPRETER, HOPPER_16BIT):
+        plan = chunk_plan(n, v, d, elt, cfg, tma=False)
+        starts = [ch.v_start for ch in plan]
+        assert starts[0] == 0 and all(ch.width > 0 for ch in plan)
+        assert [ch.v_start + ch.width for ch in plan] == starts[1:] + [v], "chunks tile the vocabulary"
+        kinds = [ch.in_tail for ch in plan]
+        assert kinds == sorted(kinds), "chunks in dC first, then the tail"
+        assert all(ch.width % 8 == 0 for ch in plan[:-1]) and plan[-1].width % 8 == v % 8, \
             "unaligned widths (slow cuBLAS kernels) only for the last V mod 8 columns"
         dc_bytes = v * d * elt
-        widths = [w for _, w, k in plan if k == "cublas"]
+        widths = [ch.width for ch in plan if not ch.in_tail]
         assert widths == sorted(widths, reverse=True), "never wider: the look-ahead's X stays off W"
-        for s, w, k in plan:
-            if k == "cublas":
-                w_start, x_start, end = slot_offsets(dc_bytes, n, w, elt)
+        for ch in plan:
+            if not ch.in_tail:
+                s, w = ch.v_start, ch.width
+                w_start, x_start, end = x_and_w_slots(dc_bytes, n, w, elt)
                 assert (s + w) * d * elt <= w_start, "X and W must not overlap the chunk's own dC rows"
                 assert w_start + n * w * elt <= x_start and end - x_start == 4 * n * w <= end
-                assert w <= max(cfg["cublas_max_width"], cfg.get("cublas_max_entries", 0) // n)
+                assert w <= max(cfg.chunks.max_width, cfg.chunks.max_entries // n)
 
 
 @pytest.mark.parametrize("n, v, d, elt", [(37, 101, 24, 4), (8192, 256000, 2304, 2), (65536, 151936, 512, 2),
@@ -501,14 +553,17 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
     # look-ahead: one W at a time, and twice the width for the same bytes.
     import itertools
 
-    from own_kernel.backward import chunk_plan, looks_ahead, w_slots
-    from own_kernel.configs import _SM90_16BIT, _INTERPRETER
+    from own_kernel.plan import chunk_plan, looks_ahead, w_slots
 
-    for cfg, filtered in itertools.product((_INTERPRETER, _SM90_16BIT), (False, True)):
-        plan = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True, filtered=filtered)
-        assert [s + w for s, w, _ in plan] == [s for s, _, _ in plan][1:] + [v]
-        assert all(w % 8 == 0 for _, w, _ in plan[:-1]) and plan[-1][1] % 8 == v % 8
-        chunks = [(s, w) for s, w, k in plan if k == "cublas"]
+    # HOPPER_16BIT sends chunks narrower than the tail's to the tail (chunks.tail_min_width);
+    # without that rule, what fits in dC alone decides the chunks.
+    hopper_all_in_dc = with_overrides(HOPPER_16BIT, {"chunks": {"tail_min_width": False}})
+    for cfg, filtered in itertools.product((INTERPRETER, HOPPER_16BIT, hopper_all_in_dc),
+                                           (False, True)):
+        plan = chunk_plan(n, v, d, elt, cfg, tma=True, filtered=filtered)
+        assert [ch.v_start + ch.width for ch in plan] == [ch.v_start for ch in plan][1:] + [v]
+        assert all(ch.width % 8 == 0 for ch in plan[:-1]) and plan[-1].width % 8 == v % 8
+        chunks = [(ch.v_start, ch.width) for ch in plan if not ch.in_tail]
         widths = [w for _, w in chunks]
         assert widths == sorted(widths, reverse=True)
         assert all(w % 8 == 0 for w in widths), "TMA row strides are 16-byte multiples"
@@ -523,42 +578,50 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
             if k and lookahead:
                 (a0, b0), (a1, b1) = span[k - 1], span[k]
                 assert b1 <= a0 or b0 <= a1, f"chunks {k - 1} and {k} share W bytes"
+        if cfg.chunks.tail_min_width:
+            continue  # the chunks' widths below follow the tail's, not dC's space
         if not filtered:
-            two_slots = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, tma=True,
-                                   filtered=True)
-            assert sum(widths) >= sum(w for _, w, k in two_slots if k == "cublas")
+            two_slots = chunk_plan(n, v, d, elt, cfg, tma=True, filtered=True)
+            assert sum(widths) >= sum(ch.width for ch in two_slots if not ch.in_tail)
         # W alone (2 of the 6 bytes per entry) covers at least what X and W did
-        x_and_w = chunk_plan(n, v, d, elt, cfg, cublas=True, fused_width=256, filtered=filtered)
-        assert sum(widths) >= sum(w for _, w, k in x_and_w if k == "cublas")
+        x_and_w = chunk_plan(n, v, d, elt, cfg, tma=False, filtered=filtered)
+        assert sum(widths) >= sum(ch.width for ch in x_and_w if not ch.in_tail)
 
 
-def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
-    # The fused path's chunks start wherever the cuBLAS chunks end (a multiple of 8 here, not of
-    # dlogits' 32-wide tiles), and its GEMMs step through the tile mask in 16-wide slices: each
-    # must read the mask bit of its own tile. Workspaces and dC start as NaN (POISON), so a GEMM
-    # reading a tile the filter skipped (never written) shows as NaN, and poisoning must change
-    # nothing at all.
-    import json
+def test_filtered_cublas_chunks_and_pointer_tail_read_only_what_they_wrote(monkeypatch):
+    # cuBLAS-route chunks filter (gathered kept columns); the tail's chunks start wherever they
+    # end (a multiple of 8 here, not of dlogits' 32-wide tiles) and run the pointer kernel into
+    # the tail's buffer. Workspaces and dC start as NaN (poison), so a GEMM reading W the
+    # kernels never wrote shows as NaN, and poisoning must change nothing at all.
     from own_kernel import backward
-    from own_kernel.configs import config_for
+    from own_kernel.config import config_for
+    from own_kernel.plan import chunk_plan
 
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
-        "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
-        "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas"}))
+    override = {"dlogits": {"block_v": 32},
+                "chunks": {"max_width": 40, "min_width": 8, "align": 8, "recompute": "cublas"},
+                "filter": {"max_width": 40}}
     n, d, v = 64, 16, 294  # cuBLAS chunks end at column 216 = 6 * 32 + 24
-    e, c, t = peaked_inputs(n, d, v, seed=0)  # peaked rows: many tiles skipped (found by
-    # search: with the mask read off by half a tile, these inputs read unwritten W)
-    plan = backward.chunk_plan(n, v, d, 4, config_for(e.device, e.dtype), True, 64)
-    fused_starts = [s for s, _, kind in plan if kind == "fused"]
-    assert fused_starts and fused_starts[0] % 32, "the test needs a fused tail off the tile grid"
+    e, c, t = peaked_inputs(n, d, v, seed=0)  # peaked rows: many columns skipped
+    with overridden(override):
+        cfg = config_for(e.device, e.dtype)
+    plan = chunk_plan(n, v, d, 4, cfg, tma=False, filtered=True)
+    tail_starts = [ch.v_start for ch in plan if ch.in_tail]
+    assert tail_starts and tail_starts[0] % 32, "the test needs a tail off the tile grid"
+    writers = _spy_w_writers(monkeypatch)
+    runs = []
+    real_run = backward.FilteredRun.run
+    monkeypatch.setattr(backward.FilteredRun, "run",
+                        lambda self, *a: runs.append(real_run(self, *a)) or runs[-1])
 
     def grads(poison):
-        monkeypatch.setattr(backward, "POISON", poison)
         ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
-        linear_cross_entropy(ee, cc, t, filter_eps=0.03).backward()
+        with overridden({**override, "poison": poison}):
+            linear_cross_entropy(ee, cc, t, filter_eps=0.03).backward()
         return ee.grad, cc.grad
 
     clean, poisoned = grads(False), grads(True)
+    assert runs == [True, True], "the cuBLAS chunks must filter"
+    assert writers.count("pointer") == 2 * len(tail_starts), writers
     assert all(torch.isfinite(x).all() for x in poisoned)
     assert all(torch.equal(a, b) for a, b in zip(clean, poisoned))
     ref, e2, c2, _ = reference(e, c, t)
@@ -574,28 +637,30 @@ def test_filtered_fused_tail_reads_only_what_it_wrote(monkeypatch):
 def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles, persistent,
                                               lookahead, col_round):
     # Many narrow tma chunks: their W slots alternate inside dC's unwritten tail while dC fills
-    # up (w_slots). dC and the workspaces start as NaN (POISON): a GEMM reading a W slot that a
+    # up (w_slots). dC and the workspaces start as NaN (poison): a GEMM reading a W slot that a
     # later chunk's dC rows or the look-ahead's W overwrote shows as NaN or as a difference.
-    import json
-    from own_kernel import backward
+    from own_kernel import backward, dlogits, dlogits_tma, softmax_grad
+    from own_kernel.config import config_for
+    from own_kernel.plan import chunk_plan
 
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
-        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
-        "filter_lookahead": lookahead, "col_round": col_round,
-        "dlogits_tma": {"BLOCK_N": 8, "BLOCK_V": 32, "SUBTILES": subtiles, "PERSISTENT": persistent,
-                        "FLATTEN": persistent}}))
+    override = {
+        "chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
+        "filter": {"max_width": 24, "lookahead_max_n": 2**62 if lookahead else 0},
+        "recompute": {"col_round": col_round, "tiles": {"block_n": 8, "block_v": 32},
+                      "subtiles": subtiles, "persistent": persistent, "flatten": persistent}}
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
-    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64, tma=True,
-                               filtered=filter_eps is not None)
-    assert sum(k == "cublas" for _, _, k in plan) >= 4, "the test needs several tma chunks"
-    assert plan[-1][2] == "fused" and plan[-1][1] % 8, "and a tail (odd width) past dC's space"
+    with overridden(override):
+        cfg = config_for(e.device, e.dtype)
+    plan = chunk_plan(n, v, d, 4, cfg, tma=True, filtered=filter_eps is not None)
+    assert sum(not ch.in_tail for ch in plan) >= 4, "the test needs several tma chunks"
+    assert plan[-1].in_tail and plan[-1].width % 8, "and a tail (odd width) past dC's space"
     calls, col_rounds = [], []
-    # With tma, the tail runs dlogits_tma.py too, its W in the fused path's workspace.
-    monkeypatch.setattr(backward, "cce_softmax_grad_kernel", None)  # must not be used
-    monkeypatch.setattr(backward, "cce_dlogits_kernel", None)
-    real = backward.cce_dlogits_tma_kernel
-    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+    # With tma, the tail runs dlogits_tma.py too, its W in the tail's buffer.
+    monkeypatch.setattr(softmax_grad, "cce_softmax_grad_kernel", None)  # must not be used
+    monkeypatch.setattr(dlogits, "cce_dlogits_kernel", None)
+    real = dlogits_tma.cce_dlogits_tma_kernel
+    monkeypatch.setattr(dlogits_tma, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
         calls.append(grid) or (lambda *a, **k: col_rounds.append(k["COL_ROUND"]) or real[grid](*a, **k)))})())
     # Without the column rounding sums an exact call adds no rank-1 correction to dC.
     real_rank1 = backward.rank1_dc
@@ -603,9 +668,9 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
     monkeypatch.setattr(backward, "rank1_dc", lambda *a, **k: rank1.append(a) or real_rank1(*a, **k))
 
     def grads(poison):
-        monkeypatch.setattr(backward, "POISON", poison)
         ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
-        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        with overridden({**override, "poison": poison}):
+            linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
         return ee.grad, cc.grad
 
     clean, poisoned = grads(False), grads(True)
@@ -620,32 +685,34 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
     assert rel(clean[0], e2.grad) < tol and rel(clean[1], c2.grad) < tol
 
 
-@pytest.mark.parametrize("filter_fused", [False, True])
-def test_filter_fused_false_runs_the_fused_tail_exact(monkeypatch, filter_fused):
-    # Behind cuBLAS chunks, filter_fused False runs the fused chunks exact: their dC rows match
-    # the exact mode's, while the cuBLAS chunks still skip columns (a large eps: visible there).
-    import json
-    from own_kernel import backward
+@pytest.mark.parametrize("recompute", ["cublas", "tma"])
+def test_tail_runs_exact_in_a_filtered_call(recompute):
+    # The tail's chunks do not filter: their dC rows match the exact mode's, while the chunks
+    # in dC still skip columns (a large eps: visible there).
+    from own_kernel.config import config_for
+    from own_kernel.plan import chunk_plan
 
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
-        "dlogits": {"BLOCK_V": 32}, "de": {"BLOCK_K": 16}, "dc": {"BLOCK_M": 16},
-        "cublas_max_width": 40, "cublas_min_width": 8, "cublas_align": 8, "recompute": "cublas",
-        "filter_fused": filter_fused}))
+    override = {"dlogits": {"block_v": 32},
+                "chunks": {"max_width": 40, "min_width": 8, "align": 8, "recompute": recompute},
+                "filter": {"max_width": 40}}
     n, d, v = 64, 16, 294
     e, c, t = peaked_inputs(n, d, v, seed=0)
-    plan = backward.chunk_plan(n, v, d, 4, backward.config_for(e.device, e.dtype), True, 64)
-    tail = min(s for s, _, kind in plan if kind == "fused")
-    assert 0 < tail < v, "the test needs cuBLAS chunks and a fused tail"
+    with overridden(override):
+        cfg = config_for(e.device, e.dtype)
+    plan = chunk_plan(n, v, d, 4, cfg, tma=recompute == "tma", filtered=True)
+    tail = min(ch.v_start for ch in plan if ch.in_tail)
+    assert 0 < tail < v, "the test needs chunks in dC and a tail"
 
     def grad_c(filter_eps):
         cc = c.clone().requires_grad_()
-        linear_cross_entropy(e, cc, t, filter_eps=filter_eps).backward()
+        with overridden(override):
+            linear_cross_entropy(e, cc, t, filter_eps=filter_eps).backward()
         return cc.grad
 
     exact, filtered = grad_c(None), grad_c(0.03)
-    assert rel(filtered[:tail], exact[:tail]) > 1e-3, "the cuBLAS chunks must filter"
+    assert rel(filtered[:tail], exact[:tail]) > 1e-3, "the chunks in dC must filter"
     tail_err = rel(filtered[tail:], exact[tail:])
-    assert (tail_err < 1e-5) == (not filter_fused), tail_err
+    assert tail_err < 1e-5, tail_err
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -681,19 +748,26 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     # tma chunks narrower than filter_min_flops (4 N width D) and the tail run exact inside a
     # filtered backward: with every chunk below it the result is exact mode's; with some above
     # (the 24-wide chunks here: 4 * 40 * 24 * 16 = 61440 flops) they filter, poison-safe.
-    import json
     from own_kernel import backward
 
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
-        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8,
-        "filter_min_flops": min_flops}))
+    override = {"chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
+                "filter": {"max_width": 24, "min_flops": min_flops}}
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
+    can_skip, decisions, runs = [], [], []
+    real_can_skip, real_filter_rows = backward.filter_can_skip, backward.filter_rows
+    monkeypatch.setattr(backward, "filter_can_skip",
+                        lambda *a: can_skip.append(real_can_skip(*a)) or can_skip[-1])
+    monkeypatch.setattr(backward, "filter_rows",
+                        lambda *a: decisions.append(1) or real_filter_rows(*a))
+    real_run = backward.FilteredRun.run
+    monkeypatch.setattr(backward.FilteredRun, "run",
+                        lambda self, *a: runs.append(real_run(self, *a)) or runs[-1])
 
     def grads(filter_eps, poison=False):
-        monkeypatch.setattr(backward, "POISON", poison)
         ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
-        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        with overridden({**override, "poison": poison}):
+            linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
         return ee.grad, cc.grad
 
     ref = grads(None)
@@ -703,37 +777,38 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     if exact:
         assert max(errs) < 1e-6, errs
         # decided from the shape alone: no host wait for the filter's reductions
-        assert backward.LAST_PLAN["filter_off"].startswith("too few GEMM flops")
+        assert can_skip == [False, False] and decisions == [] and runs == []
     else:
         assert 1e-4 < max(errs) < 0.15, errs  # some chunks filtered, within the filter's bound
-        assert backward.LAST_PLAN["filter_off"] is None
+        assert can_skip == [True, True] and runs == [True, True]
 
 
 @pytest.mark.parametrize("low_memory", [False, True])
 def test_custom_ops_pass_opcheck(low_memory):
     # Schema, fake (meta) implementation and autograd registration of both ops, as
     # torch.compile uses them.
-    from own_kernel.api import lce_rows, lce_rows_backward
+    from own_kernel.ops import lce_rows, lce_rows_backward
+    from own_kernel.options import Options
 
     g = torch.Generator().manual_seed(5)
     e = torch.randn(9, 16, generator=g, requires_grad=True)
     c = torch.randn(23, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 23, (9,), generator=g)
     t[2] = -100
-    args = (e, c, t, None, -100, 0.0, 0.0, -1.0, 0.0, False, low_memory)
+    options = Options(ignore_index=-100, low_memory=low_memory).op_args()
+    args = (e, c, t, None, *options)
     torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
                                                        "test_autograd_registration"))
     loss, lse, p_max, nll = lce_rows(*args)
     torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, nll, p_max,
-                                              torch.ones(9), None, -100, 0.0, 0.0, -1.0, 0.0,
-                                              low_memory),
+                                              torch.ones(9), None, *options),
                           test_utils=("test_schema", "test_faketensor"))
 
 
 def test_works_inside_torch_compile():
     # aot_autograd traces the graph through the ops' fake implementations and runs the real
     # ones: no code generation, so it runs on the interpreter's CPU. Eager calls take another
-    # route (api._LceRowsEager); both must agree.
+    # route (ops.LceRowsEager); both must agree.
     g = torch.Generator().manual_seed(6)
     e = torch.randn(2, 7, 16, generator=g)
     c = torch.randn(31, 16, generator=g)
@@ -784,26 +859,40 @@ def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, fi
     # after the first tma chunk's kernel is queued, that chunk running as if filtering. When the
     # answer is no (too many flat rows, or none peaked), what it added for the filter must be
     # dropped: the gradients are exact mode's, poison-safe, and the later chunks run unfiltered.
-    import json
-    from own_kernel import api, backward
+    from own_kernel import api, backward, dlogits_tma
+    from own_kernel.config import config_for
+    from own_kernel.plan import chunk_plan
 
-    monkeypatch.setenv("CCE_OWN_CONFIG", json.dumps({
-        "recompute": "tma", "cublas_max_width": 24, "cublas_min_width": 8, "cublas_align": 8}))
+    override = {"chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
+                "filter": {"max_width": 24}}
     monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
     monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.01)
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
     e[peaked_rows:] *= 0.001  # flat softmax: p_max ~ 1/V, below AUTO_FLAT_P_MAX
     flags = []
-    real = backward.cce_dlogits_tma_kernel
-    monkeypatch.setattr(backward, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+    real = dlogits_tma.cce_dlogits_tma_kernel
+    monkeypatch.setattr(dlogits_tma, "cce_dlogits_tma_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **k: flags.append(k["FILTER"]) or real[grid](*a, **k))})())
+    # The filtered run's plan, whether it filtered, and the plan of what ran exact after it.
+    runs, exact_plans = [], []
+    real_run, real_exact = backward.FilteredRun.run, backward.exact_chunks
+
+    def run(self, plan, replan):
+        runs.append([plan, real_run(self, plan, replan)])
+        return runs[-1][1]
+
+    monkeypatch.setattr(backward.FilteredRun, "run", run)
+    monkeypatch.setattr(backward, "exact_chunks",
+                        lambda writer, plan, scale: exact_plans.append(plan) or real_exact(writer, plan, scale))
 
     def grads(filter_eps, poison=False):
-        monkeypatch.setattr(backward, "POISON", poison)
         flags.clear()
+        runs.clear()
+        exact_plans.clear()
         ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
-        linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
+        with overridden({**override, "poison": poison}):
+            linear_cross_entropy(ee, cc, t, filter_eps=filter_eps).backward()
         return ee.grad, cc.grad
 
     exact = grads(None)
@@ -813,60 +902,63 @@ def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, fi
     assert all(torch.equal(a, b) for a, b in zip(auto, poisoned))
     errs = [rel(a, b) for a, b in zip(auto, exact)]
     assert (max(errs) > 1e-6) == filters, errs
+    assert len(runs) == 1 and runs[0][1] == filters, "the filter ran only where it could skip"
     if not filters:
-        assert max(errs) < 1e-6 and backward.LAST_PLAN["kept_count"] is None
+        assert max(errs) < 1e-6
         # past the first chunk, the plan an exact call has from there: one W slot, no look-ahead
-        cfg = backward.config_for(e.device, e.dtype)
-        plan = backward.LAST_PLAN["plan"]
-        assert plan[1:] == backward.chunk_plan(
-            n, v, d, 4, cfg, True, backward.tail_width(n, v, d, 4, cfg)[0], tma=True,
-            lookahead=False, v_first=plan[0][1])
-        assert plan != backward.chunk_plan(n, v, d, 4, cfg, True, backward.tail_width(n, v, d, 4, cfg)[0],
-                                           tma=True, filtered=True), "the test needs a different plan"
+        with overridden(override):
+            cfg = config_for(e.device, e.dtype)
+        first = runs[0][0][0]
+        assert len(exact_plans) == 1
+        plan = [first] + exact_plans[0]
+        assert plan[1:] == chunk_plan(n, v, d, 4, cfg, tma=True, lookahead=False,
+                                      v_first=first.v_start + first.width)
+        assert plan != chunk_plan(n, v, d, 4, cfg, tma=True, filtered=True), \
+            "the test needs a different plan"
+    else:
+        assert exact_plans == []
 
 
 def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
-    # Plans of the H200's config, without a GPU. tail_min_width: with many tokens dC's free tail
-    # holds only chunks narrower than the tail's (dE's buffer), so they all go to the tail.
-    # filter_min_total_flops: a filter whose chunks carry too little GEMM work is not run.
-    from own_kernel import backward
-    from own_kernel.configs import _SM90_16BIT
+    # Plans of the H200's config, without a GPU. chunks.tail_min_width: with many tokens dC's
+    # free tail holds only chunks narrower than the tail's (dE's buffer), so they all go to the
+    # tail. filter.min_total_flops: a filter whose chunks carry too little GEMM work is not run.
+    from own_kernel.plan import TailPlan, chunk_plan, filter_can_skip, looks_ahead, tail_width
 
-    cfg = dict(_SM90_16BIT)
+    cfg = HOPPER_16BIT
+    no_tail_min = with_overrides(cfg, {"chunks": {"tail_min_width": False}})
     n, d, v = 32768, 2304, 32000
-    width, in_de = backward.tail_width(n, v, d, 2, cfg)
-    assert in_de and width == 2304  # all of dE's buffer (chunk_size would be 2048)
-    assert backward.tail_width(n, v, 4096, 2, cfg) == (4096, True)
-    assert backward.tail_width(n, 1000, d, 2, cfg) == (1024, True)  # never much wider than V
-    plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
-    assert all(w >= width for _, w, kind in plan if kind == "cublas")
-    assert sum(w for _, w, _ in plan) == v and plan[-1][2] == "fused"
-    narrow = backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width, tma=True)
-    assert any(kind == "cublas" and w < width for _, w, kind in narrow)
-    # filtered, chunks wide enough to filter stay on the cuBLAS path (the tail does not filter)
-    filtered = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True, filtered=True)
-    assert filtered == backward.chunk_plan(n, v, d, 2, dict(cfg, tail_min_width=False), True, width,
-                                           tma=True, filtered=True)
-    assert any(kind == "cublas" for _, _, kind in filtered)
+    width, in_de = tail_width(n, v, d, 2, cfg).width, tail_width(n, v, d, 2, cfg).in_de
+    assert in_de and width == 2304  # all of dE's buffer (tail_mib alone would give 2048)
+    assert tail_width(n, v, 4096, 2, cfg) == TailPlan(4096, True)
+    assert tail_width(n, 1000, d, 2, cfg) == TailPlan(1024, True)  # never much wider than V
+    plan = chunk_plan(n, v, d, 2, cfg, tma=True)
+    assert all(ch.width >= width for ch in plan if not ch.in_tail)
+    assert sum(ch.width for ch in plan) == v and plan[-1].in_tail
+    narrow = chunk_plan(n, v, d, 2, no_tail_min, tma=True)
+    assert any(not ch.in_tail and ch.width < width for ch in narrow)
+    # filtered, chunks wide enough to filter stay in dC (the tail does not filter)
+    filtered = chunk_plan(n, v, d, 2, cfg, tma=True, filtered=True)
+    assert filtered == chunk_plan(n, v, d, 2, no_tail_min, tma=True, filtered=True)
+    assert any(not ch.in_tail for ch in filtered)
     for n, d, v in [(2048, 2304, 128256), (8192, 4096, 256000)]:
-        width = backward.tail_width(n, v, d, 2, cfg)[0]
-        plan = backward.chunk_plan(n, v, d, 2, cfg, True, width, tma=True)
-        assert all(w >= width for _, w, kind in plan if kind == "cublas") and plan[0][2] == "cublas"
-        assert sum(w for _, w, _ in plan) == v
-    # Filtered calls look ahead (two W slots) up to filter_lookahead_max_n tokens; beyond, one
+        width = tail_width(n, v, d, 2, cfg).width
+        plan = chunk_plan(n, v, d, 2, cfg, tma=True)
+        assert all(ch.width >= width for ch in plan if not ch.in_tail) and not plan[0].in_tail
+        assert sum(ch.width for ch in plan) == v
+    # Filtered calls look ahead (two W slots) up to filter.lookahead_max_n tokens; beyond, one
     # slot and wider chunks.
     for n, looks in [(8192, True), (32768, False)]:
-        width = backward.tail_width(n, 128256, d, 2, cfg)[0]
-        plan = backward.chunk_plan(n, 128256, d, 2, cfg, True, width, tma=True, filtered=True)
-        two = backward.chunk_plan(n, 128256, d, 2, cfg, True, width, tma=True, filtered=True,
-                                  lookahead=True)
-        assert backward.looks_ahead(n, cfg, True) == looks and (plan == two) == looks
+        plan = chunk_plan(n, 128256, d, 2, cfg, tma=True, filtered=True)
+        two = chunk_plan(n, 128256, d, 2, cfg, tma=True, filtered=True, lookahead=True)
+        assert looks_ahead(n, cfg, True) == looks and (plan == two) == looks
         if not looks:
-            assert plan[0][1] > two[0][1]
-    assert not backward.looks_ahead(8192, cfg, False)
-    assert not backward.filter_can_skip(2048, 32000, 4096, 2, cfg, True, True)
-    assert backward.filter_can_skip(2048, 32000, 4096, 2, dict(cfg, filter_min_total_flops=0), True, True)
-    assert backward.filter_can_skip(8192, 256000, 2304, 2, cfg, True, True)
+            assert plan[0].width > two[0].width
+    assert not looks_ahead(8192, cfg, False)
+    assert not filter_can_skip(2048, 32000, 4096, 2, cfg, True)
+    assert filter_can_skip(2048, 32000, 4096, 2, with_overrides(cfg, {"filter": {"min_total_flops": 0}}),
+                           True)
+    assert filter_can_skip(8192, 256000, 2304, 2, cfg, True)
 
 
 # ---- property-based: random shapes and options against fp64 -----------------------------------
@@ -938,28 +1030,16 @@ def laid_out(x, layout):
     return x
 
 
-DROP_CONFIGS = {"forward": {"compact_fwd_min_flops": 0},
-                "backward": {"compact_fwd_min_flops": 1e30},
-                "none": {"compact_fwd_min_flops": 1e30, "compact_max_used": 0.0}}
+DROP_CONFIGS = {"forward": {"compaction": {"fwd_min_flops": 0}},
+                "backward": {"compaction": {"fwd_min_flops": 1e30}},
+                "none": {"compaction": {"fwd_min_flops": 1e30, "max_used": 0.0}}}
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
 @given(_calls())
 def test_random_calls_match_fp64(call):
-    import json
-    import os
-
-    import own_kernel.api as api
-
-    before = os.environ.get("CCE_OWN_CONFIG")
-    os.environ["CCE_OWN_CONFIG"] = json.dumps({**DROP_CONFIGS[call["drop"]], **LOW_MEMORY_SMALL})
-    try:
+    with overridden({**DROP_CONFIGS[call["drop"]], **LOW_MEMORY_SMALL}):
         _check_call(call)
-    finally:
-        if before is None:
-            os.environ.pop("CCE_OWN_CONFIG")
-        else:
-            os.environ["CCE_OWN_CONFIG"] = before
 
 
 def _check_call(call):
