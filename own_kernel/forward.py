@@ -18,7 +18,7 @@ from own_kernel.plan import cdiv, split_plan
 from own_kernel.target import target_logit
 from own_kernel.tile import (dot_precision, logit_tile, lse_tile_update, num_sms,
                              row_block_and_split, skip_if_all_ignored, softcap_scalars,
-                             tma_ready)
+                             store_split_partials, tma_ready)
 
 
 @triton.jit
@@ -52,11 +52,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
         m2, s, z2_sum = lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
                                         HAS_SOFTCAP, NEED_ZSUM)
 
-    base = Part + split.to(tl.int64) * N + offs_n
-    tl.store(base, m2, mask=n_mask)
-    tl.store(base + plane, s, mask=n_mask)
-    if NEED_ZSUM:
-        tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+    store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, NEED_ZSUM)
 
 
 def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored):

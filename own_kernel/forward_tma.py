@@ -16,7 +16,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.plan import cdiv
 from own_kernel.tile import (dot_precision, lse_tile_update, row_block_and_split,
-                             skip_if_all_ignored, softcap_scalars)
+                             skip_if_all_ignored, softcap_scalars, store_split_partials)
 
 
 @triton.jit
@@ -51,11 +51,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
         m2, s, z2_sum = lse_tile_update(acc, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
                                         HAS_SOFTCAP, NEED_ZSUM)
 
-    base = Part + split.to(tl.int64) * N + offs_n
-    tl.store(base, m2, mask=n_mask)
-    tl.store(base + plane, s, mask=n_mask)
-    if NEED_ZSUM:
-        tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+    store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, NEED_ZSUM)
 
 
 def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,

@@ -96,6 +96,18 @@ def tma_ready(t: torch.Tensor) -> bool:
             and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
+@triton.jit
+def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum,
+                         NEED_ZSUM: tl.constexpr):
+    # The forward's partials of one vocabulary split: running max, sum (and sum of logits),
+    # planes `plane` apart, for lse_combine.py.
+    base = Part + split.to(tl.int64) * N + offs_n
+    tl.store(base, m2, mask=n_mask)
+    tl.store(base + plane, s, mask=n_mask)
+    if NEED_ZSUM:
+        tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+
+
 def softcap_scalars(softcap):
     """Host-side constants of the softcap: (2 log2(e) / s, s log2(e)); (1, 1) for no softcap."""
     if softcap is None:
