@@ -14,7 +14,6 @@ both as nested dicts of field names; an unknown name is an error that names it.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import json
@@ -232,26 +231,38 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
 
 
 _ENV_OVERRIDES = json.loads(os.environ.get("CCE_OWN_CONFIG") or "{}")
-_OVERRIDES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("cce_own_config",
-                                                                          default=None)
+# Process-wide, not per thread: autograd runs CUDA backwards on threads of its own, which must
+# see the override the forward saw. Experiments and tests only; single-threaded use.
+_OVERRIDES: list[dict] = []
 
 
 @contextlib.contextmanager
 def overridden(overrides: dict):
     """Calls inside the block resolve their config with these overrides (on top of any
-    CCE_OWN_CONFIG), e.g. ``with overridden({"chunks": {"recompute": "cublas"}}): ...``."""
-    token = _OVERRIDES.set({**(_OVERRIDES.get() or {}), **overrides})
+    CCE_OWN_CONFIG and of enclosing blocks), e.g. ``with overridden({"chunks": {"recompute":
+    "cublas"}}): ...``."""
+    _OVERRIDES.append(_merged(_OVERRIDES[-1] if _OVERRIDES else {}, overrides))
     try:
         yield
     finally:
-        _OVERRIDES.reset(token)
+        _OVERRIDES.pop()
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for name, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(name), dict):
+            value = _merged(out[name], value)
+        out[name] = value
+    return out
 
 
 def config_for(device: torch.device, dtype: torch.dtype) -> Config:
     """The config of this (device, dtype): resolved once, then a dictionary look-up."""
-    extra = _OVERRIDES.get()
     base = _resolved(_target_key(device, dtype))
-    return _cached_override(base, json.dumps(extra, sort_keys=True)) if extra else base
+    if _OVERRIDES:
+        return _cached_override(base, json.dumps(_OVERRIDES[-1], sort_keys=True))
+    return base
 
 
 def _target_key(device: torch.device, dtype: torch.dtype) -> str:
