@@ -78,3 +78,203 @@ def test_every_provider_is_listed_with_a_reason_when_unavailable():
 def test_unknown_provider_names_the_known_ones():
     with pytest.raises(ValueError, match="known providers: .*naive"):
         registry.get("nope")
+
+
+# ---- the peers of issue 26: registration, availability reasons, options ------------------
+
+from suite import presets  # noqa: E402
+from suite.providers import apple, liger, quack  # noqa: E402
+
+NEW_PEERS = ("apple_cce_exact", "apple_cce_kahan", "apple_cce_pypi", "liger_flce_cute", "quack",
+             "quack_chunked")
+
+
+def test_new_peers_are_registered_with_their_package_and_install_line():
+    for name in NEW_PEERS:
+        p = registry.get(name)
+        assert p.package in (apple.PACKAGE, liger.PACKAGE, quack.PACKAGE), name
+        assert p.install and p.install.startswith("pip install"), name
+    assert registry.get("quack").install == quack.INSTALL
+    assert registry.get("liger_flce_cute").install == liger.CUTE_INSTALL
+    assert "git+https://github.com/apple/ml-cross-entropy" in registry.get("apple_cce_exact").install
+    # exactness as the presets define it: cce_exact filters nothing, cce_kahan_full_c filters dE
+    assert registry.get("apple_cce_exact").exact and not registry.get("apple_cce_kahan").exact
+
+
+def test_quack_has_no_softcap_or_bias_so_such_cells_are_unsupported():
+    for name in ("quack", "quack_chunked"):
+        p = registry.get(name)
+        assert p.features == frozenset()
+        assert p.unsupported_reason(bias=False, softcap=30.0) == f"{name} has no softcap option"
+        assert p.unsupported_reason(bias=True, softcap=None) == f"{name} has no bias input"
+        assert p.unsupported_reason(bias=False, softcap=None) is None
+
+
+def test_an_uninstalled_peer_names_its_install_line(monkeypatch):
+    real = registry.importlib.util.find_spec
+    monkeypatch.setattr(registry.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("quack", "liger_kernel") else real(name, *a))
+    assert registry.get("quack").unavailable_reason("cuda") == \
+        f"quack-kernels is not installed (install: {quack.INSTALL})"
+    assert registry.get("liger_flce_cute").unavailable_reason("cpu") == \
+        f"liger-kernel is not installed (install: {liger.INSTALL})"
+
+
+def test_apple_presets_need_the_source_version(monkeypatch):
+    class Dist:
+        version = "25.1.1"
+
+    monkeypatch.setattr(apple, "installed_distribution", lambda dist: Dist())
+    reason = apple._needs_presets(torch.device("cuda"))
+    assert "25.1.1 has no accuracy presets" in reason and apple.INSTALL in reason
+    Dist.version = "25.6.4"
+    assert apple._needs_presets(torch.device("cuda")) is None
+
+
+def _fake_dist(folder, dist, version, *, package=None, direct_url=None):
+    """A folder as `pip install --target` leaves it: DIST-VERSION.dist-info (and the package)."""
+    info = folder / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(direct_url)
+    if package:
+        (folder / package).mkdir()
+        (folder / package / "__init__.py").write_text(f"VERSION = {version!r}\n")
+
+
+def test_apple_pypi_folder_reasons_name_the_problem_and_the_install_line(tmp_path, monkeypatch):
+    monkeypatch.delenv(apple.PYPI_ENV, raising=False)
+    assert apple._needs_pypi_folder(None) == \
+        f"{apple.PYPI_ENV} is not set (install: {apple.PYPI_INSTALL})"
+    monkeypatch.setenv(apple.PYPI_ENV, str(tmp_path / "missing"))
+    assert "is not a folder" in apple._needs_pypi_folder(None)
+    monkeypatch.setenv(apple.PYPI_ENV, str(tmp_path))
+    assert "holds no cut-cross-entropy" in apple._needs_pypi_folder(None)
+    _fake_dist(tmp_path, "cut-cross-entropy", "25.6.4")
+    assert "holds cut-cross-entropy 25.6.4, not the PyPI release 25.1.1" in \
+        apple._needs_pypi_folder(None)
+
+
+def test_apple_pypi_folder_with_the_release_is_available_and_recorded(tmp_path, monkeypatch):
+    _fake_dist(tmp_path, "cut-cross-entropy", apple.PYPI_RELEASE)
+    monkeypatch.setenv(apple.PYPI_ENV, str(tmp_path))
+    assert apple._needs_pypi_folder(None) is None
+    origin = registry.get("apple_cce_pypi").installed()
+    assert origin["version"] == apple.PYPI_RELEASE and apple.PYPI_ENV in origin["source"]
+    assert registry.peer_origins()["apple_cce_pypi"] == origin
+
+
+def test_a_source_install_records_its_commit(tmp_path):
+    commit = "d42911f9b1a1f98289bb601c35c8151562603d74"
+    _fake_dist(tmp_path, "cut-cross-entropy", "25.6.4", direct_url=(
+        '{"url": "https://github.com/apple/ml-cross-entropy.git", "vcs_info": '
+        f'{{"vcs": "git", "commit_id": "{commit}"}}}}'))
+    origin = registry.distribution_origin("cut-cross-entropy", path=[str(tmp_path)])
+    assert origin == {"version": "25.6.4", "commit": commit,
+                      "source": "https://github.com/apple/ml-cross-entropy.git"}
+    assert registry.distribution_origin("no-such-dist", path=[str(tmp_path)]) is None
+
+
+def test_load_from_folder_leaves_the_process_copy_in_place(tmp_path, monkeypatch):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _fake_dist(ours, "twin-pkg", "2.0", package="ccebench_twin")
+    _fake_dist(theirs, "twin-pkg", "1.0", package="ccebench_twin")
+    (theirs / "ccebench_twin" / "inner.py").write_text("def version():\n    return VERSION\n")
+    (theirs / "ccebench_twin" / "__init__.py").write_text(
+        "VERSION = '1.0'\nfrom ccebench_twin.inner import version\n")
+    monkeypatch.syspath_prepend(str(ours))
+    import importlib
+    import sys
+
+    process_copy = importlib.import_module("ccebench_twin")
+    loaded = apple.load_from_folder("ccebench_twin", str(theirs))
+    try:
+        assert loaded.VERSION == "1.0" and process_copy.VERSION == "2.0"
+        assert sys.modules["ccebench_twin"] is process_copy
+        assert "ccebench_twin.inner" not in sys.modules  # the folder's submodules left no trace
+        assert importlib.import_module("ccebench_twin").VERSION == "2.0"
+        assert str(theirs) not in sys.path
+    finally:
+        for k in [k for k in sys.modules if k.startswith("ccebench_twin")]:
+            del sys.modules[k]
+    with pytest.raises(ImportError, match="not from"):  # found elsewhere on the path: refused
+        apple.load_from_folder("json", str(tmp_path))
+
+
+def test_liger_flce_cute_runs_strict_and_restores_the_environment(monkeypatch):
+    seen = {}
+
+    def fake_flce(e, c, targets, bias, softcap, ignore_index, impl):
+        seen["impl"], seen["strict"] = impl, os.environ.get(liger.STRICT_ENV)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(liger, "_flce", fake_flce)
+    monkeypatch.delenv(liger.STRICT_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="stop"):
+        liger.liger_flce_cute(None, None, None)
+    assert seen == {"impl": liger.CUTE_IMPL, "strict": "1"}
+    assert liger.STRICT_ENV not in os.environ
+    monkeypatch.setenv(liger.STRICT_ENV, "0")
+    with pytest.raises(RuntimeError):
+        liger.liger_flce_cute(None, None, None)
+    assert os.environ[liger.STRICT_ENV] == "0"
+
+
+def test_liger_flce_is_pinned_to_triton(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(liger, "_flce", lambda *a: seen.setdefault("impl", a[-1]))
+    liger.liger_flce(None, None, None)
+    assert seen["impl"] == liger.TRITON_IMPL == "nvidia-triton"
+
+
+def test_registration_carries_the_figure_style_label_and_order():
+    styles = [registry.get(n).style for n in registry.names()]
+    assert all(set(s) == {"color", "marker", "linestyle"} for s in styles)
+    combos = {(s["color"], s["marker"], s["linestyle"]) for s in styles}
+    assert len(combos) == len(styles)  # no two providers look alike
+    order = [p.name for p in registry.in_figure_order()]
+    assert order.index("naive") < order.index("apple_cce") < order.index("quack") < order.index("own")
+    with pytest.raises(ValueError, match="style needs exactly"):
+        registry.register("bad_style", summary="x", style=dict(color="#000000"))
+    with pytest.raises(ValueError, match="features must be among"):
+        registry.register("bad_feature", summary="x", features=("temperature",))
+
+
+def test_peer_presets_are_defined_once():
+    from suite import runner
+
+    cells = runner.preset_cells("peers")
+    shapes = {(c.n, c.d, c.v, c.softcap) for c in cells}
+    assert shapes == {(8192, 2304, 256000, 30.0), (8192, 4096, 128256, None),
+                      (16384, 3584, 152064, None)}
+    assert {c.dist for c in cells} == {"uniform", "lm"} and {c.dtype for c in cells} == {"bf16"}
+    for s in presets.PEER_SHAPES:
+        assert runner.preset_cells(s.name) == [c for c in cells if (c.n, c.d, c.v) == (s.n, s.d, s.v)]
+    with pytest.raises(ValueError, match="shapes: gemma2-2b"):
+        presets.shape("gemma-7b")
+
+
+def test_list_shows_peer_versions_and_the_install_line_of_a_missing_one(monkeypatch, capsys):
+    from suite import cli, runner
+
+    assert set(cli.PRESET_NAMES) == set(runner.PRESETS)  # --preset offers every preset
+    real_find, real_dist = registry.importlib.util.find_spec, registry.installed_distribution
+
+    class Liger:
+        version = "0.8.5"
+
+        @staticmethod
+        def read_text(name):
+            return None
+
+    monkeypatch.setattr(registry.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "quack" else real_find(name, *a))
+    monkeypatch.setattr(registry, "installed_distribution",
+                        lambda dist: {"quack-kernels": None, "liger-kernel": Liger}.get(
+                            dist, real_dist(dist)))
+    assert cli.main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"quack-kernels: not installed; install: {quack.INSTALL}" in out
+    assert "liger-kernel 0.8.5\n" in out
+    assert f"unavailable: quack-kernels is not installed (install: {quack.INSTALL})" in out
