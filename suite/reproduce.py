@@ -19,7 +19,7 @@ from suite.report.claims import (CCE_METHODS, CLAIM_DISTS, CLAIM_GRAD, CLAIM_HEA
                                  CLAIM_LOSS, CLAIM_SPEED, GEMMA2_2B, GRAD_ERR_MAX_OVER_NAIVE,
                                  PAPER_SOURCE, PAPER_TABLE1, PHASE_TITLE, Check, claim_checks,
                                  gradient_lower_bound_mib, lookup, lower_bound_mib, status_text)
-from suite.report.envs import read_envs
+from suite.report.envs import peer_versions, read_envs
 from suite.report.formatting import (fmt_mib, fmt_ms, fmt_ratio, md_table, memory_text,
                                      num_or_none as num)
 
@@ -101,10 +101,12 @@ ENV_FIELDS = [("gpu_name", "GPU"), ("gpu_count", "GPUs visible"),
               ("git_dirty", "uncommitted changes"), ("date", "date"), ("run_id", "run id")]
 
 
-def _env_lines(envs: list[dict], devices: list[str]) -> list[str]:
+def _env_lines(envs: list[dict], devices: list[str], run_dir=None) -> list[str]:
     lines = [f"- rows measured on: {', '.join(devices) if devices else 'unknown device'}"]
     if not envs:
         return lines + ["- env.json: missing"]
+    if run_dir is not None:
+        lines.append(f"- peers measured: {peer_versions(run_dir)}")
     known = {k for k, _ in ENV_FIELDS}
     for i, env in enumerate(envs):
         if i:
@@ -143,7 +145,7 @@ def _intro(t1, envs, source, devices) -> list[str]:
         "",
         "## Hardware and software",
         "",
-        *_env_lines(envs, devices),
+        *_env_lines(envs, devices, Path(source).parent),
         "",
         "## Differences from the paper's setup",
         "",

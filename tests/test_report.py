@@ -293,8 +293,11 @@ def test_headline_is_one_compact_table_per_run_folder(tmp_path):
     run = FIXTURE / "synthetic_run"
     table = headline_table(run)
     rows = _table_rows(table)
-    assert table.splitlines()[2] == ("| provider | loss MiB | loss+grad MiB | loss+grad ms, uniform "
-                                     "| loss+grad ms, lm | ×floor, lm | dE err, lm |")
+    lines = table.splitlines()
+    assert lines[2] == ("Peers measured: liger-kernel 0.0.0+synthetic, cut-cross-entropy "
+                        "0.0.0+synthetic.")  # a run from before env.json named each peer
+    assert lines[4] == ("| provider | loss MiB | loss+grad MiB | loss+grad ms, uniform "
+                        "| loss+grad ms, lm | ×floor, lm | dE err, lm |")
     assert any(r.startswith("| `naive` | ") for r in rows)
     assert all(" – | – | – |" not in r for r in rows)  # providers that ran show numbers
     cpu = headline_table(_cpu_copy(run, tmp_path))
@@ -303,6 +306,25 @@ def test_headline_is_one_compact_table_per_run_folder(tmp_path):
     assert "CPU (not GPU numbers)" in cpu
     both = headline([run, tmp_path / "cpu-run"], "python -m suite report x --headline")
     assert both.count("| provider |") == 2
+
+
+def test_headline_names_the_peer_versions_each_session_measured(tmp_path):
+    import json
+    import shutil
+
+    from suite.report.envs import peer_versions
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE / "synthetic_run", run)
+    source = {"version": "25.6.4", "commit": "d42911f9b1a1f98289bb601c35c8151562603d74"}
+    env = json.loads((run / "env.json").read_text())
+    env["peers"] = {"apple_cce": source, "apple_cce_exact": source,
+                    "apple_cce_pypi": {"version": "25.1.1", "commit": None}}
+    (run / "env.json").write_text(json.dumps(env))
+    later = dict(env, peers={"apple_cce_pypi": {"version": "25.1.2", "commit": None}})
+    (run / "env-2.json").write_text(json.dumps(later))
+    assert peer_versions(run) == ("cut-cross-entropy 25.1.2: apple_cce_pypi; cut-cross-entropy "
+                                  "25.6.4 (d42911f): apple_cce, apple_cce_exact")
 
 
 def test_cpu_cells_say_memory_was_not_measured(tmp_path):

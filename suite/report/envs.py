@@ -28,8 +28,8 @@ def env_line(run_dir) -> str:
     where = env.get("gpu_name") or f"CPU ({env.get('cpu', '?')}), not GPU numbers"
     commit = (env.get("git_commit") or "unknown")[:10]
     line = (f"Measured on {where}, torch {env.get('torch')}, triton {env.get('triton')}, "
-            f"CUDA {env.get('cuda')}, liger-kernel {env.get('liger_kernel')}, cut-cross-entropy "
-            f"{env.get('cut_cross_entropy')}; commit {commit}, {env.get('date', '')[:10]}.")
+            f"CUDA {env.get('cuda')}; peers: {peer_versions(run_dir)}; commit {commit}, "
+            f"{env.get('date', '')[:10]}.")
     later = remeasured(run_dir, env)
     return line + (f" Re-measured since: {later}." if later else "")
 
@@ -65,3 +65,31 @@ def remeasured_train(run_dir, chosen: list[dict]) -> str:
         return ""
     return " Re-measured since: " + "; ".join(
         f"{', '.join(sorted(bs))} at {key}" for key, bs in sorted(by_session.items())) + "."
+
+
+def peer_versions(run_dir) -> str:
+    """The peer libraries a run measured, as 'package version (commit): providers; ...', from
+    its env files' `peers` entries (a later session's entry wins), or, for runs recorded before
+    those entries existed, env.json's liger-kernel and cut-cross-entropy versions."""
+    from suite import registry
+
+    envs = read_envs(run_dir)
+    peers: dict = {}
+    for env in envs:
+        peers.update(env.get("peers") or {})
+    if not peers:
+        env = envs[0] if envs else {}
+        return (f"liger-kernel {env.get('liger_kernel')}, cut-cross-entropy "
+                f"{env.get('cut_cross_entropy')}")
+    groups: dict[tuple, list[str]] = {}
+    for provider, info in peers.items():
+        try:
+            package = registry.get(provider).package or provider
+        except ValueError:  # a provider this checkout no longer registers
+            package = provider
+        commit = info.get("commit")
+        key = (package, info.get("version"), commit[:7] if commit else None)
+        groups.setdefault(key, []).append(provider)
+    return "; ".join(
+        f"{package} {version}{f' ({commit})' if commit else ''}: {', '.join(sorted(ps))}"
+        for (package, version, commit), ps in sorted(groups.items(), key=lambda kv: kv[0][:2]))

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from suite.report.claims import GEMMA2_2B, gradient_lower_bound_mib
-from suite.report.envs import read_envs
+from suite.report.envs import peer_versions, read_envs
 from suite.report.formatting import (fmt_err, fmt_mib, fmt_ms, latest_rows, md_table,
                                      memory_text, num)
 from suite.report.kernel_tables import provider_order
@@ -108,7 +108,8 @@ def headline_table(run_dir) -> str:
     title = (f"**{_where(run_dir, rows)}**: {_shape_text()} (the gradients dE + dC alone: "
              f"{grads} MiB); from "
              f"[`{run_dir.as_posix()}`]({run_dir.as_posix()}/results.csv)")
-    text = title + "\n\n" + md_table(header, body)
+    text = (title + "\n\nPeers measured: " + peer_versions(run_dir) + ".\n\n"
+            + md_table(header, body))
     if not_run:
         text += "\n\nNot run there: " + ", ".join(not_run) + "."
     return text
