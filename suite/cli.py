@@ -208,12 +208,12 @@ def _prepare_triton(argv) -> bool:
 def cmd_list(args) -> int:
     import torch
 
-    from suite import registry
+    from suite import catalog
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"providers on device {device!r}:")
-    for name in registry.names():
-        p = registry.get(name)
+    for name in catalog.names():
+        p = catalog.get(name)
         reason = p.unavailable_reason(device)
         state = "available" if reason is None else f"unavailable: {reason}"
         extras = ", ".join(sorted(p.features)) or "-"
@@ -253,7 +253,7 @@ def default_out(preset: str, device: str, resume: bool) -> Path:
 def cmd_bench(args, parser) -> int:
     import torch
 
-    from suite import registry, runner
+    from suite import catalog, runner
 
     device = args.device or runner.default_device()
     try:
@@ -271,7 +271,7 @@ def cmd_bench(args, parser) -> int:
             importlib.import_module(module)
         except ImportError as err:
             parser.error(f"--plugin: cannot import {module!r} ({err})")
-    known = registry.names()
+    known = catalog.names()
     for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude),
                         ("--rerun", args.rerun)):
         bad = [n for n in names if n not in known]

@@ -24,6 +24,8 @@ import torch
 
 from suite import registry
 
+from suite import catalog
+
 DEGRADE_MODES = ("slow", "hungry")
 DEGRADABLE = ("own", "own_filter")
 
@@ -93,7 +95,7 @@ def register_degraded(mode: str, providers=DEGRADABLE) -> list[str]:
     Registering again returns the same names."""
     names = []
     for provider in providers:
-        base = registry.get(provider)
+        base = catalog.get(provider)
         name = degraded_name(base.name, mode)
         if name not in registry.PROVIDERS:
             registry.PROVIDERS[name] = dataclasses.replace(

@@ -415,9 +415,9 @@ def main(args) -> int:
 
 
 def _selection(args) -> list[Benchmark]:
-    from suite import registry
+    from suite import catalog
 
-    known = registry.names()
+    known = catalog.names()
     providers = known if args.providers is None else [p.strip() for p in args.providers.split(",")]
     bad = [p for p in providers if p not in known]
     if bad or not providers:

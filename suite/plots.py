@@ -78,15 +78,15 @@ OKABE_ITO = {
 
 
 def _registered_styles() -> dict:
-    from suite import registry
+    from suite import catalog
 
-    return {p.name: dict(p.style) for p in registry.in_figure_order()}
+    return {p.name: dict(p.style) for p in catalog.in_figure_order()}
 
 
 def _registered_labels() -> dict:
-    from suite import registry
+    from suite import catalog
 
-    return {p.name: p.label for p in registry.in_figure_order()}
+    return {p.name: p.label for p in catalog.in_figure_order()}
 
 
 PROVIDER_STYLE = _registered_styles()  # in the registry's figure order

@@ -103,37 +103,6 @@ def register(name: str, *, summary: str, features=("softcap",), requires=None, e
     return deco
 
 
-def get(name: str) -> Provider:
-    load_all()
-    try:
-        return PROVIDERS[name]
-    except KeyError:
-        known = ", ".join(sorted(PROVIDERS))
-        raise ValueError(f"unknown provider {name!r}; known providers: {known}") from None
-
-
-def names() -> list[str]:
-    load_all()
-    return list(PROVIDERS)
-
-
-def in_figure_order() -> list[Provider]:
-    """Registered providers by their ``order`` (then registration order)."""
-    load_all()
-    return sorted(PROVIDERS.values(), key=lambda p: p.order)
-
-
-def peer_origins() -> dict[str, dict]:
-    """{provider: its installed peer's version/commit/source} for every installed peer (what
-    env.json records, so a result names the peer versions it measured)."""
-    load_all()
-    return {p.name: info for p in PROVIDERS.values() if (info := p.installed())}
-
-
-def load_all() -> None:
-    import suite.providers  # noqa: F401  (importing registers every provider)
-
-
 # ---- reusable availability checks -------------------------------------------------------
 
 def distribution_origin(dist: str, path: list[str] | None = None) -> dict | None:

@@ -76,7 +76,7 @@ def environment(device: str | None = None) -> dict:
     env["git_commit"], env["git_dirty"] = git_commit()
     # Each peer provider's installed version, and the commit where pip recorded one (a source
     # install): the results name the peer versions they measured.
-    from suite.registry import peer_origins
+    from suite.catalog import peer_origins
 
     env["peers"] = peer_origins()
     if cuda:

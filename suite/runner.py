@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from suite import presets, registry
+from suite import catalog, presets, registry
 from suite.isolate import Worker, serve
 from suite.inputs import make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
@@ -149,7 +149,7 @@ def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer,
         if progress is not None:
             progress.update(1)
 
-    provs = [registry.get(p) for p in providers]
+    provs = [catalog.get(p) for p in providers]
     # Providers that cannot run here need no inputs: record them without building any.
     runnable = []
     for p in provs:
@@ -264,10 +264,10 @@ def _checked(phases, providers, reps, warmup, isolate, rerun, resume):
     for ph in phases:
         if ph not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {ph!r}")
-    providers = [registry.get(p).name for p in providers]  # validates names
+    providers = [catalog.get(p).name for p in providers]  # validates names
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got reps={reps} warmup={warmup}")
-    rerun = {registry.get(p).name for p in rerun}
+    rerun = {catalog.get(p).name for p in rerun}
     if rerun and not resume:
         raise ValueError("rerun needs resume (it re-measures providers of an existing run)")
     if isolate is True:

@@ -8,7 +8,7 @@ import torch  # importing torch does not import triton
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from suite import registry  # noqa: E402
+from suite import catalog, registry  # noqa: E402  (catalog: every provider registered)
 
 
 @pytest.fixture
@@ -18,7 +18,6 @@ def temp_providers():
 
     def add(name, fn, **kw):
         kw.setdefault("summary", f"test provider {name}")
-        registry.load_all()
         registry.register(name, **kw)(fn)
         added.append(name)
         return name

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from suite import cli, degrade, gate, registry
+from suite import catalog, cli, degrade, gate, registry
 from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, read_rows
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -328,7 +328,7 @@ def test_hungry_holds_a_quarter_classifier_buffer_until_the_backward():
 def test_degraded_variants_registered_under_their_own_names(tiny_gate):
     names = degrade.register_degraded("hungry")
     assert names == ["own_hungry", "own_filter_hungry"]
-    assert registry.get("own_hungry").exact and not registry.get("own_filter_hungry").exact
+    assert catalog.get("own_hungry").exact and not catalog.get("own_filter_hungry").exact
     assert degrade.base_provider("own_filter_hungry") == "own_filter"
     with pytest.raises(ValueError, match="degrade mode"):
         degrade.degraded_name("own", "fast")

@@ -10,14 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 
-def known_cycle(component: set[str]) -> bool:
-    """The one known cycle, left to its owner: suite.registry.load_all() imports
-    suite.providers, whose modules import suite.registry to register themselves."""
-    return "suite.registry" in component and all(
-        m == "suite.registry" or m == "suite.providers" or m.startswith("suite.providers.")
-        for m in component)
-
-
 def module_files(package: str = "suite") -> dict[str, Path]:
     files = {}
     for path in (ROOT / package).rglob("*.py"):
@@ -96,5 +88,5 @@ def test_cycle_finder_sees_lazy_and_relative_imports(tmp_path):
 
 def test_no_import_cycles_in_the_suite():
     found = cycles(suite_graph())
-    unknown = [c for c in found if not known_cycle(c)]
+    unknown = found
     assert not unknown, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in unknown)

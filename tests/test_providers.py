@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from suite import registry
+
+from suite import catalog
 from suite.inputs import make_inputs
 from suite.reference import reference, rel_err
 
@@ -26,10 +28,10 @@ def _device():
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", catalog.names())
 def test_provider_matches_reference(name, case):
     opts = CASES[case]
-    p = registry.get(name)
+    p = catalog.get(name)
     device = _device()
     reason = p.unavailable_reason(device)
     if reason:
@@ -68,8 +70,8 @@ def test_provider_matches_reference(name, case):
 
 
 def test_every_provider_is_listed_with_a_reason_when_unavailable():
-    for name in registry.names():
-        p = registry.get(name)
+    for name in catalog.names():
+        p = catalog.get(name)
         for device in ("cpu", "cuda"):
             reason = p.unavailable_reason(device)
             assert reason is None or (isinstance(reason, str) and reason.strip()), name
@@ -77,7 +79,7 @@ def test_every_provider_is_listed_with_a_reason_when_unavailable():
 
 def test_unknown_provider_names_the_known_ones():
     with pytest.raises(ValueError, match="known providers: .*naive"):
-        registry.get("nope")
+        catalog.get("nope")
 
 
 # ---- the peers of issue 26: registration, availability reasons, options ------------------
@@ -91,19 +93,19 @@ NEW_PEERS = ("apple_cce_exact", "apple_cce_kahan", "apple_cce_pypi", "liger_flce
 
 def test_new_peers_are_registered_with_their_package_and_install_line():
     for name in NEW_PEERS:
-        p = registry.get(name)
+        p = catalog.get(name)
         assert p.package in (apple.PACKAGE, liger.PACKAGE, quack.PACKAGE), name
         assert p.install and p.install.startswith("pip install"), name
-    assert registry.get("quack").install == quack.INSTALL
-    assert registry.get("liger_flce_cute").install == liger.CUTE_INSTALL
-    assert "git+https://github.com/apple/ml-cross-entropy" in registry.get("apple_cce_exact").install
+    assert catalog.get("quack").install == quack.INSTALL
+    assert catalog.get("liger_flce_cute").install == liger.CUTE_INSTALL
+    assert "git+https://github.com/apple/ml-cross-entropy" in catalog.get("apple_cce_exact").install
     # exactness as the presets define it: cce_exact filters nothing, cce_kahan_full_c filters dE
-    assert registry.get("apple_cce_exact").exact and not registry.get("apple_cce_kahan").exact
+    assert catalog.get("apple_cce_exact").exact and not catalog.get("apple_cce_kahan").exact
 
 
 def test_quack_has_no_softcap_or_bias_so_such_cells_are_unsupported():
     for name in ("quack", "quack_chunked"):
-        p = registry.get(name)
+        p = catalog.get(name)
         assert p.features == frozenset()
         assert p.unsupported_reason(bias=False, softcap=30.0) == f"{name} has no softcap option"
         assert p.unsupported_reason(bias=True, softcap=None) == f"{name} has no bias input"
@@ -114,9 +116,9 @@ def test_an_uninstalled_peer_names_its_install_line(monkeypatch):
     real = registry.importlib.util.find_spec
     monkeypatch.setattr(registry.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("quack", "liger_kernel") else real(name, *a))
-    assert registry.get("quack").unavailable_reason("cuda") == \
+    assert catalog.get("quack").unavailable_reason("cuda") == \
         f"quack-kernels is not installed (install: {quack.INSTALL})"
-    assert registry.get("liger_flce_cute").unavailable_reason("cpu") == \
+    assert catalog.get("liger_flce_cute").unavailable_reason("cpu") == \
         f"liger-kernel is not installed (install: {liger.INSTALL})"
 
 
@@ -160,9 +162,9 @@ def test_apple_pypi_folder_with_the_release_is_available_and_recorded(tmp_path, 
     _fake_dist(tmp_path, "cut-cross-entropy", apple.PYPI_RELEASE)
     monkeypatch.setenv(apple.PYPI_ENV, str(tmp_path))
     assert apple._needs_pypi_folder(None) is None
-    origin = registry.get("apple_cce_pypi").installed()
+    origin = catalog.get("apple_cce_pypi").installed()
     assert origin["version"] == apple.PYPI_RELEASE and apple.PYPI_ENV in origin["source"]
-    assert registry.peer_origins()["apple_cce_pypi"] == origin
+    assert catalog.peer_origins()["apple_cce_pypi"] == origin
 
 
 def test_a_source_install_records_its_commit(tmp_path):
@@ -229,11 +231,11 @@ def test_liger_flce_is_pinned_to_triton(monkeypatch):
 
 
 def test_registration_carries_the_figure_style_label_and_order():
-    styles = [registry.get(n).style for n in registry.names()]
+    styles = [catalog.get(n).style for n in catalog.names()]
     assert all(set(s) == {"color", "marker", "linestyle"} for s in styles)
     combos = {(s["color"], s["marker"], s["linestyle"]) for s in styles}
     assert len(combos) == len(styles)  # no two providers look alike
-    order = [p.name for p in registry.in_figure_order()]
+    order = [p.name for p in catalog.in_figure_order()]
     assert order.index("naive") < order.index("apple_cce") < order.index("quack") < order.index("own")
     with pytest.raises(ValueError, match="style needs exactly"):
         registry.register("bad_style", summary="x", style=dict(color="#000000"))

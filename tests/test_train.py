@@ -94,7 +94,7 @@ INTERPRETED = ["own", "own_filter", "own_low_memory", "liger_ce"]  # the Triton 
 INTERPRETER_SCRIPT = textwrap.dedent("""
     import json, math, sys
     import torch
-    from suite import registry, train as tr
+    from suite import catalog, train as tr
     cfg = tr.GPTConfig(vocab=97, seq_len=16, d_model=32, n_layer=2, n_head=2)
     STEPS = 6
     out = {}
@@ -105,7 +105,7 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
             except Exception as err:
                 out[name] = {"skip": f"own_kernel does not import: {err!r}"}
                 continue
-        provider = registry.get(name)
+        provider = catalog.get(name)
         chain = tr.markov_chain(cfg.vocab, seed=0)
         idx, tgt = tr.instruction_batch(tr.sample_tokens(chain, 60, 17, seed=1), seed=2)
         torch.manual_seed(0)

@@ -6,7 +6,7 @@ import torch
 
 from suite.inputs import make_inputs
 from suite.reference import reference
-from suite.registry import get
+from suite.catalog import get
 
 PROVIDERS = "naive,own,own_filter,own_low_memory"
 

@@ -71,7 +71,7 @@ def peer_versions(run_dir) -> str:
     """The peer libraries a run measured, as 'package version (commit): providers; ...', from
     its env files' `peers` entries (a later session's entry wins), or, for runs recorded before
     those entries existed, env.json's liger-kernel and cut-cross-entropy versions."""
-    from suite import registry
+    from suite import catalog
 
     envs = read_envs(run_dir)
     peers: dict = {}
@@ -84,7 +84,7 @@ def peer_versions(run_dir) -> str:
     groups: dict[tuple, list[str]] = {}
     for provider, info in peers.items():
         try:
-            package = registry.get(provider).package or provider
+            package = catalog.get(provider).package or provider
         except ValueError:  # a provider this checkout no longer registers
             package = provider
         commit = info.get("commit")

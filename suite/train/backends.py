@@ -6,6 +6,8 @@ import dataclasses
 import torch
 
 from suite import registry
+
+from suite import catalog
 from suite.measure import is_oom
 from suite.train.data import IGNORE_INDEX
 
@@ -16,8 +18,8 @@ def get_backend(name: str) -> registry.Provider:
     """A registry provider, or ``selective+X``: provider X on the rows whose target is not
     ignore_index only (seed 000's last step: selective hidden states + LigerCrossEntropyLoss)."""
     if not name.startswith(SELECTIVE_PREFIX):
-        return registry.get(name)
-    base = registry.get(name[len(SELECTIVE_PREFIX):])
+        return catalog.get(name)
+    base = catalog.get(name[len(SELECTIVE_PREFIX):])
 
     def fn(e, c, targets, *, ignore_index=IGNORE_INDEX, **kw):
         keep = targets != ignore_index

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from suite import registry
+from suite import catalog
 from suite.isolate import InProcess, Worker
 from suite.train.backends import SELECTIVE_PREFIX
 from suite.train.bench import print_savings, run_bench
@@ -75,7 +75,7 @@ def _int_list(text):
 
 def _name_list(text):
     names = [x.strip() for x in text.split(",") if x.strip()]
-    known = registry.names()
+    known = catalog.names()
     bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in known]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown backend(s) {bad or text!r}; known: {', '.join(known)}, "
