@@ -1,0 +1,258 @@
+"""Train a Hugging Face causal LM (transformers >= 5) through ``linear_cross_entropy``.
+
+    from own_kernel.transformers import patch, unpatch
+    patch(model)          # model: a loaded LlamaForCausalLM, Gemma2ForCausalLM, ...
+    loss = model(input_ids, labels=labels).loss   # no N x V logits are built
+    unpatch(model)        # the model's own forward again
+
+``patch`` replaces ``forward`` on the instance (never on the class, so other instances are
+untouched) with one generic wrapper: it runs the base model (``model.model``) for the final hidden
+states and computes the loss from them and ``lm_head`` (weight, bias) the way the model's own
+``ForCausalLMLoss`` does: labels shifted by one (padded with ``ignore_index``) or the caller's
+``shift_labels``, ``ignore_index`` (-100 by default), mean over the used targets or, when
+``num_items_in_batch`` is passed (``Trainer`` with gradient accumulation), their sum divided by
+it. Each architecture's logit transform is applied inside the kernel: Gemma 2 / 3
+``final_logit_softcapping``, Cohere's ``logit_scale`` and Granite's ``logits_scaling`` (a scale of
+the logits is a scale of the hidden states and the bias). Tied embeddings need nothing: the
+kernel reads ``lm_head.weight``, the shared parameter, and its gradient reaches it.
+
+The patched call returns ``logits=None``. The model's own forward runs, unchanged, when a call has
+no ``labels``, asks for logits (``logits_to_keep`` other than 0, as ``generate`` does), or, with
+``logits_in_eval=True`` (the default), when the model is in eval mode: ``Trainer``'s evaluation
+reads logits for its metrics. Patching a patched model raises (``unpatch`` first to change the
+options); ``unpatch`` removes the instance attribute, so ``model.forward`` is the class's again.
+Patch before anything wraps the model's forward (accelerate, ``Trainer``) or compiles it.
+
+transformers is imported inside the functions: ``own_kernel`` needs only torch and triton.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import Tensor, nn
+
+from own_kernel.api import linear_cross_entropy
+
+
+def _no_transform(model) -> tuple[float, float | None]:
+    return 1.0, None
+
+
+def _gemma_softcap(model) -> tuple[float, float | None]:
+    return 1.0, model.config.final_logit_softcapping  # None switches it off, as in the model
+
+
+def _cohere_scale(model) -> tuple[float, float | None]:
+    return float(model.logit_scale), None  # logits * logit_scale
+
+
+def _granite_scale(model) -> tuple[float, float | None]:
+    return 1.0 / float(model.config.logits_scaling), None  # logits / logits_scaling
+
+
+# Class name -> (logit scale, softcap) of a model. Each of these classes' forward is: base model,
+# slice_logits_to_keep, lm_head, this transform, loss_function (ForCausalLMLoss); the tests
+# check every one against its unpatched forward. Qwen 2.5 models are Qwen2ForCausalLM.
+LOGIT_TRANSFORMS: dict[str, Callable] = {
+    "LlamaForCausalLM": _no_transform,
+    "MistralForCausalLM": _no_transform,
+    "Qwen2ForCausalLM": _no_transform,
+    "Qwen3ForCausalLM": _no_transform,
+    "Phi3ForCausalLM": _no_transform,
+    "PhiForCausalLM": _no_transform,  # lm_head has a bias
+    "GemmaForCausalLM": _no_transform,
+    "Gemma2ForCausalLM": _gemma_softcap,
+    "Gemma3ForCausalLM": _gemma_softcap,  # text-only Gemma 3 (model_type gemma3_text)
+    "CohereForCausalLM": _cohere_scale,
+    "GraniteForCausalLM": _granite_scale,
+}
+SUPPORTED = tuple(sorted(LOGIT_TRANSFORMS))
+# The parameters of those classes' forward in transformers 5, which the patched forward repeats.
+_STOCK_PARAMETERS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values",
+                     "inputs_embeds", "labels", "use_cache", "logits_to_keep", "kwargs")
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    filter_eps: float | str | None
+    low_memory: bool
+    logits_in_eval: bool
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What a patched forward needs of its class, looked up once at patch time."""
+    logit_transform: Callable  # model -> (logit scale, softcap)
+    stock_loss: Callable  # transformers' ForCausalLMLoss, the loss the patch reproduces
+
+
+# ---- patch / unpatch -------------------------------------------------------------------------
+
+def _stock_class(model) -> type:
+    """The supported transformers class that ``model`` is, with its forward not overridden."""
+    import transformers
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a transformers ...ForCausalLM module; got "
+                        f"{type(model).__name__}")
+    for cls in type(model).__mro__:
+        if cls.__name__ in LOGIT_TRANSFORMS and cls is getattr(transformers, cls.__name__, None):
+            break
+    else:
+        raise ValueError(f"model: {type(model).__name__} is not supported by "
+                         f"own_kernel.transformers.patch; supported: {', '.join(SUPPORTED)}")
+    if type(model).forward is not cls.forward:
+        raise ValueError(f"model: {type(model).__name__} overrides {cls.__name__}.forward; patch "
+                         f"supports the stock forward only (its loss semantics are checked)")
+    return cls
+
+
+def _patched_options(model) -> PatchOptions | None:
+    """The options of the patch installed on ``model``, or None. The marker names its function:
+    a wrapper of the patched forward (functools.wraps copies the marker) is not the patch."""
+    installed = getattr(model.__dict__.get("forward"), "__func__", None)
+    options, patched = getattr(installed, "_own_kernel_patch", (None, None))
+    return options if patched is installed else None
+
+
+def _check_stock_signature(cls) -> None:
+    names = tuple(inspect.signature(cls.forward).parameters)
+    if names != _STOCK_PARAMETERS:
+        raise ValueError(f"model: {cls.__name__}.forward takes {names}; the patch was written for "
+                         f"{_STOCK_PARAMETERS} (a transformers version it does not know?)")
+
+
+def _check_options(filter_eps, low_memory, logits_in_eval) -> None:
+    """The kernel checks these again at each call; here a bad one fails at patch time."""
+    if filter_eps is not None and filter_eps != "auto" and (
+            isinstance(filter_eps, str) or not float(filter_eps) >= 0):
+        raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
+    for name, value in (("low_memory", low_memory), ("logits_in_eval", logits_in_eval)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected True or False; got {value!r}")
+    if filter_eps is not None and low_memory:
+        raise ValueError(f"low_memory: computes exact gradients only; got filter_eps={filter_eps!r}")
+
+
+def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = False,
+          logits_in_eval: bool = True):
+    """Make ``model`` (a supported ``...ForCausalLM``) compute its loss through
+    ``linear_cross_entropy(hidden, lm_head.weight, ...)``; returns the model.
+
+    ``filter_eps`` and ``low_memory`` are passed to the kernel (see its docstring).
+    ``logits_in_eval=False`` uses the kernel in eval mode too (``logits=None`` there). Raises
+    ValueError for an unsupported architecture, a model patched already, a forward replaced on the
+    instance (patch before wrapping the model) or an ``lm_head`` that is not a plain nn.Linear.
+    """
+    cls = _stock_class(model)
+    _check_stock_signature(cls)
+    if _patched_options(model) is not None:
+        raise ValueError("model: already patched; call unpatch(model) first to change options")
+    if "forward" in model.__dict__:
+        raise ValueError("model: its forward was replaced on the instance (by a wrapper such as "
+                         "accelerate's); patch the model before wrapping it")
+    if type(getattr(model, "lm_head", None)) is not nn.Linear:
+        raise ValueError(f"model: lm_head must be a plain torch.nn.Linear (the kernel reads its "
+                         f"weight and bias); got {type(getattr(model, 'lm_head', None)).__name__}")
+    _check_options(filter_eps, low_memory, logits_in_eval)
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    options = PatchOptions(filter_eps, low_memory, logits_in_eval)
+    head = _Head(LOGIT_TRANSFORMS[cls.__name__], ForCausalLMLoss)
+    model.forward = types.MethodType(_make_forward(cls.forward, head, options), model)
+    return model
+
+
+def unpatch(model):
+    """Undo ``patch``: ``model.forward`` is the class's own again. Returns the model."""
+    if _patched_options(model) is None:
+        raise ValueError("model: not patched by own_kernel.transformers.patch (or its forward "
+                         "was wrapped again after patching)")
+    del model.__dict__["forward"]
+    return model
+
+
+# ---- the patched forward ---------------------------------------------------------------------
+
+def _asks_for_logits(logits_to_keep) -> bool:
+    if isinstance(logits_to_keep, Tensor):
+        return True  # positions to keep: the caller wants those logits
+    return logits_to_keep != 0
+
+
+def _make_forward(stock_forward, head: _Head, options: PatchOptions):
+    # An explicit signature, the stock one (_check_stock_signature), rather than binding *args
+    # at each call: nothing for torch.compile to trace through. wraps: inspect.signature of the
+    # patched forward stays the stock one, so Trainer still passes it num_items_in_batch.
+    @functools.wraps(stock_forward)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
+                logits_to_keep=0, **kwargs):
+        base_inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, past_key_values=past_key_values,
+                           inputs_embeds=inputs_embeds, use_cache=use_cache)
+        if (labels is None or _asks_for_logits(logits_to_keep)
+                or (options.logits_in_eval and not self.training)):
+            return stock_forward(self, labels=labels, logits_to_keep=logits_to_keep,
+                                 **base_inputs, **kwargs)
+        return _forward_with_kernel_loss(self, base_inputs, labels, kwargs, head, options)
+
+    forward._own_kernel_patch = (options, forward)
+    return forward
+
+
+def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: dict,
+                              head: _Head, options: PatchOptions):
+    """The stock forward's base-model call and loss, with the loss from the kernel."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    kwargs = dict(kwargs)
+    # can_return_tuple's rule (the decorator of the stock forward): the call's return_dict,
+    # else the config's; it is not passed on.
+    return_dict = kwargs.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(model.config, "return_dict", True)
+    # The stock forward passes its **kwargs to both the base model and the loss; so do we.
+    outputs = model.model(**base_inputs, **kwargs)
+    loss = _causal_lm_loss(model, outputs.last_hidden_state, labels, head, options, **kwargs)
+    result = CausalLMOutputWithPast(loss=loss, logits=None,
+                                    past_key_values=outputs.past_key_values,
+                                    hidden_states=outputs.hidden_states,
+                                    attentions=outputs.attentions)
+    return result if return_dict else result.to_tuple()
+
+
+def _check_stock_loss(model, head: _Head) -> None:
+    if model.loss_function is not head.stock_loss:
+        raise ValueError(f"model: its loss_function is {model.loss_function!r}, not transformers' "
+                         f"ForCausalLMLoss, whose semantics the patch reproduces; unpatch(model) "
+                         f"to use it")
+
+
+def _causal_lm_loss(model, hidden: Tensor, labels: Tensor, head: _Head, options: PatchOptions, *,
+                    num_items_in_batch=None, ignore_index: int = -100,
+                    shift_labels: Tensor | None = None, **_unused) -> Tensor:
+    """ForCausalLMLoss(logits=transform(lm_head(hidden)), labels, ...) without the logits."""
+    _check_stock_loss(model, head)
+    if shift_labels is None:
+        # As ForCausalLMLoss: position i predicts labels[i + 1]; the last predicts nothing.
+        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = shift_labels.to(hidden.device)
+    scale, softcap = head.logit_transform(model)
+    weight, bias = model.lm_head.weight, model.lm_head.bias
+    if scale != 1.0:
+        hidden = hidden * scale
+        bias = bias * scale if bias is not None else None
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    loss = linear_cross_entropy(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
+                                softcap=softcap, reduction=reduction,
+                                filter_eps=options.filter_eps, low_memory=options.low_memory)
+    if num_items_in_batch is not None:
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
