@@ -88,6 +88,7 @@ class _Head:
     """What a patched forward needs of its class, looked up once at patch time."""
     logit_transform: Callable  # model -> (logit scale, softcap)
     stock_loss: Callable  # transformers' ForCausalLMLoss, the loss the patch reproduces
+    output_class: type  # transformers' CausalLMOutputWithPast
 
 
 # ---- patch / unpatch -------------------------------------------------------------------------
@@ -160,9 +161,10 @@ def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = Fa
                          f"weight and bias); got {type(getattr(model, 'lm_head', None)).__name__}")
     _check_options(filter_eps, low_memory, logits_in_eval)
     from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
     options = PatchOptions(filter_eps, low_memory, logits_in_eval)
-    head = _Head(LOGIT_TRANSFORMS[cls.__name__], ForCausalLMLoss)
+    head = _Head(LOGIT_TRANSFORMS[cls.__name__], ForCausalLMLoss, CausalLMOutputWithPast)
     model.forward = types.MethodType(_make_forward(cls.forward, head, options), model)
     return model
 
@@ -208,8 +210,6 @@ def _make_forward(stock_forward, head: _Head, options: PatchOptions):
 def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: dict,
                               head: _Head, options: PatchOptions):
     """The stock forward's base-model call and loss, with the loss from the kernel."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
     kwargs = dict(kwargs)
     # can_return_tuple's rule (the decorator of the stock forward): the call's return_dict,
     # else the config's; it is not passed on.
@@ -219,10 +219,8 @@ def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: 
     # The stock forward passes its **kwargs to both the base model and the loss; so do we.
     outputs = model.model(**base_inputs, **kwargs)
     loss = _causal_lm_loss(model, outputs.last_hidden_state, labels, head, options, **kwargs)
-    result = CausalLMOutputWithPast(loss=loss, logits=None,
-                                    past_key_values=outputs.past_key_values,
-                                    hidden_states=outputs.hidden_states,
-                                    attentions=outputs.attentions)
+    result = head.output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                               hidden_states=outputs.hidden_states, attentions=outputs.attentions)
     return result if return_dict else result.to_tuple()
 
 
