@@ -54,7 +54,8 @@ def _granite_scale(model) -> tuple[float, float | None]:
     return 1.0 / float(model.config.logits_scaling), None  # logits / logits_scaling
 
 
-# Class name -> (logit scale, softcap) of a model. Each of these classes' forward is: base model,
+# Class name -> a function of the model giving its (logit scale, softcap), read at each call (the
+# config may change). Each of these classes' forward is: base model,
 # slice_logits_to_keep, lm_head, this transform, loss_function (ForCausalLMLoss); the tests
 # check every one against its unpatched forward. Qwen 2.5 models are Qwen2ForCausalLM.
 LOGIT_TRANSFORMS: dict[str, Callable] = {

@@ -24,7 +24,7 @@ TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_l
             # Larger weights than the default 0.02: logits of order 1-10, so that the softcaps
             # and logit scales below change the loss measurably.
             initializer_range=0.3)
-# Architecture -> (config class, model class, what it exercises beyond Llama's path).
+# Architecture -> (config class, model class, settings that make its logit transform matter).
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
@@ -32,10 +32,10 @@ ARCHS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "phi": ("PhiConfig", "PhiForCausalLM", {}),  # lm_head bias
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", {}),  # tied
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0}),  # tied
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"final_logit_softcapping": 2.0}),
-    "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25}),  # tied
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"logits_scaling": 4.0}),
 }
 
