@@ -176,6 +176,8 @@ class ChunkWriter:
         e, n, elt = self.e, self.e.shape[0], self.e.element_size()
         args = (self.bias, self.rows, self.g.sums, ch.v_start)
         if ch.in_tail:
+            if self.tail_work is None:  # a re-planned rest can reach a tail the first plan had not
+                self.tail_work = _tail_work(e, self.c.shape[0], self.cfg)
             w = self.tail_work[:, :ch.width]
             if self.recompute is not None:
                 self.recompute.write(w, *args[1:])
@@ -365,7 +367,7 @@ def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, 
               de32=torch.zeros((n, d), device=e.device, dtype=torch.float32),
               sums=Sums.zeros(n, v, e.device, len(plan) if decision else None),
               row_scale=row_scale)
-    de, tail_work = _tail_buffers(e, v, cfg, g, any(ch.in_tail for ch in plan))
+    de, tail_work = _tail_buffers(e, v, cfg, g)
     writer = ChunkWriter(e, c, bias, rows, g, opts, cfg, tma, tail_work)
     filtered = False
     if decision is None:
@@ -375,7 +377,7 @@ def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, 
             return chunk_plan(n, v, d, e.element_size(), cfg, tma=tma, v_first=v_next,
                               lookahead=False)
         filtered = FilteredRun(writer, decision, scale).run(plan, replan)
-    del tail_work
+    writer.tail_work = tail_work = None  # freed before dE's buffer is made (the peak)
     return _assemble(writer, scale, filtered, (e_mean, c_mean), de if de is not None else de_out)
 
 
@@ -392,22 +394,31 @@ def _filter_worth_it(e, v, cfg, filter_options, tma, uniform):
     return filter_options if filter_can_skip(n, v, d, e.element_size(), cfg, tma) else None
 
 
-def _tail_buffers(e, v, cfg, g, has_tail):
+def _tail_buffers(e, v, cfg, g):
     """(dE's output buffer or None, the tail's W buffer or None): the tail works in dE's buffer
-    when that is wide enough (plan.tail_width), else in a buffer of its own."""
+    when that is wide enough (plan.tail_width); else its own buffer is made when a tail chunk
+    first needs it (_tail_work)."""
     n, d = e.shape
     tail = tail_width(n, v, d, e.element_size(), cfg)
     de = work = None
     if tail.in_de:
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * tail.width].view(n, tail.width)
-    elif has_tail:
-        work = torch.empty((n, tail.width), device=e.device, dtype=e.dtype)
     if cfg.poison:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
             work.fill_(float("nan"))
     return de, work
+
+
+def _tail_work(e, v, cfg):
+    """The tail's own W buffer (N x its chunk width)."""
+    n, d = e.shape
+    work = torch.empty((n, tail_width(n, v, d, e.element_size(), cfg).width), device=e.device,
+                       dtype=e.dtype)
+    if cfg.poison:
+        work.fill_(float("nan"))
+    return work
 
 
 def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
