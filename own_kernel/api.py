@@ -24,11 +24,16 @@ AUTO_EPS = {torch.bfloat16: 2.0**-12, torch.float16: 2.0**-14, torch.float32: 2.
 AUTO_FLAT_P_MAX = 2.0**-8
 
 
-def _check_runnable(device: torch.device) -> None:
+def _check_runnable(device: torch.device, dtype: torch.dtype) -> None:
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             f"own_kernel runs on a CUDA device, or on the CPU under TRITON_INTERPRET=1 "
             f"(set it before importing triton); got tensors on {device}")
+    if device.type != "cuda" and dtype == torch.bfloat16:
+        # The interpreter's bf16 arithmetic is wrong (losses off by orders of magnitude): an
+        # error, never a silently wrong loss.
+        raise TypeError("e: bfloat16 does not run under the Triton interpreter (its bf16 "
+                        "arithmetic is wrong); on the CPU use float32 or float16")
 
 
 # ---- the public function ---------------------------------------------------------------------
@@ -59,7 +64,7 @@ def _validate_tensors(e, c, targets, bias):
             raise ValueError(f"bias: expected shape ({c.shape[0]},); got {tuple(bias.shape)}")
         if bias.dtype != e.dtype:
             raise TypeError(f"bias: dtype {bias.dtype} must match e's dtype {e.dtype}")
-    _check_runnable(e.device)
+    _check_runnable(e.device, e.dtype)
 
 
 def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory):

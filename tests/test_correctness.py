@@ -4,6 +4,7 @@ fix (CPU, Triton interpreter; fp32 / fp16: the interpreter's bf16 arithmetic is 
 CCE_TEST_DEVICE=cuda runs them with the compiled kernels on a GPU."""
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -158,3 +159,14 @@ def test_none_with_shift_returns_the_positions_that_predict_and_mean_of_nothing_
     e3, t3 = e.view(2, 9, 8), t.view(2, 9)
     assert linear_cross_entropy(e3, c, t3, reduction="none", shift=1).shape == (2, 8)
     assert torch.isnan(linear_cross_entropy(e, c, torch.full_like(t, -100)))
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="compiled kernels run bf16 (the property test "
+                                                "covers it there)")
+def test_bf16_under_the_interpreter_is_refused_not_silently_wrong():
+    # The interpreter's bf16 arithmetic is wrong: an error naming the argument, never a loss.
+    e, c, t = _inputs()
+    with pytest.raises(TypeError, match="e: bfloat16 does not run under the Triton interpreter"):
+        linear_cross_entropy(e.bfloat16(), c.bfloat16(), t)
+    with pytest.raises(TypeError, match="bfloat16"), torch.autocast("cpu", dtype=torch.bfloat16):
+        linear_cross_entropy(e, c, t)
