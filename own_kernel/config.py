@@ -150,6 +150,10 @@ class Config:
     compaction: Compaction = field(default_factory=Compaction)
     low_memory: LowMemory = field(default_factory=LowMemory)
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
+    # Tiles timed on the user's GPU on first use and cached on disk (autotune.py): the
+    # forward's from these candidates. Off: the tiles above as they are.
+    autotune: bool = False
+    forward_candidates: tuple = ()
 
 
 # Hopper (sm90), 16-bit inputs. Measured on an H200 unless said otherwise.
@@ -180,8 +184,20 @@ HOPPER_16BIT = Config(
     compaction=Compaction(fwd_min_flops=4e12),
 )
 
+# The portable forward's candidate tiles: the fixed 64 x 128 x 32 that runs everywhere, and
+# larger ones for GPUs with the registers and shared memory (sm80 and later); a candidate a GPU
+# cannot compile or run is skipped.
+_PORTABLE_FORWARD_CANDIDATES = (
+    Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 64, num_warps=8, num_stages=3),
+    Tiles(128, 256, 64, num_warps=8, num_stages=3),
+    Tiles(128, 128, 64, num_warps=4, num_stages=4),
+    Tiles(64, 256, 64, num_warps=8, num_stages=4),
+)
+
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers and shared
-# memory). Not tuned yet: fixed tiles that run everywhere.
+# memory). The forward's tiles are tuned on the user's GPU (autotune.py); the rest is fixed.
 PORTABLE = Config(
     name="portable",
     forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3)),
@@ -194,6 +210,8 @@ PORTABLE = Config(
     filter=Filter(max_width=4096, max_entries=0, min_flops=0.0, min_total_flops=0.0,
                   max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=2**62),
     compaction=Compaction(fwd_min_flops=4e12),
+    autotune=True,
+    forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
 )
 
 # The interpreter runs on numpy: tiny tiles, and chunks a few columns wide so that tiny shapes
@@ -265,12 +283,38 @@ def config_for(device: torch.device, dtype: torch.dtype) -> Config:
     return base
 
 
+TARGETS = ("hopper-16bit", "portable")
+_FORCED_TARGET: list[str] = [os.environ["CCE_OWN_TARGET"]] if os.environ.get("CCE_OWN_TARGET") else []
+
+
+@contextlib.contextmanager
+def use_target(name: str):
+    """Calls inside the block on a CUDA device take this target's config, e.g. "portable" on a
+    Hopper GPU (the path every other GPU takes). CCE_OWN_TARGET=portable does the same for a
+    whole process. Process-wide, as overridden() is."""
+    if name not in TARGETS:
+        raise ValueError(f"use_target: expected one of {', '.join(TARGETS)}; got {name!r}")
+    _FORCED_TARGET.append(name)
+    try:
+        yield
+    finally:
+        _FORCED_TARGET.pop()
+
+
 def _target_key(device: torch.device, dtype: torch.dtype) -> str:
     if INTERPRET or device.type != "cuda":
         return "interpreter"
-    if torch.cuda.get_device_capability(device)[0] == 9 and dtype != torch.float32:
-        return "hopper-16bit"
-    return "portable"
+    hopper = torch.cuda.get_device_capability(device)[0] == 9 and dtype != torch.float32
+    if _FORCED_TARGET:
+        forced = _FORCED_TARGET[-1]
+        if forced not in TARGETS:
+            raise ValueError(f"CCE_OWN_TARGET: expected one of {', '.join(TARGETS)}; got "
+                             f"{forced!r}")
+        if forced == "hopper-16bit" and not hopper:
+            raise ValueError("use_target('hopper-16bit'): needs a Hopper GPU (sm90) and 16-bit "
+                             "inputs")
+        return forced
+    return "hopper-16bit" if hopper else "portable"
 
 
 @functools.lru_cache(maxsize=None)

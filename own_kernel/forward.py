@@ -8,10 +8,14 @@ first loads overlap this tile's epilogue). The splits' partial (m2, s) are combi
 with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
 each row's loss (lse_combine.py).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from own_kernel.autotune import shape_bucket, time_launch, tune_key, tuned_tiles
+from own_kernel.config import with_overrides
 from own_kernel.forward_tma import forward_partials_tma
 from own_kernel.lse_combine import combine
 from own_kernel.plan import cdiv, split_plan
@@ -82,11 +86,35 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
     (n, d), v = e.shape, c.shape[0]
     if n == 0:  # distinct tensors: a custom op's outputs may not alias each other
         return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(4))
-    grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
     planes = 3 if label_smoothing > 0 else 2
-    part = torch.empty((planes, grid.splits, n), device=e.device, dtype=torch.float32)
     tma = cfg.forward.tma and v > 0 and tma_ready(e) and tma_ready(c)
+    if not tma and cfg.autotune and e.is_cuda:
+        cfg = _tuned(e, c, bias, targets, planes, softcap, ignore_index, cfg, skip_ignored)
+    grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+    part = torch.empty((planes, grid.splits, n), device=e.device, dtype=torch.float32)
     partials = forward_partials_tma if tma else forward_partials
     partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored)
     z_target = target_logit(e, c, bias, targets, softcap)
     return combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_ignored)
+
+
+def _tuned(e, c, bias, targets, planes, softcap, ignore_index, cfg, skip_ignored):
+    """cfg with the pointer forward's tiles tuned on this GPU for this shape bucket
+    (autotune.py): each candidate times the partials pass into a scratch buffer (the result is
+    not used), once per bucket and machine."""
+    (n, d), v = e.shape, c.shape[0]
+    key = tune_key("forward", e.device, e.dtype, shape_bucket(n, v, d))
+
+    def time_ms(tiles):
+        trial = _with_forward_tiles(cfg, tiles)
+        grid = split_plan(n, v, d, e.element_size(), trial, num_sms(e.device))
+        part = torch.empty((planes, grid.splits, n), device=e.device, dtype=torch.float32)
+        return time_launch(lambda: forward_partials(e, c, bias, targets, part, grid, softcap,
+                                                    ignore_index, trial, skip_ignored))
+
+    return _with_forward_tiles(cfg, tuned_tiles(key, cfg.forward_candidates, time_ms))
+
+
+@functools.lru_cache(maxsize=64)
+def _with_forward_tiles(cfg, tiles):
+    return with_overrides(cfg, {"forward": {"tiles": tiles}})

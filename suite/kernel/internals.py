@@ -99,3 +99,18 @@ def _compiled_variants(fn) -> list:
         kernels = cache[0] if isinstance(cache, tuple) else cache
         variants += list(kernels.values()) if isinstance(kernels, dict) else []
     return variants
+
+
+def run_portable_forward(e, c, targets, softcap) -> None:
+    """The forward on the portable path (on a CUDA GPU, its tiles are tuned on first use)."""
+    from own_kernel.config import use_target
+
+    with use_target("portable"):
+        forward_lse(e, c, targets, softcap)
+
+
+def portable_tile_cache():
+    """(the tile cache's path, its entries)."""
+    from own_kernel.autotune import cache_path, read_cache
+
+    return cache_path(), read_cache()

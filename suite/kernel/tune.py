@@ -58,6 +58,9 @@ def add_arguments(ap) -> None:
                     help="JSON list of config overrides timed filtered (default: FILTER)")
     ap.add_argument("--fwd", type=json.loads, default=None,
                     help="JSON list of config overrides timed for the forward (default: FWD)")
+    ap.add_argument("--portable", action="store_true",
+                    help="tune the portable path's tiles for the shape (bf16, fp16, fp32) into "
+                         "the on-disk cache and print the cache; nothing else")
     ap.add_argument("--dists", default="uniform,lm", help="input distributions of the filtered runs")
 
 
@@ -96,6 +99,8 @@ class Session:
 
 def main(args) -> int:
     require_cuda("tune")
+    if args.portable:
+        return pretune_portable(args)
     s = Session(args)
     n, d, v = args.n, args.d, args.v
     commit, dirty = git_commit()
@@ -262,3 +267,23 @@ def write(out, lines):
         with open(os.path.join(out, "tune.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
     return 0
+
+
+def pretune_portable(args) -> int:
+    """Fill the portable path's tile cache for this shape (each dtype), then print every entry:
+    later calls and processes on this GPU read it instead of tuning."""
+    from suite.kernel.internals import portable_tile_cache, run_portable_forward
+
+    for dtype in ("bf16", "fp16", "fp32"):
+        x = make_inputs("lm", args.n, args.d, args.v, dtype, seed=0, device="cuda",
+                        softcap=args.softcap or None)
+        run_portable_forward(x["e"], x["c"], x["targets"], args.softcap or None)
+    path, entries = portable_tile_cache()
+    lines = [f"portable tile cache: {path}"]
+    for key, entry in sorted(entries.items()):
+        tiles = entry["tiles"]
+        lines.append(f"  {key}: {tiles['block_n']} x {tiles['block_v']} x {tiles['block_d']}, "
+                     f"{tiles['num_warps']} warps, {tiles['num_stages']} stages "
+                     f"({entry['ms']:.3f} ms)")
+    print("\n".join(lines))
+    return write(args.out, lines)

@@ -31,3 +31,27 @@ def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           style=dict(color=VERMILLION, marker="^", linestyle=":"), order=62)
 def own_low_memory(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, low_memory=True)
+
+
+def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps):
+    # The path every GPU but Hopper takes (pointer kernels, tiles tuned on this GPU, the cuBLAS
+    # recompute backward), forced here so it can be measured beside the Hopper path.
+    from own_kernel.config import use_target
+
+    with use_target("portable"):
+        return _call(e, c, targets, bias, softcap, ignore_index, filter_eps)
+
+
+@register("own_portable", summary="own Triton CCE, exact, the portable (non-Hopper) path forced",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="D", linestyle="-."), order=63)
+def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _portable(e, c, targets, bias, softcap, ignore_index, None)
+
+
+@register("own_portable_filter",
+          summary="own Triton CCE, gradient filter, the portable (non-Hopper) path forced",
+          features=("bias", "softcap"), requires=needs_triton_device, exact=False,
+          style=dict(color=VERMILLION, marker="d", linestyle=(0, (3, 1, 1, 1))), order=64)
+def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _portable(e, c, targets, bias, softcap, ignore_index, "auto")
