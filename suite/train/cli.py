@@ -13,8 +13,9 @@ import torch
 
 from suite import catalog
 from suite.isolate import InProcess, Worker
+from suite.train import hf
 from suite.train.backends import SELECTIVE_PREFIX
-from suite.train.bench import print_savings, run_bench
+from suite.train.bench import bench_settings, print_savings, run_bench
 from suite.train.convergence import RERUN_LABEL, run_convergence
 from suite.train.model import GPTConfig, param_counts
 
@@ -24,6 +25,7 @@ DEFAULT_BACKENDS = ("naive", "own", "apple_cce", "liger_flce", "liger_ce", "sele
                     "selective", "chunked", "own_filter")
 DEFAULT_CONV_BACKENDS = ("naive", "own", "own_filter", "apple_cce", "liger_flce")
 WORKER_CMD = ("-m", "suite.train", "--worker")
+HF_CONV_LR = 3e-4  # the ~1B models: AdamW at the GPT's 1e-3 is too hot for them
 
 
 def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dict:
@@ -76,11 +78,24 @@ def _int_list(text):
 def _name_list(text):
     names = [x.strip() for x in text.split(",") if x.strip()]
     known = catalog.names()
-    bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in known]
+    bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in known
+           and n not in hf.HF_BACKENDS]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown backend(s) {bad or text!r}; known: {', '.join(known)}, "
-                                         f"and {SELECTIVE_PREFIX}<known>")
+                                         f"and {SELECTIVE_PREFIX}<known>; with --model hf:<arch>: "
+                                         f"{', '.join(hf.HF_BACKENDS)}")
     return names
+
+
+def _model_name(text):
+    """``gpt`` or ``hf:<arch>``; an unknown one names the supported ones."""
+    if text == "gpt":
+        return text
+    try:
+        hf.arch_of(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _frac_range(text):
@@ -96,14 +111,24 @@ def _frac_range(text):
 def add_arguments(parser) -> None:
     a = parser.add_argument
     a("--mode", choices=("bench", "convergence", "all"), default="all")
+    a("--model", type=_model_name, default="gpt",
+      help=f"gpt (the suite's own decoder, default) or a Hugging Face architecture built from a "
+           f"config with random init: {', '.join(hf.SUPPORTED)}")
+    a("--tiny", action="store_true",
+      help="with --model hf:<arch>: a tiny config (hidden 32, 2 layers, vocab 512) for the CPU")
+    a("--attn", default=None,
+      help="with --model hf:<arch>: the attention implementation (default: the model's)")
     a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    a("--out", default="results/train", help="output folder (default: results/train)")
-    a("--backends", type=_name_list, default=list(DEFAULT_BACKENDS),
-      help=f"bench backends (default: {','.join(DEFAULT_BACKENDS)})")
-    a("--vocab", type=_int_list, default=[32000, 151936], help="bench vocab sizes (default: 32000,151936)")
-    a("--d-model", type=int, default=512)
-    a("--n-layer", type=int, default=6)
-    a("--n-head", type=int, default=8)
+    a("--out", default=None,
+      help="output folder (default: results/train; results/train-hf-<arch> with --model hf:)")
+    a("--backends", type=_name_list, default=None,
+      help=f"bench backends (default: {','.join(DEFAULT_BACKENDS)}; with --model hf: "
+           f"{','.join(hf.HF_BACKENDS)})")
+    a("--vocab", type=_int_list, default=[32000, 151936],
+      help="bench vocab sizes (default: 32000,151936; --model gpt only)")
+    a("--d-model", type=int, default=512, help="--model gpt only (default: 512)")
+    a("--n-layer", type=int, default=6, help="--model gpt only (default: 6)")
+    a("--n-head", type=int, default=8, help="--model gpt only (default: 8)")
     a("--seq-len", type=int, default=2048)
     a("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 = bf16 autocast (default)")
     a("--softcap", type=float, default=None)
@@ -117,13 +142,16 @@ def add_arguments(parser) -> None:
     a("--warmup", type=int, default=2, help="untimed steps before timing (default: 2)")
     a("--timed-steps", type=int, default=5, help="timed steps per backend (default: 5)")
     a("--steps", type=int, default=300, help="convergence training steps (default: 300)")
-    a("--conv-backends", type=_name_list, default=list(DEFAULT_CONV_BACKENDS),
-      help=f"convergence backends (default: {','.join(DEFAULT_CONV_BACKENDS)})")
-    a("--no-rerun", action="store_true", help=f"do not train naive twice ({RERUN_LABEL})")
-    a("--conv-vocab", type=int, default=32000)
+    a("--conv-backends", type=_name_list, default=None,
+      help=f"convergence backends (default: {','.join(DEFAULT_CONV_BACKENDS)}; with --model hf: "
+           f"{','.join(hf.HF_CONV_BACKENDS)})")
+    a("--no-rerun", action="store_true",
+      help=f"do not train the reference twice ({RERUN_LABEL}, or hf_loss_rerun)")
+    a("--conv-vocab", type=int, default=32000, help="--model gpt only (default: 32000)")
     a("--conv-seq-len", type=int, default=1024)
     a("--conv-batch", type=int, default=16)
-    a("--conv-lr", type=float, default=1e-3)
+    a("--conv-lr", type=float, default=None,
+      help=f"peak learning rate (default: 1e-3; {HF_CONV_LR:g} with --model hf:)")
     a("--conv-warmup", type=int, default=30, help="lr warm-up steps (default: 30)")
     a("--tol", type=float, default=0.01, help="parity tolerance, relative (default: 0.01)")
     a("--smooth", type=int, default=20, help="moving-average window of the parity check (default: 20)")
@@ -136,7 +164,41 @@ def add_arguments(parser) -> None:
     a("--replot", action="store_true", help="only redraw the plots from the CSVs in --out")
 
 
+def resolve_model(args) -> None:
+    """Fill in what depends on --model: ``args.hf`` (the architecture and its config kwargs, or
+    None for the GPT), the default backends, output folder and convergence learning rate; a
+    backend of the other model kind is an error naming the argument."""
+    is_hf = args.model != "gpt"
+    args.hf = None
+    if is_hf:
+        arch = hf.arch_of(args.model)
+        args.hf = {"arch": arch, "config": hf.config_kwargs(arch, seq_len=max(
+            args.seq_len, args.conv_seq_len), tiny=args.tiny, attn=args.attn)}
+    elif args.tiny or args.attn:
+        raise SystemExit("train-bench: --tiny and --attn apply to --model hf:<arch> only")
+    if args.out is None:
+        args.out = f"results/train-hf-{args.hf['arch']}" if is_hf else "results/train"
+    if args.conv_lr is None:
+        args.conv_lr = HF_CONV_LR if is_hf else 1e-3
+    for flag, default in (("backends", DEFAULT_BACKENDS), ("conv_backends", DEFAULT_CONV_BACKENDS)):
+        names = getattr(args, flag)
+        if names is None:
+            setattr(args, flag, list((hf.HF_CONV_BACKENDS if flag == "conv_backends"
+                                      else hf.HF_BACKENDS) if is_hf else default))
+            continue
+        if is_hf:
+            bad = [n for n in names if n not in hf.HF_BACKENDS]
+        else:
+            bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in catalog.names()]
+        if bad:
+            kind = f"--model {args.model}"
+            known = ", ".join(hf.HF_BACKENDS) if is_hf else "the suite's providers (suite list)"
+            raise SystemExit(f"train-bench: --{flag.replace('_', '-')} {','.join(bad)}: not a "
+                             f"backend of {kind}; its backends: {known}")
+
+
 def _check_args(args):
+    resolve_model(args)
     for name in ("d_model", "n_layer", "n_head", "seq_len", "max_batch", "timed_steps", "steps",
                  "conv_seq_len", "conv_batch", "conv_vocab", "smooth"):
         if getattr(args, name) < 1:
@@ -175,6 +237,15 @@ def _session(args, runner, out: Path) -> dict:
 
 
 def _announce(args) -> None:
+    if args.hf:
+        fields = bench_settings(args)[0][0]
+        cfg = args.hf["config"]
+        print(f"train-bench: {args.model}: {cfg['num_hidden_layers']} layers, hidden "
+              f"{cfg['hidden_size']}, vocab {cfg['vocab_size']}, {fields['n_params'] / 1e6:.1f}M "
+              f"params ({fields['n_params_nonemb'] / 1e6:.1f}M without the embedding and an "
+              f"untied head), softcap {fields['softcap'] or 'none'}; budget {args.budget_s:.0f} s",
+              flush=True)
+        return
     est = estimate_seconds(args)
     n_params, n_nonemb = param_counts(GPTConfig(32000, args.seq_len, args.d_model, args.n_layer,
                                                 args.n_head))
@@ -205,12 +276,13 @@ def make_runner(in_process: bool):
 
 
 def main(args) -> int:
-    out = Path(args.out)
     if args.replot:
-        for path in make_plots(out):
+        resolve_model(args)
+        for path in make_plots(Path(args.out)):
             print(path)
         return 0
     _check_args(args)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
@@ -222,7 +294,8 @@ def main(args) -> int:
         if args.mode in ("convergence", "all"):
             conv_rows = run_convergence(args, runner, out, deadline, common)
         if args.mode in ("bench", "all"):
-            print_savings(run_bench(args, runner, out, deadline, common))
+            print_savings(run_bench(args, runner, out, deadline, common),
+                          hf.reference_backend(args))
     finally:
         runner.close()
     try:

@@ -15,6 +15,7 @@ from suite.measure import MIB, RegionTimer
 from suite.results import CsvAppender
 from suite.schema import (TRAIN_CONVERGENCE_CSV, TRAIN_CONVERGENCE_FIELDS, TRAIN_CURVE_FIELDS,
                           TRAIN_CURVES_CSV)
+from suite.train import hf
 from suite.train.backends import failure, provider_problem
 from suite.train.data import instruction_batch, markov_chain, sample_tokens
 from suite.train.model import GPT, GPTConfig, make_optimizer, train_step
@@ -30,23 +31,19 @@ def lr_at(step: int, *, steps: int, lr: float, warmup: int, min_ratio: float = 0
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _train(job: dict, provider, model, opt, idx_all, tgt_all, out: dict) -> tuple[list, list, RegionTimer]:
-    """Train ``job['steps']`` steps, each timed; stops early on a non-finite loss. A failure
-    goes into ``out``; returns (losses, learning rates, timer) of the steps done."""
+def _train(job: dict, step, idx_all, tgt_all, out: dict) -> tuple[list, list, RegionTimer]:
+    """Train ``job['steps']`` steps of ``step(opt_lr, idx, targets) -> loss``, each timed; stops
+    early on a non-finite loss. A failure goes into ``out``; returns (losses, learning rates,
+    timer) of the steps done."""
     dev, steps, batch = idx_all.device, job["steps"], job["batch"]
-    amp, softcap = job["dtype"] == "bf16", job.get("softcap")
     losses, lrs, timer = [], [], RegionTimer(dev)
     try:
         for s in range(steps):
             lr = lr_at(s, steps=steps, lr=job["lr"], warmup=job["warmup_steps"])
-            for group in opt.param_groups:
-                group["lr"] = lr
             lrs.append(lr)
             sl = slice(s * batch, (s + 1) * batch)
             with timer.region():
-                losses.append(train_step(model, opt, idx_all[sl], tgt_all[sl],
-                                         lambda e, c, t, **kw: provider.fn(e, c, t, **kw),
-                                         amp=amp, softcap=softcap))
+                losses.append(step(lr, idx_all[sl], tgt_all[sl]))
             if (s + 1) % 50 == 0 and not torch.isfinite(losses[-1]).item():
                 break  # diverged: no point finishing
     except Exception as err:  # noqa: BLE001 - a failing backend is data
@@ -54,15 +51,19 @@ def _train(job: dict, provider, model, opt, idx_all, tgt_all, out: dict) -> tupl
     return losses, lrs, timer
 
 
-def converge_job(job: dict) -> dict:
-    """Train ``job['steps']`` steps from ``job['seed']`` on the same batches; returns the curve."""
-    dev = torch.device(job["device"])
+def _with_lr(opt, train_one):
+    """``train_one(idx, targets)`` as a step of the schedule: sets the learning rate first."""
+    def step(lr, idx, targets):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        return train_one(idx, targets)
+
+    return step
+
+
+def _gpt_run(job: dict, dev, provider):
+    """(step, input ids, targets, sequence length) of a GPT job."""
     cfg = GPTConfig(**job["model"])
-    out = {"run": job["run"], "backend": job["backend"], "status": "ok", "error": ""}
-    provider, status, reason = provider_problem(job["backend"], dev, job.get("softcap"))
-    out["exact"] = int(provider.exact)
-    if status:
-        return {**out, "status": status, "error": reason}
     chain = markov_chain(cfg.vocab, seed=job["seed"])
     idx_all, tgt_all = instruction_batch(
         sample_tokens(chain, job["steps"] * job["batch"], cfg.seq_len + 1, seed=job["seed"] + 1,
@@ -72,16 +73,69 @@ def converge_job(job: dict) -> dict:
     with dev:
         model = GPT(cfg)
     opt = make_optimizer(model, job["lr"], dev)
+    amp, softcap = job["dtype"] == "bf16", job.get("softcap")
+
+    def loss_fn(e, c, t, **kw):
+        return provider.fn(e, c, t, **kw)
+
+    return (_with_lr(opt, lambda i, t: train_step(model, opt, i, t, loss_fn, amp=amp,
+                                                  softcap=softcap)),
+            idx_all, tgt_all, cfg.seq_len)
+
+
+def _hf_run(job: dict, dev):
+    """(step, input ids, labels, sequence length) of a Hugging Face job (``job['hf']``), its
+    model patched for the job's backend (hf.Unsupported when the backend cannot)."""
+    arch, kwargs = job["hf"]["arch"], job["hf"]["config"]
+    idx_all, labels_all = hf.corpus(kwargs["vocab_size"], job["steps"] * job["batch"],
+                                    job["seq_len"], prompt_frac=job["prompt_frac"],
+                                    seed=job["seed"], device=dev)
+    torch.manual_seed(job["seed"])
+    model = hf.build_model(arch, kwargs, dev)
+    hf.apply_backend(model, job["backend"], arch)
+    opt = make_optimizer(model, job["lr"], dev)
+    amp = job["dtype"] == "bf16"
+    return (_with_lr(opt, lambda i, t: hf.hf_train_step(model, opt, i, t, amp=amp)),
+            idx_all, labels_all, job["seq_len"])
+
+
+def _problem_and_run(job: dict, dev, out: dict):
+    """The job's (step, inputs, targets, sequence length), or None with the reason in ``out``."""
+    if job.get("hf"):
+        out["exact"], status, reason = hf.backend_problem(job["backend"], dev)
+    else:
+        provider, status, reason = provider_problem(job["backend"], dev, job.get("softcap"))
+        out["exact"] = int(provider.exact)
+    if status:
+        out.update(status=status, error=reason)
+        return None
+    if not job.get("hf"):
+        return _gpt_run(job, dev, provider)
+    try:
+        return _hf_run(job, dev)
+    except hf.Unsupported as err:
+        out.update(status="unsupported", error=str(err))
+        return None
+
+
+def converge_job(job: dict) -> dict:
+    """Train ``job['steps']`` steps from ``job['seed']`` on the same batches; returns the curve."""
+    dev = torch.device(job["device"])
+    out = {"run": job["run"], "backend": job["backend"], "status": "ok", "error": ""}
+    run = _problem_and_run(job, dev, out)
+    if run is None:
+        return out
+    step, idx_all, tgt_all, seq_len = run
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    losses, lrs, timer = _train(job, provider, model, opt, idx_all, tgt_all, out)
+    losses, lrs, timer = _train(job, step, idx_all, tgt_all, out)
     if out.get("fatal"):
         return out  # the context is gone: nothing on the device can be read back
     times = timer.times()
     out["loss"] = torch.stack(losses).tolist() if losses else []
     out["lr"] = lrs[:len(out["loss"])]
     out["ms_step"] = times[:len(out["loss"])]
-    out["tokens_per_step"] = job["batch"] * cfg.seq_len
+    out["tokens_per_step"] = job["batch"] * seq_len
     if dev.type == "cuda":
         out["peak_mib"] = torch.cuda.max_memory_allocated(dev) / MIB
     return out
@@ -131,7 +185,24 @@ def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int) -> dict:
 
 # ---- the convergence runs (in the parent) -----------------------------------------------------
 
-def _train_runs(args, runner, cfg: GPTConfig, runs, deadline: float, out: Path) -> dict:
+def conv_setting(args) -> tuple[dict, dict]:
+    """(the verdict rows' model columns, the jobs' model fields) of the convergence model: the
+    GPT of the --conv-* shape, or the Hugging Face model of ``args.hf`` at --conv-seq-len."""
+    if getattr(args, "hf", None):
+        kwargs = args.hf["config"]
+        fields = dict(vocab=kwargs["vocab_size"], d_model=kwargs["hidden_size"],
+                      n_layer=kwargs["num_hidden_layers"], seq_len=args.conv_seq_len)
+        return fields, dict(hf=args.hf, seq_len=args.conv_seq_len, softcap=None)
+    cfg = GPTConfig(args.conv_vocab, args.conv_seq_len, args.d_model, args.n_layer, args.n_head)
+    fields = dict(vocab=cfg.vocab, d_model=cfg.d_model, n_layer=cfg.n_layer, seq_len=cfg.seq_len)
+    return fields, dict(model=asdict(cfg), softcap=args.softcap)
+
+
+def rerun_label(reference: str) -> str:
+    return RERUN_LABEL if reference == "naive" else f"{reference}_rerun"
+
+
+def _train_runs(args, runner, model_fields: dict, runs, deadline: float, out: Path) -> dict:
     """Each (label, backend) run's job result; their curves appended to train_curves.csv."""
     curves = CsvAppender(out / TRAIN_CURVES_CSV, TRAIN_CURVE_FIELDS, extras="ignore")
     results = {}
@@ -141,7 +212,7 @@ def _train_runs(args, runner, cfg: GPTConfig, runs, deadline: float, out: Path) 
             results[label] = {"status": "skipped", "error": "time budget (--budget-s) spent"}
             continue
         job = dict(kind="converge", run=label, backend=backend, device=args.device,
-                   model=asdict(cfg), dtype=args.dtype, softcap=args.softcap, seed=args.seed,
+                   **model_fields, dtype=args.dtype, seed=args.seed,
                    steps=args.steps, batch=args.conv_batch, lr=args.conv_lr,
                    warmup_steps=args.conv_warmup, prompt_frac=args.prompt_frac)
         t0 = time.monotonic()
@@ -157,12 +228,12 @@ def _train_runs(args, runner, cfg: GPTConfig, runs, deadline: float, out: Path) 
     return results
 
 
-def _verdict_row(args, cfg, label, backend, res, ref, warm, common) -> dict:
+def _verdict_row(args, fields, label, backend, res, ref, warm, common) -> dict:
     loss = res.get("loss") or []
+    reference = hf.reference_backend(args)
     row = {**common, "run": label, "backend": backend, "exact": res.get("exact", ""),
            "error": res.get("error", ""), "steps": args.steps, "steps_done": len(loss),
-           "vocab": cfg.vocab, "d_model": cfg.d_model, "n_layer": cfg.n_layer,
-           "seq_len": cfg.seq_len, "batch": args.conv_batch, "lr": args.conv_lr,
+           **fields, "batch": args.conv_batch, "lr": args.conv_lr,
            "tol": args.tol, "warmup_steps": warm, "smooth": args.smooth,
            "peak_mib": res.get("peak_mib", float("nan"))}
     ms = res.get("ms_step") or []
@@ -172,12 +243,12 @@ def _verdict_row(args, cfg, label, backend, res, ref, warm, common) -> dict:
         row["tokens_per_s"] = res["tokens_per_step"] / (row["ms_step"] / 1e3)
     if res.get("status") != "ok" and not loss:
         row["verdict"] = res.get("status", "error")
-    elif label == "naive":
+    elif label == reference:
         row.update(verdict="reference", first_loss=loss[0],
                    final_loss=statistics.fmean(loss[-args.smooth:]))
     elif not ref:
         row["verdict"] = "no reference"
-        row["error"] = row["error"] or "the naive run has no curve"
+        row["error"] = row["error"] or f"the {reference} run has no curve"
     else:
         row.update(parity_verdict(loss, ref, tol=args.tol, warmup=warm, window=args.smooth))
         if res.get("status") != "ok":
@@ -186,17 +257,18 @@ def _verdict_row(args, cfg, label, backend, res, ref, warm, common) -> dict:
 
 
 def run_convergence(args, runner, out: Path, deadline: float, common: dict) -> list[dict]:
-    cfg = GPTConfig(args.conv_vocab, args.conv_seq_len, args.d_model, args.n_layer, args.n_head)
+    fields, model_fields = conv_setting(args)
+    reference = hf.reference_backend(args)
     runs = [(b, b) for b in args.conv_backends]
-    if not args.no_rerun and "naive" in args.conv_backends:
-        runs.insert(1, (RERUN_LABEL, "naive"))
-    results = _train_runs(args, runner, cfg, runs, deadline, out)
-    ref = results.get("naive", {}).get("loss") or []
+    if not args.no_rerun and reference in args.conv_backends:
+        runs.insert(1, (rerun_label(reference), reference))
+    results = _train_runs(args, runner, model_fields, runs, deadline, out)
+    ref = results.get(reference, {}).get("loss") or []
     warm = max(args.conv_warmup, args.steps // 10)
     summary = CsvAppender(out / TRAIN_CONVERGENCE_CSV, TRAIN_CONVERGENCE_FIELDS, extras="ignore")
     rows = []
     for label, backend in runs:
-        row = _verdict_row(args, cfg, label, backend, results[label], ref, warm, common)
+        row = _verdict_row(args, fields, label, backend, results[label], ref, warm, common)
         summary.add(row)
         rows.append(row)
         print(f"parity {label:>12}: {row['verdict']:<10} max dev "
