@@ -155,7 +155,12 @@ def test_the_step_bench_configs_are_the_real_vocabularies_at_about_1b_parameters
     resolve_model(args)
     assert args.backends == list(hf.HF_BACKENDS) and args.conv_backends == ["hf_loss", "own"]
     assert args.out == "results/train-hf-gemma2" and args.seq_len == 2048
+    assert (args.conv_batch, args.conv_lr) == (4, 3e-4)
     assert args.hf["config"]["vocab_size"] == 256000
+    args = parse([])
+    resolve_model(args)
+    assert (args.hf, args.out, args.conv_batch, args.conv_lr) == (None, "results/train", 16, 1e-3)
+    assert args.backends == list(tr.DEFAULT_BACKENDS)
 
 
 def test_cli_errors_name_the_argument_and_the_supported_architectures():

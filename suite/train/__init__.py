@@ -2,12 +2,24 @@
 
     python -m suite train-bench --out results/train_h100 --mode all      # one GPU command
     python -m suite.train       --out results/train_h100 --mode all      # same, without the CLI
+    python -m suite train-bench --model hf:gemma2                       # a Hugging Face model
 
 The package, along its seams: ``model`` (the decoder, one training step, the memory
 breakdown), ``data`` (the synthetic corpus), ``backends`` (loss providers, ``selective+X``),
 ``bench`` (largest batch, peak memory and tokens/s), ``convergence`` (loss curves and parity
-verdicts), ``worker`` (the jobs as run in the worker process) and ``cli`` (arguments, the
-session). Columns of its CSVs: ``suite/schema.py`` (TRAIN_*_FIELDS).
+verdicts), ``hf`` (``--model hf:<arch>``: Hugging Face architectures and their loss patches),
+``worker`` (the jobs as run in the worker process) and ``cli`` (arguments, the session). Columns
+of its CSVs: ``suite/schema.py`` (TRAIN_*_FIELDS).
+
+``--model hf:<arch>`` (llama, gemma2 and every other architecture own_kernel.transformers
+supports; ``suite/train/hf.py``) replaces the GPT with a transformers model built from a config
+(random init, ~1B parameters at the published vocabulary; ``--tiny`` for the CPU) and the loss
+providers with whole-model patches: ``hf_loss`` (the model's own logits and loss: the reference,
+in the place of naive), ``own`` / ``own_filter`` (own_kernel.transformers.patch), ``liger_flce``
+(Liger's apply_liger_kernel_to_<arch>, its fused linear cross entropy only) and ``apple_cce``
+(Apple's cce_patch). The same bench and convergence machinery runs them (the rows' columns are the
+GPT's: d_model is the hidden size, n_params counted on the model); the output folder defaults to
+``results/train-hf-<arch>``.
 
 The model is a small GPT-style decoder in plain PyTorch (nanoGPT-like: token + position
 embeddings, pre-LayerNorm blocks with causal SDPA attention and a 4x GELU MLP, final LayerNorm,

@@ -25,7 +25,11 @@ DEFAULT_BACKENDS = ("naive", "own", "apple_cce", "liger_flce", "liger_ce", "sele
                     "selective", "chunked", "own_filter")
 DEFAULT_CONV_BACKENDS = ("naive", "own", "own_filter", "apple_cce", "liger_flce")
 WORKER_CMD = ("-m", "suite.train", "--worker")
-HF_CONV_LR = 3e-4  # the ~1B models: AdamW at the GPT's 1e-3 is too hot for them
+# The Hugging Face models' convergence defaults: ~1B parameters want a cooler AdamW than the
+# GPT's 1e-3, and the reference's logits at Gemma 2's vocabulary (fp32 upcast, softcap, log-softmax
+# and gradient, ~16 B per logit) fit an 80 GiB GPU at 4 x 1024 tokens, not at 16 x 1024.
+HF_CONV_LR = 3e-4
+HF_CONV_BATCH = 4
 
 
 def estimate_seconds(args, gpu_gib: float = 75.0, tflops: float = 150e12) -> dict:
@@ -149,7 +153,8 @@ def add_arguments(parser) -> None:
       help=f"do not train the reference twice ({RERUN_LABEL}, or hf_loss_rerun)")
     a("--conv-vocab", type=int, default=32000, help="--model gpt only (default: 32000)")
     a("--conv-seq-len", type=int, default=1024)
-    a("--conv-batch", type=int, default=16)
+    a("--conv-batch", type=int, default=None,
+      help=f"sequences per convergence step (default: 16; {HF_CONV_BATCH} with --model hf:)")
     a("--conv-lr", type=float, default=None,
       help=f"peak learning rate (default: 1e-3; {HF_CONV_LR:g} with --model hf:)")
     a("--conv-warmup", type=int, default=30, help="lr warm-up steps (default: 30)")
@@ -166,8 +171,8 @@ def add_arguments(parser) -> None:
 
 def resolve_model(args) -> None:
     """Fill in what depends on --model: ``args.hf`` (the architecture and its config kwargs, or
-    None for the GPT), the default backends, output folder and convergence learning rate; a
-    backend of the other model kind is an error naming the argument."""
+    None for the GPT), the default backends, output folder and convergence batch and learning
+    rate; a backend of the other model kind is an error naming the argument."""
     is_hf = args.model != "gpt"
     args.hf = None
     if is_hf:
@@ -180,21 +185,29 @@ def resolve_model(args) -> None:
         args.out = f"results/train-hf-{args.hf['arch']}" if is_hf else "results/train"
     if args.conv_lr is None:
         args.conv_lr = HF_CONV_LR if is_hf else 1e-3
-    for flag, default in (("backends", DEFAULT_BACKENDS), ("conv_backends", DEFAULT_CONV_BACKENDS)):
+    if args.conv_batch is None:
+        args.conv_batch = HF_CONV_BATCH if is_hf else 16
+    _resolve_backends(args, is_hf)
+
+
+def _resolve_backends(args, is_hf: bool) -> None:
+    """--backends and --conv-backends: the model kind's defaults, or the names given, each of
+    which must be a backend of that kind."""
+    defaults = {"backends": hf.HF_BACKENDS if is_hf else DEFAULT_BACKENDS,
+                "conv_backends": hf.HF_CONV_BACKENDS if is_hf else DEFAULT_CONV_BACKENDS}
+    for flag, default in defaults.items():
         names = getattr(args, flag)
         if names is None:
-            setattr(args, flag, list((hf.HF_CONV_BACKENDS if flag == "conv_backends"
-                                      else hf.HF_BACKENDS) if is_hf else default))
+            setattr(args, flag, list(default))
             continue
         if is_hf:
             bad = [n for n in names if n not in hf.HF_BACKENDS]
         else:
             bad = [n for n in names if n.removeprefix(SELECTIVE_PREFIX) not in catalog.names()]
         if bad:
-            kind = f"--model {args.model}"
             known = ", ".join(hf.HF_BACKENDS) if is_hf else "the suite's providers (suite list)"
             raise SystemExit(f"train-bench: --{flag.replace('_', '-')} {','.join(bad)}: not a "
-                             f"backend of {kind}; its backends: {known}")
+                             f"backend of --model {args.model}; its backends: {known}")
 
 
 def _check_args(args):

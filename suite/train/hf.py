@@ -7,7 +7,8 @@ layers as bring the parameter count to about ``TARGET_PARAMS`` (at most the publ
 the vocabulary, tying and architecture settings are the published model's (Gemma 2: 256000 and
 final-logit softcap 30). ``--tiny`` builds a few-thousand-parameter version for the CPU.
 Attention: the model's default implementation (``--attn`` to choose another; Gemma 2 has no
-SDPA path in transformers 5, so its default is eager with the attention softcap 50).
+SDPA path in transformers 5, so its default is eager with the attention softcap 50). The KV cache
+is off (``use_cache=False``), as in training.
 
 Backends (``HF_BACKENDS``): ``hf_loss`` the model's own forward (logits, ForCausalLMLoss, the
 reference); ``own`` / ``own_filter`` ``own_kernel.transformers.patch(model)`` exact /
