@@ -12,6 +12,8 @@ from own_kernel.gemm import HostScalar
 from own_kernel.ops import LceRowsEager, lce_rows
 from own_kernel.options import FilterOptions, Options
 from own_kernel.plan import compaction_pays
+from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel, refuse_dtensor,
+                                       vocab_parallel_rows)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # filter_eps="auto": skip a tile when every gradient entry is below the input dtype's resolution
@@ -172,7 +174,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                          filter_eps: float | str | None = None, return_lse: bool = False,
-                         low_memory: bool = False):
+                         low_memory: bool = False, vocab_parallel: VocabParallel | None = None):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
@@ -186,13 +188,22 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
     gradients' size, at the cost of a second recompute of the logits (backward_low_memory.py);
     by default the backward holds an fp32 copy of dE (4 bytes per entry of e).
+    ``vocab_parallel=VocabParallel(group, start, stop)``: c (and bias) are this rank's columns
+    [start, stop) of the vocabulary, e and targets the whole problem's on every rank; the loss
+    is the gathered problem's, dE is all-reduced, dC this shard's (eagerly: a graph break under
+    torch.compile; vocab_parallel.py).
     """
+    refuse_dtensor(e=e, c=c, targets=targets, bias=bias)
     if torch.is_autocast_enabled(e.device.type):
         dtype = torch.get_autocast_dtype(e.device.type)
         e, c = e.to(dtype), c.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory)
+    v_total = c.shape[0]
+    if vocab_parallel is not None:  # the targets index the whole vocabulary
+        check_vocab_parallel(vocab_parallel, c)
+        v_total = vocab_parallel.vocab_size(e.device)
     opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
                     low_memory)
     lead = targets.shape
@@ -203,12 +214,14 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         shifted[..., :-shift] = targets[..., shift:]
         targets = shifted
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    check, count = check_and_count_targets(t2, c.shape[0], ignore_index)
-    if torch.compiler.is_compiling():
+    check, count = check_and_count_targets(t2, v_total, ignore_index)
+    if vocab_parallel is not None:
+        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check)
+    elif torch.compiler.is_compiling():
         loss_rows, lse, _, _ = lce_rows(e2, c, t2, bias, *opts.op_args())
     else:
         loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, check)
-    _raise_on_bad_targets(check, targets, c.shape[0], ignore_index)
+    _raise_on_bad_targets(check, targets, v_total, ignore_index)
     if return_lse:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
     # A sum over every row (the last `shift` positions are ignored, their loss 0): its gradient
@@ -228,11 +241,12 @@ class LinearCrossEntropy(nn.Module):
     def __init__(self, *, ignore_index: int = -100, softcap: float | None = None,
                  reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                  filter_eps: float | str | None = None, return_lse: bool = False,
-                 low_memory: bool = False):
+                 low_memory: bool = False, vocab_parallel: VocabParallel | None = None):
         super().__init__()
         self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
                             shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
-                            return_lse=return_lse, low_memory=low_memory)
+                            return_lse=return_lse, low_memory=low_memory,
+                            vocab_parallel=vocab_parallel)
 
     def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
         return linear_cross_entropy(e, c, targets, bias=bias, **self.options)
