@@ -176,3 +176,5 @@ def test_cli_errors_name_the_argument_and_the_supported_architectures():
         resolve_model(parse(["--conv-backends", "naive,hf_loss"]))
     with pytest.raises(SystemExit, match="--tiny"):
         resolve_model(parse(["--tiny"]))
+    with pytest.raises(SystemExit, match="--vocab, --softcap applies to --model gpt only"):
+        resolve_model(parse(["--model", "hf:gemma2", "--vocab", "1000", "--softcap", "20"]))

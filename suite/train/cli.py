@@ -29,6 +29,10 @@ WORKER_CMD = ("-m", "suite.train", "--worker")
 # GPT's 1e-3, and the reference's logits at Gemma 2's vocabulary (fp32 upcast, softcap, log-softmax
 # and gradient, ~16 B per logit) fit an 80 GiB GPU at 4 x 1024 tokens, not at 16 x 1024.
 HF_CONV_LR = 3e-4
+# The GPT's shape arguments and their defaults: with --model hf: the architecture sets these, and
+# a value other than the default is an error rather than silently ignored.
+GPT_ONLY = {"vocab": [32000, 151936], "d_model": 512, "n_layer": 6, "n_head": 8, "softcap": None,
+            "conv_vocab": 32000}
 HF_CONV_BATCH = 4
 
 
@@ -128,14 +132,15 @@ def add_arguments(parser) -> None:
     a("--backends", type=_name_list, default=None,
       help=f"bench backends (default: {','.join(DEFAULT_BACKENDS)}; with --model hf: "
            f"{','.join(hf.HF_BACKENDS)})")
-    a("--vocab", type=_int_list, default=[32000, 151936],
+    a("--vocab", type=_int_list, default=GPT_ONLY["vocab"],
       help="bench vocab sizes (default: 32000,151936; --model gpt only)")
-    a("--d-model", type=int, default=512, help="--model gpt only (default: 512)")
-    a("--n-layer", type=int, default=6, help="--model gpt only (default: 6)")
-    a("--n-head", type=int, default=8, help="--model gpt only (default: 8)")
+    a("--d-model", type=int, default=GPT_ONLY["d_model"], help="--model gpt only (default: 512)")
+    a("--n-layer", type=int, default=GPT_ONLY["n_layer"], help="--model gpt only (default: 6)")
+    a("--n-head", type=int, default=GPT_ONLY["n_head"], help="--model gpt only (default: 8)")
     a("--seq-len", type=int, default=2048)
     a("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 = bf16 autocast (default)")
-    a("--softcap", type=float, default=None)
+    a("--softcap", type=float, default=GPT_ONLY["softcap"],
+      help="--model gpt only (a Hugging Face model has its architecture's)")
     a("--prompt-frac", type=_frac_range, default=(0.5, 0.7),
       help="range of the prompt fraction per sequence, labelled ignore_index (default: 0.5,0.7)")
     a("--seed", type=int, default=0)
@@ -151,7 +156,8 @@ def add_arguments(parser) -> None:
            f"{','.join(hf.HF_CONV_BACKENDS)})")
     a("--no-rerun", action="store_true",
       help=f"do not train the reference twice ({RERUN_LABEL}, or hf_loss_rerun)")
-    a("--conv-vocab", type=int, default=32000, help="--model gpt only (default: 32000)")
+    a("--conv-vocab", type=int, default=GPT_ONLY["conv_vocab"],
+      help="--model gpt only (default: 32000)")
     a("--conv-seq-len", type=int, default=1024)
     a("--conv-batch", type=int, default=None,
       help=f"sequences per convergence step (default: 16; {HF_CONV_BATCH} with --model hf:)")
@@ -176,6 +182,10 @@ def resolve_model(args) -> None:
     is_hf = args.model != "gpt"
     args.hf = None
     if is_hf:
+        given = [n for n, default in GPT_ONLY.items() if getattr(args, n) != default]
+        if given:
+            raise SystemExit(f"train-bench: {', '.join('--' + n.replace('_', '-') for n in given)} "
+                             f"applies to --model gpt only; {args.model} has its architecture's")
         arch = hf.arch_of(args.model)
         args.hf = {"arch": arch, "config": hf.config_kwargs(arch, seq_len=max(
             args.seq_len, args.conv_seq_len), tiny=args.tiny, attn=args.attn)}
