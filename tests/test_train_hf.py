@@ -178,3 +178,22 @@ def test_cli_errors_name_the_argument_and_the_supported_architectures():
         resolve_model(parse(["--tiny"]))
     with pytest.raises(SystemExit, match="--vocab, --softcap applies to --model gpt only"):
         resolve_model(parse(["--model", "hf:gemma2", "--vocab", "1000", "--softcap", "20"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["hf_loss", "own"])
+def test_hf_bench_job_on_cuda(backend):
+    """The CUDA-only parts (batch search, peak and its breakdown, the split step's loss share)
+    on a tiny Gemma 2 (softcap 30) in bf16."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    job = dict(kind="bench", backend=backend, device="cuda", seq_len=256, softcap=None,
+               hf={"arch": "gemma2", "config": hf.config_kwargs("gemma2", seq_len=256, tiny=True)},
+               dtype="bf16", seed=0, lr=1e-4, prompt_frac=[0.5, 0.7], search=True, max_batch=4,
+               warmup=1, timed_steps=2, batch="max")
+    res = tr.run_job(job)
+    assert res["status"] == "ok", res
+    assert res["max_batch"] == 4 and res["max_batch_capped"] == 1 and res["batch"] == 4
+    parts = sum(res[k] for k in ("weights_mib", "grads_mib", "optim_mib", "act_mib", "loss_mib"))
+    assert parts == pytest.approx(res["peak_mib"])
+    assert res["loss_mib"] > 0 and res["saved_act_mib"] > 0 and res["tokens_per_s"] > 0
