@@ -12,6 +12,7 @@ show that it catches a wrong combine.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -26,7 +27,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from own_kernel import VocabParallel, linear_cross_entropy, vocab_parallel  # noqa: E402
+from own_kernel import (LinearCrossEntropy, VocabParallel, linear_cross_entropy,  # noqa: E402
+                        vocab_parallel)
 
 N, D, V = 14, 16, 37
 TOL_FP64 = 1e-5     # against fp64, relative to the largest entry of each result
@@ -259,7 +261,9 @@ def _compiled(rank, world):
     def whole(e):  # its own code object: dynamo's cache of step would skip fullgraph's check
         return linear_cross_entropy(e, c[start:stop], t, vocab_parallel=vp)
 
-    out = {"eager_vs_compiled": _err(torch.compile(step, backend="aot_eager")(e), step(e))}
+    module = LinearCrossEntropy(softcap=4.0, vocab_parallel=vp)
+    out = {"eager_vs_compiled": _err(torch.compile(step, backend="aot_eager")(e), step(e)),
+           "module_vs_function": _err(module(e, c[start:stop], t), step(e))}
     try:
         torch.compile(whole, backend="aot_eager", fullgraph=True)(e)
         out["fullgraph"] = "no error"
@@ -295,7 +299,9 @@ def _worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A collective some rank never reaches fails after the timeout instead of hanging CI.
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         res = {"cases": {}, "broken": {}}
         for i, (name, case) in enumerate(CASES.items()):
@@ -409,6 +415,7 @@ def test_torch_compile_runs_it_eagerly_and_fullgraph_says_why_not(ranks):
         pytest.skip("the torch.compile case runs in the two-rank world")
     for res in ranks:
         assert res["compiled"]["eager_vs_compiled"] == 0.0, res["compiled"]
+        assert res["compiled"]["module_vs_function"] == 0.0, res["compiled"]
         assert "vocab_parallel runs eagerly" in res["compiled"]["fullgraph"]
 
 
