@@ -731,12 +731,14 @@ def plot_train_bench(rows: list[dict], out_dir: Path) -> list[Path]:
 
 
 def plot_train_convergence(summary: list[dict], curves: dict, out_dir: Path) -> list[Path]:
-    """Smoothed loss per run (top) and its relative deviation from naive's of the same run
-    folder (bottom, with the tolerance band and the warm-up shaded). ``summary``: verdict rows
-    (train_convergence.csv); ``curves``: (source, run) -> losses by step."""
+    """Smoothed loss per run (top) and its relative deviation from the reference run of the same
+    run folder (the row whose verdict is "reference": naive for the GPT bench, the model's own
+    loss for Hugging Face models; bottom, with the tolerance band and the warm-up shaded).
+    ``summary``: verdict rows (train_convergence.csv); ``curves``: (source, run) -> losses."""
     drawn = [r for r in summary if curves.get((r["source"], r["run"]))]
     if not drawn:
         return []
+    reference = {r["source"]: r["run"] for r in drawn if r["verdict"] == "reference"}
     window = int(_float(drawn[0]["smooth"])) if drawn[0]["smooth"] else 20
     tol = _float(drawn[0]["tol"]) if drawn[0]["tol"] else 0.01
     warm = _float(drawn[0]["warmup_steps"]) if drawn[0]["warmup_steps"] else 0
@@ -754,8 +756,9 @@ def plot_train_convergence(summary: list[dict], curves: dict, out_dir: Path) -> 
         label = f"{r['run']} ({r['verdict']})" + (f", {r['source']}" if several_sources else "")
         s = smoothed(curves[r["source"], r["run"]])
         ax_l.plot(np.arange(len(s)), s, color=style["color"], linestyle=linestyle, label=label)
-        ref = curves.get((r["source"], "naive"))
-        if ref and r["run"] != "naive":
+        ref_run = reference.get(r["source"], "naive")
+        ref = curves.get((r["source"], ref_run))
+        if ref and r["run"] != ref_run:
             s_ref = smoothed(ref)
             n = min(len(s), len(s_ref))
             ax_d.plot(np.arange(n), 100 * (s[:n] - s_ref[:n]) / s_ref[:n], color=style["color"],
@@ -764,7 +767,7 @@ def plot_train_convergence(summary: list[dict], curves: dict, out_dir: Path) -> 
     ax_l.legend(frameon=False)
     ax_d.axhspan(-100 * tol, 100 * tol, color=REFERENCE_COLOR, alpha=0.2, lw=0)
     ax_d.axvspan(0, warm, color=REFERENCE_COLOR, alpha=0.1, lw=0)
-    ax_d.set_ylabel("vs naive (%)")
+    ax_d.set_ylabel("vs the reference (%)")
     ax_d.set_xlabel("step")
     ax_d.set_ylim(-5 * 100 * tol, 5 * 100 * tol)
     devices = ", ".join(sorted({r["device"] for r in drawn}))
