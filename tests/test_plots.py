@@ -275,3 +275,20 @@ def test_memory_breakdown_rejects_bad_arguments():
         model_configs.memory_breakdown(model_configs.MODELS[0], gpus=0)
     with pytest.raises(ValueError, match="tokens"):
         model_configs.memory_breakdown(model_configs.MODELS[0], tokens=-1)
+
+
+def test_convergence_deviation_is_against_the_reference_row(monkeypatch, tmp_path):
+    # A Hugging Face run's reference is the model's own loss (hf_loss), not "naive": the
+    # deviation panel must draw the other runs against it.
+    from suite import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, out_dir, name: figures.append(fig) or [])
+    row = dict(source="train-hf-llama", smooth="2", tol="0.01", warmup_steps="1", device="cpu")
+    summary = [dict(row, run="hf_loss", backend="hf_loss", verdict="reference"),
+               dict(row, run="own", backend="own", verdict="match")]
+    curves = {("train-hf-llama", "hf_loss"): [3.0, 2.5, 2.0, 1.8],
+              ("train-hf-llama", "own"): [3.0, 2.5, 2.01, 1.8]}
+    plots.plot_train_convergence(summary, curves, tmp_path)
+    deviation_axes = figures[0].axes[1]
+    assert len(deviation_axes.get_lines()) == 1  # own against hf_loss
