@@ -17,14 +17,16 @@ contributes no target logit for them, and the public API checks the targets agai
 vocabulary, so they are no error. That gives per row and rank r the shard's lse_r, largest
 probability, nll_r (on the rank owning the target: the kernel's own -log p_t within the shard)
 and, with label smoothing, lse_r - mean of the shard's logits (the shard's forward run with
-smoothing 1 returns exactly that as its loss). The ranks then combine these N-vectors:
+smoothing 1 returns exactly that as its loss). The ranks then combine these N-vectors, with o
+the rank owning the row's target:
 
-    M      = max_r lse_r                         (all-reduce MAX)
-    T_own  = exp(lse_o - M)  (o: the rank owning the row's target)
-    T_rest = sum over the other ranks of exp(lse_r - M)            (one all-reduce SUM of the
-    lse    = M + log(T_own + T_rest)                                rows below)
-    nll    = nll_o + (lse - lse_o),  lse - lse_o = log1p(T_rest / T_own) where T_own > 1/2
-    loss   = (1 - ls) nll + max(ls (lse - sum_r (V_r / V) mean_r z), 0)
+    M      = max_r lse_r                                      (the all-reduce MAX)
+    T_own  = exp(lse_o - M),  T_rest = sum over r != o of exp(lse_r - M),  nll_o, lse_o,
+    and sum_r (V_r / V)(lse_r - mean_r z)                     (the all-reduce SUM)
+    lse    = M + log(T_own + T_rest)
+    nll    = nll_o + (lse - lse_o),  lse - lse_o = log1p(T_rest / T_own) where T_own > 1/2,
+                                                   M - lse_o + log(T_own + T_rest) elsewhere
+    loss   = (1 - ls) nll + max(ls (lse - mean z), 0),  mean z = sum_r (V_r / V) mean_r z
 
 Why nll this way (lse_combine.py's confident rows): on a confident row (p_t near 1) lse and z_t
 agree to ~1e-7 relative, so lse - z_t is all rounding. Here nll_o is the kernel's own nll on the
@@ -51,7 +53,8 @@ Collectives per call (on `group`):
 - forward: 2 all-reduces of fp32 vectors: MAX over 2N + 2 floats (each row's shard lse and
   shard max logit; a checksum of the targets and its negative, so that ranks given different
   targets raise instead of returning a wrong loss), then SUM over 4N floats (5N with label
-  smoothing). The checksum is read on the host: the forward waits for its MAX all-reduce.
+  smoothing). The checksum's verdict is read on the host: the call returns once the forward's
+  collectives are done (the host does not run ahead into the backward's queue).
 - backward: 1 all-reduce SUM of dE (N x D, the input dtype). Nothing N x V is communicated.
 - once per VocabParallel object (its first call): an all_gather of each rank's (start, stop),
   checked to tile [0, V) exactly; V is cached on the object, so make it once and reuse it.
