@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from suite.schema import ROW_FIELDS, TRAIN_BENCH_CSV, TRAIN_CONVERGENCE_CSV, TRAIN_CURVES_CSV  # noqa: F401
+from suite.schema import ROW_FIELD_DEFAULTS, ROW_FIELDS, TRAIN_BENCH_CSV, TRAIN_CONVERGENCE_CSV, TRAIN_CURVES_CSV  # noqa: F401
 
 CSV_NAME = "results.csv"
 ENV_NAME = "env.json"
@@ -179,10 +179,26 @@ class ResultsWriter:
             k += 1
         if not env_path.exists():
             env_path.write_text(json.dumps(env, indent=2) + "\n")
-        self._csv = CsvAppender(self.path, ROW_FIELDS)
+        self._csv = CsvAppender(self.path, _results_columns(self.path))
 
     def write(self, rows: list[dict]) -> None:
+        rows = [{**ROW_FIELD_DEFAULTS, **r} for r in rows]
+        for r in rows:  # an older file lacks the defaulted columns: only defaults fit there
+            for k in set(ROW_FIELD_DEFAULTS) - set(self._csv.fields):
+                if str(r.pop(k)) != ROW_FIELD_DEFAULTS[k]:
+                    raise ValueError(f"{self.path}: written before the {k} column; rows with "
+                                     f"{k} != {ROW_FIELD_DEFAULTS[k]} need another folder")
         self._csv.write(rows)
+
+
+def _results_columns(path: Path) -> list[str]:
+    """ROW_FIELDS, or an older results.csv's header: ROW_FIELDS less the defaulted columns."""
+    legacy = [k for k in ROW_FIELDS if k not in ROW_FIELD_DEFAULTS]
+    if path.exists() and path.stat().st_size:
+        with open(path, newline="") as f:
+            if next(csv.reader(f), []) == legacy:
+                return legacy
+    return ROW_FIELDS
 
 
 def read_rows(run_dir) -> list[dict]:
@@ -193,6 +209,7 @@ def read_rows(run_dir) -> list[dict]:
     rows = {}
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
+            r = {**r, **{k: v for k, v in ROW_FIELD_DEFAULTS.items() if not r.get(k)}}
             if None in r or any(r.get(k) is None for k in ROW_FIELDS) or not r["timestamp"]:
                 continue  # torn line
             rows[(r["cell_id"], r["provider"], r["phase"])] = r
@@ -227,9 +244,9 @@ def load_dataframe(run_dir):
 # ---- training-step runs (suite.train): results/train*/ ------------------------------------
 
 # One bench measurement: a setting (device, model shape, dtype) at a vocabulary, and a backend.
-TRAIN_BENCH_KEY = ("device", "vocab", "d_model", "n_layer", "n_head", "seq_len", "dtype",
+TRAIN_BENCH_KEY = ("device", "model", "vocab", "d_model", "n_layer", "n_head", "seq_len", "dtype",
                    "softcap", "backend")
-TRAIN_CONVERGENCE_KEY = ("device", "vocab", "d_model", "n_layer", "seq_len", "batch", "steps",
+TRAIN_CONVERGENCE_KEY = ("device", "model", "vocab", "d_model", "n_layer", "seq_len", "batch", "steps",
                          "lr", "run")
 # Convergence verdicts that come from a finished training run (the others say why none ran).
 CONVERGENCE_DONE = ("reference", "pass", "fail", "diverged")
@@ -250,7 +267,9 @@ def read_train_csv(run_dir, name: str) -> list[dict]:
         return []
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if None not in r and None not in r.values()]
-    return [dict(r, source=Path(run_dir).as_posix()) for r in rows]
+    # Rows from before the model column (or without a value in it) are the suite's own GPT.
+    return [dict(r, model=r.get("model") or "gpt", source=Path(run_dir).as_posix())
+            for r in rows]
 
 
 def latest_complete(rows: list[dict], key, complete) -> tuple[list[dict], list[dict]]:

@@ -59,9 +59,18 @@ ROW_FIELDS = CELL_FIELDS + [
     "dc_rel_err",        # ||dC - dC_ref|| / ||dC_ref||
     "dbias_rel_err",     # ||dbias - dbias_ref|| / ||dbias_ref|| (bias cells only)
     "device",            # device name the row was measured on
+    "world_size",        # ranks the cell ran on: 1, or K for `bench --vocab-parallel K` (C
+                         # sharded by vocabulary over K ranks, one GPU each; peak_*_mib and ms*
+                         # are then the max over ranks, floor_ms one rank's E @ C_shard.T, tflops
+                         # the whole problem's FLOPs over that time, dc/dbias errors over the
+                         # gathered shards)
     "run_id",
     "timestamp",
 ]
+
+# Columns added after results were first written, with the value an older row means; readers
+# fill them in (an older results.csv lacks them, and stays readable and resumable).
+ROW_FIELD_DEFAULTS = {"world_size": "1"}
 
 # Model FLOPs of each phase in units of one E @ C.T (2*N*V*D): forward 1, backward dE + dC = 2.
 # (A kernel that keeps no N x V values also recomputes the logits: 4 matmuls for loss+grad.)
@@ -83,6 +92,7 @@ TRAIN_STATUSES = STATUSES + ("timeout", "skipped")
 
 TRAIN_BENCH_FIELDS = [
     "run_id", "timestamp", "device",  # the run and the device it was measured on
+    "model",             # gpt (the suite's own), or hf:<arch> (a Hugging Face architecture)
     "vocab", "d_model", "n_layer", "n_head", "seq_len",
     "n_params",          # all parameters
     "n_params_nonemb",   # without wte, wpe and the lm head
@@ -111,7 +121,7 @@ TRAIN_BENCH_FIELDS = [
 ]
 TRAIN_CURVE_FIELDS = ["run", "backend", "step", "loss", "lr", "ms_step"]
 TRAIN_CONVERGENCE_FIELDS = [
-    "run_id", "timestamp", "device", "run", "backend", "exact",
+    "run_id", "timestamp", "device", "model", "run", "backend", "exact",
     "verdict",           # pass | fail | diverged | reference | incomplete | no reference | a status
     "error", "steps", "steps_done", "vocab", "d_model", "n_layer", "seq_len", "batch", "lr",
     "tol", "warmup_steps", "smooth",

@@ -274,7 +274,7 @@ def bench_settings(args) -> list[tuple[dict, dict]]:
     for vocab in args.vocab:
         cfg = GPTConfig(vocab, args.seq_len, args.d_model, args.n_layer, args.n_head)
         n_params, n_nonemb = param_counts(cfg)
-        fields = {**asdict(cfg), "n_params": n_params, "n_params_nonemb": n_nonemb,
+        fields = {"model": "gpt", **asdict(cfg), "n_params": n_params, "n_params_nonemb": n_nonemb,
                   "softcap": args.softcap if args.softcap is not None else ""}
         settings.append((fields, dict(model=asdict(cfg), softcap=args.softcap)))
     return settings

@@ -190,11 +190,13 @@ def conv_setting(args) -> tuple[dict, dict]:
     GPT of the --conv-* shape, or the Hugging Face model of ``args.hf`` at --conv-seq-len."""
     if getattr(args, "hf", None):
         kwargs = args.hf["config"]
-        fields = dict(vocab=kwargs["vocab_size"], d_model=kwargs["hidden_size"],
-                      n_layer=kwargs["num_hidden_layers"], seq_len=args.conv_seq_len)
+        fields = dict(model=f"hf:{args.hf['arch']}", vocab=kwargs["vocab_size"],
+                      d_model=kwargs["hidden_size"], n_layer=kwargs["num_hidden_layers"],
+                      seq_len=args.conv_seq_len)
         return fields, dict(hf=args.hf, seq_len=args.conv_seq_len, softcap=None)
     cfg = GPTConfig(args.conv_vocab, args.conv_seq_len, args.d_model, args.n_layer, args.n_head)
-    fields = dict(vocab=cfg.vocab, d_model=cfg.d_model, n_layer=cfg.n_layer, seq_len=cfg.seq_len)
+    fields = dict(model="gpt", vocab=cfg.vocab, d_model=cfg.d_model, n_layer=cfg.n_layer,
+                  seq_len=cfg.seq_len)
     return fields, dict(model=asdict(cfg), softcap=args.softcap)
 
 

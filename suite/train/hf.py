@@ -159,7 +159,7 @@ def shape_fields(arch: str, kwargs: dict, seq_len: int) -> dict:
     head = model.lm_head.weight
     outside = emb.numel() + (0 if head is emb else head.numel())
     softcap = getattr(model.config, "final_logit_softcapping", None)
-    return dict(vocab=kwargs["vocab_size"], d_model=kwargs["hidden_size"],
+    return dict(model=f"hf:{arch}", vocab=kwargs["vocab_size"], d_model=kwargs["hidden_size"],
                 n_layer=kwargs["num_hidden_layers"], n_head=kwargs["num_attention_heads"],
                 seq_len=seq_len, n_params=total, n_params_nonemb=total - outside,
                 softcap=softcap if softcap is not None else "")
