@@ -147,6 +147,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="import MODULE first, so the providers it registers can be measured "
                         "(e.g. your own kernel; repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--vocab-parallel", type=int, metavar="K",
+                   help="C sharded by vocabulary over K >= 2 ranks, launched by the bench "
+                        "(NCCL, one GPU each; gloo on the CPU); the own providers only, rows "
+                        "with world_size K (suite/vocab_parallel_bench.py)")
 
 
 def invoked_name(argv0: str | None = None) -> str:
@@ -293,6 +297,8 @@ def cmd_bench(args, parser) -> int:
         cells = runner.preset_cells(preset, file=args.file, **overrides)
     except ValueError as err:
         parser.error(str(err))
+    if args.vocab_parallel is not None:
+        return _bench_vocab_parallel(args, parser, cells, providers, preset, device)
     out = Path(args.out) if args.out else default_out(preset, device, args.resume)
     if dev.type == "cpu":
         print("NOTE: running on the CPU (Triton kernels under TRITON_INTERPRET=1). Times and "
@@ -308,6 +314,36 @@ def cmd_bench(args, parser) -> int:
         parser.error(f"--out: {err}")
     except ValueError as err:
         parser.error(f"--rerun: {err}" if args.rerun else str(err))
+    return 0
+
+
+def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int:
+    """``bench --vocab-parallel K``: the cells with C sharded over K ranks."""
+    from suite import runner, vocab_parallel_bench
+
+    k = args.vocab_parallel
+    reason = vocab_parallel_bench.check_world_size(k, device)
+    if reason:
+        parser.error(f"--vocab-parallel: {reason}")
+    for flag, value in (("--isolate", args.isolate), ("--rerun", args.rerun),
+                        ("--plugin", args.plugin)):
+        if value:
+            parser.error(f"{flag} is not available with --vocab-parallel")
+    out = Path(args.out) if args.out else default_out(f"{preset}-vp{k}", device, args.resume)
+    if device.startswith("cpu"):
+        print("NOTE: running on the CPU (gloo, Triton kernels interpreted): times and memory "
+              "are NOT GPU numbers; it checks that everything runs.")
+    if not args.quiet:
+        print(f"bench: preset {preset}, {len(cells)} cell(s) x {len(providers)} provider(s), C "
+              f"sharded over {k} ranks on {device} -> {out}")
+    try:
+        vocab_parallel_bench.run(cells, providers, args.phases or runner.PHASES, out,
+                                 world_size=k, device=device, reps=args.reps,
+                                 warmup=args.warmup, resume=args.resume, quiet=args.quiet)
+    except FileExistsError as err:
+        parser.error(f"--out: {err}")
+    except ValueError as err:
+        parser.error(str(err))
     return 0
 
 

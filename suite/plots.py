@@ -39,7 +39,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from suite import model_configs, results  # noqa: E402
-from suite.schema import PHASE_MATMULS, PHASES, ROW_FIELDS  # noqa: E402
+from suite.schema import PHASE_MATMULS, PHASES, ROW_FIELD_DEFAULTS, ROW_FIELDS  # noqa: E402
 
 # ---- one style ------------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
     for path in paths:
         with open(path, newline="") as f:
             header = next(csv.reader(f), [])
-        missing = [c for c in ROW_FIELDS if c not in header]
+        missing = [c for c in ROW_FIELDS if c not in header and c not in ROW_FIELD_DEFAULTS]
         if missing:
             raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
         frame = pd.DataFrame(read_rows(path.parent), columns=ROW_FIELDS)

@@ -50,14 +50,14 @@ def read_rows(results_dir) -> list[dict]:
     """Rows of a run folder (suite.results.read_rows: torn lines dropped, last row per
     (cell, provider, phase)); a clear error when the folder holds no results in our schema."""
     from suite.results import read_rows as read_run
-    from suite.schema import ROW_FIELDS
+    from suite.schema import ROW_FIELD_DEFAULTS, ROW_FIELDS
 
     path = Path(results_dir) / "results.csv"
     if not path.is_file():
         raise FileNotFoundError(f"--from-results: no results.csv in {results_dir}")
     with open(path, newline="") as f:
         header = next(csv.reader(f), [])
-    missing = [c for c in ROW_FIELDS if c not in header]
+    missing = [c for c in ROW_FIELDS if c not in header and c not in ROW_FIELD_DEFAULTS]
     if missing:
         raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
     return read_run(results_dir)
