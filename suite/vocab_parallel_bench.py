@@ -242,9 +242,10 @@ def measure_cell(cell: Cell, providers, plan: dict, *, device, rank: int, world:
 
     phases = plan["phases"]
     _mark_inflight(inflight_path if rank == 0 else None, cell.cell_id, None)
-    start, stop = shard_bounds(cell.v, world)[rank]
-    stage = "inputs"
+    stage = "shard"
     try:
+        start, stop = shard_bounds(cell.v, world)[rank]
+        stage = "inputs"
         shard, ref = _shard_and_reference(cell, device, start, stop)
         stage = "floor"
         free_memory(device)
@@ -260,6 +261,7 @@ def measure_cell(cell: Cell, providers, plan: dict, *, device, rank: int, world:
         if writer is not None:
             writer.write([_row(cell, plan, p, {"phase": ph, **failed}) for p in providers
                           for ph in phases])
+        free_memory(device)
         return
     vp = VocabParallel(None, start, stop)  # one per cell: its V is gathered on the first call
     extra = {"mean_loss": ref["mean_loss"], "entropy": ref["entropy"]}

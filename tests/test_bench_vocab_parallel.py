@@ -7,6 +7,7 @@ directly (each on a case that must fail if the rule broke)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -108,7 +109,8 @@ def test_merge_takes_the_max_over_ranks_and_a_failing_rank_is_the_status():
 def test_gathered_dc_error_equals_the_error_of_the_gathered_gradient():
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(37, 8, generator=g, dtype=torch.float64)
-    got = ref + 1e-3 * torch.randn(37, 8, generator=g, dtype=torch.float64) * torch.arange(37)[:, None]
+    noise = torch.randn(37, 8, generator=g, dtype=torch.float64) * torch.arange(37)[:, None]
+    got = ref + 1e-3 * noise  # larger errors on the second shard
     rows = [{"dc_rel_err": rel_err(got[a:b], ref[a:b]),
              "_dc_ref_sq": float(ref[a:b].square().sum())} for a, b in [(0, 19), (19, 37)]]
     gathered = vocab_parallel_bench._gathered_rel_err(rows, "dc")
@@ -134,3 +136,45 @@ def test_an_old_results_csv_reads_as_world_size_1_and_takes_single_rows(tmp_path
     assert sorted(r["phase"] for r in read_rows(tmp_path)) == ["fwd", "loss"]
     with open(tmp_path / "results.csv", newline="") as f:
         assert next(csv.reader(f)) == legacy  # appended in the file's own layout
+
+
+def test_a_vocabulary_smaller_than_the_world_is_an_error_row(tmp_path):
+    cells = [runner.Cell("uniform", 4, 8, 1, "fp32")]
+    vocab_parallel_bench.run(cells, ["own"], ["fwd"], tmp_path, world_size=2, reps=1,
+                             warmup=0, quiet=True)
+    (row,) = read_rows(tmp_path)
+    assert (row["status"], row["world_size"]) == ("error", "2")
+    assert "shard" in row["error"] and "world size <= V" in row["error"]
+
+
+def test_a_dead_world_leaves_crashed_rows_and_a_fresh_world_goes_on(tmp_path, monkeypatch):
+    """The parent's loop, with the worlds faked: the first dies while rank 0 measures the
+    first cell's `own`; the second writes every pair it is given."""
+    import torch.multiprocessing as mp
+
+    cells = [runner.Cell("uniform", 16, 8, 37, "fp32"), runner.Cell("lm", 16, 8, 37, "fp32")]
+    given = []
+
+    def fake_world(fn, args, nprocs, start_method, join):
+        world, _, out, pending = args
+        given.append(list(pending))
+        plan = json.loads((tmp_path / "plan.json").read_text())
+        if len(given) == 1:
+            (tmp_path / ".inflight").write_text(json.dumps(
+                [cells[0].cell_id, "own"]))
+            raise mp.ProcessExitedException("process 1 terminated with signal SIGSEGV",
+                                            error_index=1, error_pid=1, exit_code=-11)
+        writer = ResultsWriter(tmp_path, {}, plan["run_id"])
+        by_id = {c.cell_id: c for c in cells}
+        writer.write([vocab_parallel_bench._row(by_id[c], plan, p, {"phase": "fwd",
+                                                                    "status": "ok"})
+                      for c, p in pending])
+
+    monkeypatch.setattr(mp, "start_processes", fake_world)
+    vocab_parallel_bench.run(cells, ["own", "own_filter"], ["fwd"], tmp_path, world_size=2,
+                             quiet=True)
+    rows = {(r["cell_id"], r["provider"]): r for r in read_rows(tmp_path)}
+    crashed = rows[(cells[0].cell_id, "own")]
+    assert crashed["status"] == "crashed" and "SIGSEGV" in crashed["error"]
+    assert len(given) == 2 and (cells[0].cell_id, "own") not in given[1]
+    assert sorted(r["status"] for r in rows.values()) == ["crashed", "ok", "ok", "ok"]
