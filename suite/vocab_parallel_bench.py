@@ -297,7 +297,11 @@ def _shard_and_reference(cell: Cell, device, start: int, stop: int):
                          bias=cell.bias, path=cell.file)
     ref = reference(inputs["e"], inputs["c"], inputs["targets"], bias=inputs["bias"],
                     softcap=cell.softcap)
-    cut = lambda t: None if t is None else t[start:stop].clone()  # noqa: E731
+    def cut(t):  # the rows [start, stop) as their own tensor; host copies stay pinned
+        if t is None:
+            return None
+        return torch.empty(t[start:stop].shape, dtype=t.dtype, device=t.device,
+                           pin_memory=t.device.type == "cpu" and t.is_pinned()).copy_(t[start:stop])
     shard = {"e": inputs["e"], "targets": inputs["targets"], "c": cut(inputs["c"]),
              "bias": cut(inputs["bias"])}
     ref = {**ref, "dc": cut(ref["dc"]), "dbias": cut(ref["dbias"])}
