@@ -91,6 +91,22 @@ class RegionTimer:
         return list(self._times)
 
 
+
+def accuracy(phase: str, loss: float, x, ref: dict) -> tuple[dict, list[str]]:
+    """({loss_rel_err, and in gradient phases de/dc/dbias_rel_err}, what came out non-finite):
+    the measured call's loss and gradients (x's .grad) against the reference ``ref``."""
+    errors = {"loss_rel_err": loss_rel_err(loss, ref["loss"])}
+    bad = [] if math.isfinite(loss) else ["loss"]
+    if phase in GRAD_PHASES:
+        for key, got in (("de", x.e.grad), ("dc", x.c.grad),
+                         ("dbias", None if x.bias is None else x.bias.grad)):
+            if ref[key] is None:
+                continue
+            errors[f"{key}_rel_err"] = err = rel_err(got, ref[key])
+            if not math.isfinite(err):
+                bad.append(key if got is not None else f"{key} missing")
+    return errors, bad
+
 def time_calls(run, *, device, reps, prepare=None, flush_l2=True) -> list[float]:
     """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed;
     on a GPU the L2 cache is flushed before each (``flush_l2``), outside the timed region."""
@@ -231,15 +247,8 @@ def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, re
                 run(prepare())
             loss, row["peak_extra_mib"], row["peak_abs_mib"] = _memory_run(
                 phase, provider.fn, x, kwargs, device)
-            row["loss_rel_err"] = loss_rel_err(loss, ref["loss"])
-            bad = [] if math.isfinite(loss) else ["loss"]
-            if phase in GRAD_PHASES:
-                for key, got in (("de", x.e.grad), ("dc", x.c.grad), ("dbias", None if x.bias is None else x.bias.grad)):
-                    if ref[key] is None:
-                        continue
-                    row[f"{key}_rel_err"] = err = rel_err(got, ref[key])
-                    if not math.isfinite(err):
-                        bad.append(key if got is not None else f"{key} missing")
+            errors, bad = accuracy(phase, loss, x, ref)
+            row.update(errors)
             x.clear_grads()
             if bad:
                 row.update(status="nan", error="non-finite " + ", ".join(bad))

@@ -31,7 +31,6 @@ import os
 import socket
 import time
 import uuid
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -39,9 +38,9 @@ import torch.distributed as dist
 
 from suite import catalog
 from suite.inputs import make_inputs
-from suite.measure import (GRAD_PHASES, _Leaves, _memory_run, _phase_calls, free_memory, is_oom,
+from suite.measure import (_Leaves, _memory_run, _phase_calls, accuracy, free_memory, is_oom,
                            measure_floor, one_line, sync, time_calls, time_stats)
-from suite.reference import loss_rel_err, reference, rel_err
+from suite.reference import reference
 from suite.results import ResultsWriter, device_label, done_pairs, environment, read_rows
 from suite.runner import PLAN, Cell, default_reps
 from suite.schema import PHASE_MATMULS
@@ -351,16 +350,8 @@ def _measure_phase(phase, fn, x, kwargs, ref, plan: dict, device) -> dict:
         run(prepare())
     row = {"phase": phase}
     loss, row["peak_extra_mib"], row["peak_abs_mib"] = _memory_run(phase, fn, x, kwargs, device)
-    row["loss_rel_err"] = loss_rel_err(loss, ref["loss"])
-    bad = [] if math.isfinite(loss) else ["loss"]
-    if phase in GRAD_PHASES:
-        for key, got in (("de", x.e.grad), ("dc", x.c.grad),
-                         ("dbias", None if x.bias is None else x.bias.grad)):
-            if ref[key] is None:
-                continue
-            row[f"{key}_rel_err"] = err = rel_err(got, ref[key])
-            if not math.isfinite(err):
-                bad.append(key if got is not None else f"{key} missing")
+    errors, bad = accuracy(phase, loss, x, ref)
+    row.update(errors)
     x.clear_grads()
     if bad:
         return {**row, "status": "nan", "error": "non-finite " + ", ".join(bad)}

@@ -36,6 +36,7 @@ from torch import nn
 from suite import catalog
 from suite.model_configs import MODELS, ModelConfig
 from suite.train.data import IGNORE_INDEX, instruction_batch, markov_chain, sample_tokens
+from suite.train.model import apply_step
 
 PREFIX = "hf:"
 TARGET_PARAMS = 1.0e9
@@ -243,12 +244,7 @@ def hf_train_step(model, opt, idx, labels, *, amp: bool, clip: float = 1.0):
     ``amp``), backward, clip, AdamW, zero grads. Returns the loss."""
     with torch.autocast(device_type=idx.device.type, dtype=torch.bfloat16, enabled=amp):
         loss = model(input_ids=idx, labels=labels).loss
-    loss.backward()
-    if clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.detach()
+    return apply_step(model, opt, loss, clip)
 
 
 # ---- the step split at the final hidden states (the loss's own memory) ------------------------

@@ -113,6 +113,11 @@ def train_step(model, opt, idx, targets, loss_fn, *, amp, softcap=None, clip=1.0
     with torch.autocast(device_type=idx.device.type, dtype=torch.bfloat16, enabled=amp):
         h = model(idx)
     loss = head_loss(model, h, targets, loss_fn, amp=amp, softcap=softcap)
+    return apply_step(model, opt, loss, clip)
+
+
+def apply_step(model, opt, loss, clip):
+    """Backward, clip, AdamW, zero grads; returns the loss, detached."""
     loss.backward()
     if clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
