@@ -76,9 +76,7 @@ def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool):
     without harm (it is below dC's rounding)."""
     if e.dtype != torch.float16 and not filtering:
         return rows, None, None
-    row_abs = rows.weight.abs()
-    if rows.weight_lse is not None:
-        row_abs = torch.maximum(row_abs, (rows.weight + rows.weight_lse).abs())
+    row_abs = row_magnitude(rows)
     scale_dev = row_abs.max()
     overall = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
     row_scale, divisor = None, overall
@@ -88,6 +86,13 @@ def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool):
     weight_lse = rows.weight_lse / divisor if rows.weight_lse is not None else None
     return dataclasses.replace(rows, weight=rows.weight / divisor, weight_lse=weight_lse), \
         scale_dev, row_scale
+
+
+def row_magnitude(rows: Rows) -> torch.Tensor:
+    """Each row's largest weight: max(|w_n|, |w_n + w'_n|), the scale of its softmax gradient."""
+    if rows.weight_lse is None:
+        return rows.weight.abs()
+    return torch.maximum(rows.weight.abs(), (rows.weight + rows.weight_lse).abs())
 
 
 def rescale_rows(g: Grads, w: torch.Tensor, v_start: int) -> None:
@@ -138,10 +143,9 @@ def filter_rows(rows: Rows, p_max, options: FilterOptions, scale_dev, cfg) -> tu
     inf); rows with a flat softmax keep everything (eps 0); the rest skip entries below eps
     times their weight (1 for every used row of a mean or sum)."""
     active = rows.weight != 0
-    row_rel = rows.weight.abs()
     if rows.weight_lse is not None:
         active |= rows.weight_lse != 0
-        row_rel = torch.maximum(row_rel, (rows.weight + rows.weight_lse).abs())
+    row_rel = row_magnitude(rows)
     peaked = active & (p_max >= options.min_p_max)
     eps = torch.where(peaked, options.eps * row_rel, torch.where(active, 0.0, float("inf")))
     return dataclasses.replace(rows, eps=eps), FilterDecision(scale_dev, peaked, eps, cfg)
@@ -348,7 +352,7 @@ def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, 
     into, e.g. e itself when the caller no longer needs it (e is not read after the chunks)."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
+        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
     tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
     filter_options = _filter_worth_it(e, v, cfg, opts.filter, tma, uniform)
     rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform)
@@ -427,7 +431,7 @@ def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
     e, c, g, cfg = writer.e, writer.c, writer.g, writer.cfg
     e_mean, c_mean = means
     sums = g.sums
-    dbias = _zeros_like(writer.bias)
+    dbias = zeros_or_none(writer.bias)
     scale_f = float(scale)
     if scale_f == 0.0 or not math.isfinite(scale_f):
         return torch.zeros_like(e), torch.zeros_like(c), dbias
@@ -451,5 +455,6 @@ def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
     return de, g.dc, dbias
 
 
-def _zeros_like(t):
+def zeros_or_none(t):
+    """Zeros like t, or None for no t (no bias: no dbias)."""
     return torch.zeros_like(t) if t is not None else None

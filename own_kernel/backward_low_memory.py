@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from own_kernel.backward import normalise_weights, _zeros_like
+from own_kernel.backward import normalise_weights, zeros_or_none
 from own_kernel.config import Config
 from own_kernel.dlogits import write_w_pointer
 from own_kernel.dlogits_tma import RecomputeTma
@@ -106,7 +106,7 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
     plan.low_memory_plan instead of an fp32 N x D accumulator."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
+        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
     elt = e.element_size()
     tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
     rows, scale_dev, row_scale = normalise_weights(e, rows, False, uniform)
@@ -122,9 +122,9 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
     write_w = _WriteW(e, c, bias, rows, sums, opts, cfg, tma)
     de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg)
     if de is None:  # every weight 0
-        return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
+        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
     scale_f = float(scale)
-    dbias = _zeros_like(bias)
+    dbias = zeros_or_none(bias)
     if bias is not None and row_scale is None:
         dbias.copy_(sums.col_sum * scale_f)  # pass 1 saw every (row, column) once
     scaled = None if row_scale is None else _ScaledRows(row_scale, v)

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from own_kernel.backward import backward
+from own_kernel.backward import backward, zeros_or_none
 from own_kernel.backward_low_memory import backward_low_memory
 from own_kernel.config import config_for
 from own_kernel.forward import forward
@@ -50,17 +50,16 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
                 grad_lse.float().contiguous() if grad_lse is not None else None)
     if opts.low_memory:
         return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform)
-    kw = dict(uniform=uniform)
     gathered = _used_rows(e, c, used, grad_lse, num_used, cfg)
     if gathered is None:
-        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, **kw)
+        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, uniform=uniform)
     if gathered.numel() == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), _zeros_like(bias)
+        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
     e_used = e.index_select(0, gathered)
     used_rows = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered], None)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
     de_used, dc, dbias = backward(e_used, c, bias, used_rows, opts, cfg, p_max=p_max[gathered],
-                                  de_out=e_used, **kw)
+                                  de_out=e_used, uniform=uniform)
     del e_used
     return torch.zeros_like(e).index_copy_(0, gathered, de_used), dc, dbias
 
@@ -76,10 +75,6 @@ def _used_rows(e, c, used, grad_lse, num_used, cfg):
     if not compaction_pays(n, num_used, c.shape[0], e.shape[1], e.element_size(), cfg):
         return None
     return torch.nonzero_static(used, size=num_used).squeeze(1)
-
-
-def _zeros_like(t):
-    return torch.zeros_like(t) if t is not None else None
 
 
 # ---- custom ops (torch.compile) -------------------------------------------------------------
