@@ -249,7 +249,7 @@ TRAIN_BENCH_KEY = ("device", "model", "vocab", "d_model", "n_layer", "n_head", "
 TRAIN_CONVERGENCE_KEY = ("device", "model", "vocab", "d_model", "n_layer", "seq_len", "batch", "steps",
                          "lr", "run")
 # Convergence verdicts that come from a finished training run (the others say why none ran).
-CONVERGENCE_DONE = ("reference", "pass", "fail", "diverged")
+CONVERGENCE_DONE = ("reference", "noise floor", "pass", "fail", "diverged")
 
 
 def train_run_dirs(results_dir) -> list[Path]:

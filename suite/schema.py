@@ -122,9 +122,11 @@ TRAIN_BENCH_FIELDS = [
 TRAIN_CURVE_FIELDS = ["run", "backend", "step", "loss", "lr", "ms_step"]
 TRAIN_CONVERGENCE_FIELDS = [
     "run_id", "timestamp", "device", "model", "run", "backend", "exact",
-    "verdict",           # pass | fail | diverged | reference | incomplete | no reference | a status
+    "verdict",           # pass | fail | diverged | reference | noise floor (the reference's
+                         # rerun) | incomplete | no reference | a status
     "error", "steps", "steps_done", "vocab", "d_model", "n_layer", "seq_len", "batch", "lr",
-    "tol", "warmup_steps", "smooth",
+    "tol",               # the tolerance applied: --tol, or wider where the rerun's noise is
+    "warmup_steps", "smooth",
     "first_loss", "final_loss", "final_loss_naive",  # final: mean of the last `smooth` steps
     "final_rel_diff",    # (final - naive's final) / naive's final
     "max_rel_dev",       # largest relative deviation of the smoothed curve from naive's

@@ -128,7 +128,8 @@ def train_convergence_table(rows: list[dict]) -> str:
             f"{first['n_layer']} layers, sequence length {first['seq_len']}, batch "
             f"{first['batch']}, {first['steps']} steps, lr {first['lr']}, {first['device']}; "
             f"pass = the curve (mean of {first['smooth']} steps) stays within "
-            f"{100 * num(first['tol']):g} % of naive's after step {first['warmup_steps']} "
+            f"{100 * num(first['tol']):.3g} % of naive's after step {first['warmup_steps']} "
+            f"(the wider of --tol and 1.5 times the reference rerun's spread, the noise floor) "
             f"and the final loss is within it too; tokens/s over the second half of training; "
             f"peak includes the run's whole token set, kept on the device; from "
             + ", ".join(f"`{s}`" for s in sources))
