@@ -127,6 +127,7 @@ TRAIN_CONVERGENCE_FIELDS = [
     "error", "steps", "steps_done", "vocab", "d_model", "n_layer", "seq_len", "batch", "lr",
     "tol",               # the tolerance applied: --tol, or wider where the rerun's noise is
     "warmup_steps", "smooth",
+    "shift_steps",       # the reference's range over +- this many steps is the comparison
     "first_loss", "final_loss", "final_loss_naive",  # final: mean of the last `smooth` steps
     "final_rel_diff",    # (final - naive's final) / naive's final
     "max_rel_dev",       # largest relative deviation of the smoothed curve from naive's

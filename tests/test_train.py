@@ -279,6 +279,15 @@ def test_parity_verdict():
     assert tr.parity_verdict(ref[:100], ref, **kw)["verdict"] == "incomplete"
 
 
+def test_parity_forgives_a_step_of_shift_in_the_descent_only():
+    ref = [10.0 * math.exp(-s / 10) + 1.5 for s in range(200)]
+    ahead = ref[1:] + ref[-1:]  # one step ahead: several per cent off in the steep descent
+    kw = dict(tol=0.01, warmup=5, window=1)
+    assert tr.parity_verdict(ahead, ref, **kw)["verdict"] == "fail"
+    assert tr.parity_verdict(ahead, ref, shift=2, **kw)["verdict"] == "pass"
+    assert tr.parity_verdict([x * 1.02 for x in ref], ref, shift=2, **kw)["verdict"] == "fail"
+
+
 def test_noise_tolerance_widens_to_the_reference_rerun():
     from suite.train.convergence import noise_tolerance
     quiet = {"max_rel_dev": 0.002, "final_rel_diff": 0.0001}

@@ -166,6 +166,9 @@ def add_arguments(parser) -> None:
     a("--conv-warmup", type=int, default=30, help="lr warm-up steps (default: 30)")
     a("--tol", type=float, default=0.01, help="parity tolerance, relative (default: 0.01)")
     a("--smooth", type=int, default=20, help="moving-average window of the parity check (default: 20)")
+    a("--shift-steps", type=int, default=2,
+      help="the parity check compares with the reference's range over this many steps either "
+           "side (a run a step ahead in the steep descent is not a different run; default: 2)")
     a("--budget-s", type=float, default=510,
       help="wall-time budget; a job still running at its end is killed, later ones are recorded "
            "as skipped (default: 510)")

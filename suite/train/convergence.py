@@ -154,11 +154,14 @@ def smooth(xs, window: int):
     return out
 
 
-def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int) -> dict:
+def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int, shift: int = 0) -> dict:
     """Compare a loss curve with the reference (naive) curve of the same steps and data.
 
     pass: after ``warmup`` steps the smoothed curve stays within ``tol`` (relative) of the
-    smoothed reference, and the final loss (mean of the last ``window`` steps) is within ``tol``;
+    smoothed reference's range over steps ``s - shift .. s + shift``, and the final loss (mean
+    of the last ``window`` steps) is within ``tol``. ``shift`` forgives a run that is a step or
+    two ahead or behind in the steep part of the descent, where one step moves the loss by
+    several per cent (the deviation then measures the slope, not the run);
     fail: otherwise; diverged: a non-finite loss, or a final loss more than 10 * tol above the
     reference's; incomplete: fewer steps than the reference."""
     res = {"max_rel_dev": float("nan"), "max_rel_dev_step": "", "final_loss": float("nan"),
@@ -170,7 +173,8 @@ def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int) -> dict:
     if warmup >= len(ref):
         raise ValueError(f"warm-up ({warmup} steps) must be shorter than the run ({len(ref)} steps)")
     s, s_ref = smooth(loss, window), smooth(ref, window)
-    devs = [abs(a - b) / abs(b) for a, b in zip(s[warmup:], s_ref[warmup:])]
+    devs = [_outside(s[i], s_ref[max(0, i - shift):i + shift + 1]) / abs(s_ref[i])
+            for i in range(warmup, len(s_ref))]
     worst = max(range(len(devs)), key=devs.__getitem__)
     final = statistics.fmean(loss[-window:])
     final_ref = statistics.fmean(ref[-window:])
@@ -181,6 +185,11 @@ def parity_verdict(loss, ref, *, tol: float, warmup: int, window: int) -> dict:
         return {**res, "verdict": "diverged"}
     ok = devs[worst] <= tol and abs(final_rel) <= tol
     return {**res, "verdict": "pass" if ok else "fail"}
+
+
+def _outside(x: float, around: list[float]) -> float:
+    """How far x lies outside the range of ``around`` (0 inside)."""
+    return max(min(around) - x, x - max(around), 0.0)
 
 
 # ---- the convergence runs (in the parent) -----------------------------------------------------
@@ -250,6 +259,7 @@ def _verdict_row(args, fields, label, backend, res, ref, warm, common, *, tol=No
            "error": res.get("error", ""), "steps": args.steps, "steps_done": len(loss),
            **fields, "batch": args.conv_batch, "lr": args.conv_lr,
            "tol": tol, "warmup_steps": warm, "smooth": args.smooth,
+           "shift_steps": args.shift_steps,
            "peak_mib": res.get("peak_mib", float("nan"))}
     ms = res.get("ms_step") or []
     if ms:
@@ -265,7 +275,8 @@ def _verdict_row(args, fields, label, backend, res, ref, warm, common, *, tol=No
         row["verdict"] = "no reference"
         row["error"] = row["error"] or f"the {reference} run has no curve"
     else:
-        row.update(parity_verdict(loss, ref, tol=tol, warmup=warm, window=args.smooth))
+        row.update(parity_verdict(loss, ref, tol=tol, warmup=warm, window=args.smooth,
+                                  shift=args.shift_steps))
         if res.get("status") != "ok":
             row["verdict"] = "diverged" if row["verdict"] == "diverged" else res["status"]
     return row
@@ -296,7 +307,8 @@ def run_convergence(args, runner, out: Path, deadline: float, common: dict) -> l
         rows.append(row)
         print(f"parity {label:>12}: {row['verdict']:<10} max dev "
               f"{_pct(row.get('max_rel_dev'))} final diff {_pct(row.get('final_rel_diff'))} "
-              f"(tol {row['tol']:.2%}, after step {warm}, smoothed over {args.smooth})", flush=True)
+              f"(tol {row['tol']:.2%}, after step {warm}, smoothed over {args.smooth}, "
+              f"shift {args.shift_steps})", flush=True)
     return rows
 
 
