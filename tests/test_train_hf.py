@@ -77,8 +77,8 @@ def test_bench_and_convergence_on_a_tiny_hf_model(tmp_path, kernel_calls, arch, 
         assert r["softcap"] == ("30.0" if arch == "gemma2" else "")
     assert all(float(r["tokens_per_s"]) > 0 for r in bench if r["status"] == "ok")
     conv = {r["run"]: r for r in read(out / "train_convergence.csv")}
-    assert [conv[r]["verdict"] for r in ("hf_loss", "hf_loss_rerun", "own")] == [
-        "reference", "noise floor", "pass"], conv
+    assert [conv[r]["verdict"] for r in ("hf_loss", "hf_loss_rerun", "hf_loss_fp32", "own")] == [
+        "reference", "noise floor", "pass", "pass"], conv
     assert conv["own"]["steps_done"] == "8" and conv["own"]["exact"] == "1"
     assert float(conv["hf_loss"]["final_loss"]) < float(conv["hf_loss"]["first_loss"]) - 0.05
     # own's convergence run and the own bench jobs went through the kernel; the others did not:
@@ -112,6 +112,19 @@ def test_the_split_step_measures_the_backends_loss_and_makes_the_plain_steps_upd
     assert len(kernel_calls) == 2
     for a, b in zip(params["plain"], params["split"]):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_the_fp32_head_reference_gives_fp32_logits_under_bf16_autocast():
+    kwargs = hf.config_kwargs("llama", seq_len=16, tiny=True)
+    idx = torch.randint(0, kwargs["vocab_size"], (2, 16))
+    dtypes = {}
+    for backend in ("hf_loss", "hf_loss_fp32"):
+        torch.manual_seed(0)
+        model = hf.build_model("llama", kwargs, "cpu")
+        hf.apply_backend(model, backend, "llama")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            dtypes[backend] = model(input_ids=idx).logits.dtype
+    assert dtypes == {"hf_loss": torch.bfloat16, "hf_loss_fp32": torch.float32}
 
 
 def test_hf_labels_give_the_models_shift_the_corpus_targets():
@@ -153,7 +166,8 @@ def test_the_step_bench_configs_are_the_real_vocabularies_at_about_1b_parameters
         128256, "", 256000, 30.0)
     args = parse(["--model", "hf:gemma2"])
     resolve_model(args)
-    assert args.backends == list(hf.HF_BACKENDS) and args.conv_backends == ["hf_loss", "own"]
+    assert args.backends == list(hf.HF_BENCH_BACKENDS)
+    assert args.conv_backends == ["hf_loss", "hf_loss_fp32", "own"]
     assert args.out == "results/train-hf-gemma2" and args.seq_len == 2048
     assert (args.conv_batch, args.conv_lr) == (4, 3e-4)
     assert args.hf["config"]["vocab_size"] == 256000

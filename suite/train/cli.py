@@ -131,7 +131,7 @@ def add_arguments(parser) -> None:
       help="output folder (default: results/train; results/train-hf-<arch> with --model hf:)")
     a("--backends", type=_name_list, default=None,
       help=f"bench backends (default: {','.join(DEFAULT_BACKENDS)}; with --model hf: "
-           f"{','.join(hf.HF_BACKENDS)})")
+           f"{','.join(hf.HF_BENCH_BACKENDS)}; also hf_loss_fp32)")
     a("--vocab", type=_int_list, default=GPT_ONLY["vocab"],
       help="bench vocab sizes (default: 32000,151936; --model gpt only)")
     a("--d-model", type=int, default=GPT_ONLY["d_model"], help="--model gpt only (default: 512)")
@@ -206,7 +206,7 @@ def resolve_model(args) -> None:
 def _resolve_backends(args, is_hf: bool) -> None:
     """--backends and --conv-backends: the model kind's defaults, or the names given, each of
     which must be a backend of that kind."""
-    defaults = {"backends": hf.HF_BACKENDS if is_hf else DEFAULT_BACKENDS,
+    defaults = {"backends": hf.HF_BENCH_BACKENDS if is_hf else DEFAULT_BACKENDS,
                 "conv_backends": hf.HF_CONV_BACKENDS if is_hf else DEFAULT_CONV_BACKENDS}
     for flag, default in defaults.items():
         names = getattr(args, flag)

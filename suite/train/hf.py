@@ -11,7 +11,9 @@ SDPA path in transformers 5, so its default is eager with the attention softcap 
 is off (``use_cache=False``), as in training.
 
 Backends (``HF_BACKENDS``): ``hf_loss`` the model's own forward (logits, ForCausalLMLoss, the
-reference); ``own`` / ``own_filter`` ``own_kernel.transformers.patch(model)`` exact /
+reference); ``hf_loss_fp32`` the same with the head's matmul in fp32 outside autocast (logits
+not rounded to bf16: what the exact kernel computes, so it tells the reference's own rounding
+from the kernel's; convergence only by default); ``own`` / ``own_filter`` ``own_kernel.transformers.patch(model)`` exact /
 ``filter_eps="auto"``; ``liger_flce`` Liger's ``apply_liger_kernel_to_<arch>(model=...)`` with
 only its fused linear cross entropy on (every other bool switch, rope, norms, MLP, off: the trunk
 stays the model's own, so the rows differ in the loss only); ``apple_cce`` Apple's
@@ -42,10 +44,11 @@ PREFIX = "hf:"
 TARGET_PARAMS = 1.0e9
 REFERENCE = "hf_loss"
 # Backend -> the suite provider that runs the same kernel (its availability applies), or None.
-PROVIDER_OF = {"hf_loss": None, "own": "own", "own_filter": "own_filter",
+PROVIDER_OF = {"hf_loss": None, "hf_loss_fp32": None, "own": "own", "own_filter": "own_filter",
                "liger_flce": "liger_flce", "apple_cce": "apple_cce"}
 HF_BACKENDS = tuple(PROVIDER_OF)
-HF_CONV_BACKENDS = ("hf_loss", "own")
+HF_BENCH_BACKENDS = tuple(b for b in HF_BACKENDS if b != "hf_loss_fp32")  # --backends' default
+HF_CONV_BACKENDS = ("hf_loss", "hf_loss_fp32", "own")
 TINY = dict(vocab=512, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2, head_dim=8)
 
 
@@ -182,6 +185,9 @@ def apply_backend(model: nn.Module, backend: str, arch: str) -> None:
     """Patch ``model`` (an instance) to compute its loss with ``backend``."""
     if backend == "hf_loss":
         return
+    if backend == "hf_loss_fp32":
+        _fp32_head(model)
+        return
     if backend in ("own", "own_filter"):
         from own_kernel.transformers import patch
 
@@ -192,6 +198,18 @@ def apply_backend(model: nn.Module, backend: str, arch: str) -> None:
         _apply_apple(model)
     else:
         raise ValueError(f"backend: unknown HF backend {backend!r}; known: {', '.join(HF_BACKENDS)}")
+
+
+def _fp32_head(model: nn.Module) -> None:
+    """The output layer's matmul in fp32 with autocast off (fp32 logits), the rest unchanged."""
+    head = model.get_output_embeddings()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return nn.functional.linear(x.float(), head.weight.float(), bias)
+
+    head.forward = forward
 
 
 def _apply_liger(model: nn.Module, arch: str) -> None:
