@@ -61,7 +61,7 @@ def test_liger_and_selection_savings_are_computed_from_the_rows():
 def test_convergence_verdicts():
     text = report.render_train([RUN_A, RUN_B])
     conv = _section(text, "**Convergence parity**")
-    assert "within 1 % of naive's after step 5" in conv
+    assert "within 1 % of the reference's (its range over +-0 steps) after step 5" in conv
     assert _table_rows(conv) == [
         "| naive | naive | reference | – | 2.0000 | – | 50,000 | 2.00 |",
         "| naive_rerun | naive | pass | 0.200 % (7) | 2.0000 | +0.100 % | 50,000 | 2.00 |",
@@ -371,3 +371,13 @@ def test_training_rows_of_two_architectures_of_one_shape_stay_apart(tmp_path):
         w.writeheader()
         w.writerow({k: base[k] for k in fields})
     assert [r["model"] for r in train_bench_rows([old])[0]] == ["gpt"]
+
+
+def test_train_headline_gives_each_backends_saving_over_the_reference():
+    text = report.train_headline([RUN_A, RUN_B], command="python -m suite report x --headline")
+    rows = _table_rows(text)
+    v1000 = [r for r in rows if "(V 1000," in r]
+    assert v1000[0].startswith("| gpt (V 1000, batch 8) |") and "| `naive` | 20.0 | – |" in v1000[0]
+    assert "| `own` | 8.50 | 11.5 | >= 64 (cap) x 128 |" in next(r for r in v1000 if "`own`" in r)
+    assert not any("`apple_cce`" in r for r in v1000)  # oom there: named below, not a row
+    assert "Not run: " in text and "apple_cce (oom)" in text

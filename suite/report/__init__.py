@@ -21,12 +21,14 @@ from suite.report.kernel_tables import (aggregate_table, cell_table, render, sum
                                         versus_table)
 from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
                                  update_readme)
-from suite.report.train_tables import is_train_run, render_train, liger_selective_comparison
+from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
+                                       train_headline)
 from suite.results import read_rows
 
 __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline", "read_envs",
            "render", "render_train", "liger_selective_comparison", "summary", "targets_table",
-           "update_markers", "update_readme", "versus_table", "main", "add_arguments"]
+           "update_markers", "update_readme", "versus_table", "main", "add_arguments",
+           "train_headline"]
 
 
 def add_arguments(parser) -> None:
@@ -132,7 +134,11 @@ def main(args) -> int:
         elif args.targets:
             text, section = _targets_text(args), "targets"
         elif args.headline:
-            text, section = headline(args.results, _command(args, " --headline")), "headline"
+            if train:
+                text = train_headline(train, _command(args, " --headline"))
+                section = "train-headline"
+            else:
+                text, section = headline(args.results, _command(args, " --headline")), "headline"
         else:
             text, section = _run_folder_text(args, train)
         return _print_and_update(args, text, section)
