@@ -8,10 +8,11 @@ from torch import Tensor, nn
 
 from own_kernel.check_targets import check_and_count_targets
 from own_kernel.config import config_for
+from own_kernel.fused import FusedLce
 from own_kernel.gemm import HostScalar
 from own_kernel.ops import LceRowsEager, lce_rows
 from own_kernel.options import FilterOptions, Options
-from own_kernel.plan import compaction_pays
+from own_kernel.plan import compaction_pays, fused_plan
 from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel, refuse_dtensor,
                                        vocab_parallel_rows)
 
@@ -69,7 +70,11 @@ def _validate_tensors(e, c, targets, bias):
     _check_runnable(e.device, e.dtype)
 
 
-def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory):
+def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
+                      workspace_mib=None):
+    if workspace_mib is not None and (not isinstance(workspace_mib, int)
+                                      or isinstance(workspace_mib, bool) or workspace_mib < 0):
+        raise ValueError(f"workspace_mib: expected None or an int >= 0; got {workspace_mib!r}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction: expected 'mean', 'sum' or 'none'; got {reduction!r}")
     if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
@@ -152,12 +157,38 @@ def _options(dtype, ignore_index, softcap, label_smoothing, filter_eps, return_l
                    torch.are_deterministic_algorithms_enabled())
 
 
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: str,
+                workspace_mib: int | None):
+    """The mean or sum through the three-matmul path (fused.py) when its row chunks fit the
+    workspace (plan.fused_plan), else None (the recompute path runs). Reads the targets' check
+    and count on the host first: the rows with a target are gathered, and a bad target never
+    reaches the kernels (the recompute path then raises on it)."""
+    cfg = config_for(e2.device, e2.dtype)
+    mib = cfg.fused.default_workspace_mib if workspace_mib is None else workspace_mib
+    bad, num_used = check.values()[:2]
+    if mib == 0 or bad or num_used == 0:
+        return None
+    n, d = e2.shape
+    num_used = int(num_used)
+    plan, _ = fused_plan(num_used, c.shape[0], d, e2.element_size(), mib * 2**20, cfg)
+    if plan is None:
+        return None
+    if num_used < n:
+        rows = torch.nonzero_static(t2 != opts.ignore_index, size=num_used).squeeze(1)
+        e2, t2 = e2.index_select(0, rows), t2[rows]
+    weight = 1.0 / num_used if reduction == "mean" else 1.0
+    return FusedLce.apply(e2, c, t2, bias, opts, cfg, plan, weight)
+
+
 def _eager_rows(e2, c, t2, bias, opts: Options, check):
     """(loss per row, lse per row or None) of an eager call. Gathered rows are what the
     backward needs anyway; a call without one (evaluation) keeps the forward's few floats of
     memory and relies on its skipped row blocks."""
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (e2, c, bias))
+    needs_grad = _needs_grad(e2, c, bias)
     rows = (None if opts.ignored_lse or opts.low_memory or check is None or not needs_grad
             else _rows_to_gather(e2, c, t2, opts.ignore_index, check))
     if rows is None:
@@ -174,7 +205,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                          filter_eps: float | str | None = None, return_lse: bool = False,
-                         low_memory: bool = False, vocab_parallel: VocabParallel | None = None):
+                         low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
+                         workspace_mib: int | None = None):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
@@ -192,6 +224,11 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     [start, stop) of the vocabulary, e and targets the whole problem's on every rank; the loss
     is the gathered problem's, dE is all-reduced, dC this shard's (eagerly: a graph break under
     torch.compile; vocab_parallel.py).
+    ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
+    budget of the three-matmul training path (fused.py): loss and gradients computed at once in
+    row chunks whose logits, fp32 dE rows and (with several chunks) fp32 dC accumulator fit it;
+    None = the device's default (config.Fused, 1024 MiB), 0 = off. When the chunks would not fit
+    or be too small to pay (plan.fused_plan), the recompute path runs.
     """
     refuse_dtensor(e=e, c=c, targets=targets, bias=bias)
     if torch.is_autocast_enabled(e.device.type):
@@ -199,7 +236,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         e, c = e.to(dtype), c.to(dtype)
         bias = bias.to(dtype) if bias is not None else None
     _validate_tensors(e, c, targets, bias)
-    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory)
+    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
+                      workspace_mib)
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)
@@ -215,6 +253,11 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         targets = shifted
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
     check, count = check_and_count_targets(t2, v_total, ignore_index)
+    if (reduction != "none" and not return_lse and not low_memory and vocab_parallel is None
+            and check is not None and _needs_grad(e2, c, bias)):
+        loss = _fused_loss(e2, c, t2, bias, opts, check, reduction, workspace_mib)
+        if loss is not None:
+            return loss
     if vocab_parallel is not None:
         loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check)
     elif torch.compiler.is_compiling():
@@ -241,12 +284,13 @@ class LinearCrossEntropy(nn.Module):
     def __init__(self, *, ignore_index: int = -100, softcap: float | None = None,
                  reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                  filter_eps: float | str | None = None, return_lse: bool = False,
-                 low_memory: bool = False, vocab_parallel: VocabParallel | None = None):
+                 low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
+                 workspace_mib: int | None = None):
         super().__init__()
         self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
                             shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
                             return_lse=return_lse, low_memory=low_memory,
-                            vocab_parallel=vocab_parallel)
+                            vocab_parallel=vocab_parallel, workspace_mib=workspace_mib)
 
     def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
         return linear_cross_entropy(e, c, targets, bias=bias, **self.options)

@@ -138,6 +138,21 @@ class LowMemory:
 
 
 @dataclass(frozen=True)
+class Fused:
+    """The three-matmul training path (fused.py): row chunks whose logits fit a workspace."""
+    min_rows: int = 1024           # fewer rows per chunk: dC's fp32 accumulation is memory-bound
+    block: int = 2048              # columns per step of the logits-to-gradient pass (and per
+    num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
+    default_workspace_mib: int = 1024
+    max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
+
+    def __post_init__(self):
+        _power_of_two("fused.block", self.block)
+        if self.min_rows < 1:
+            raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     forward: Forward
@@ -149,6 +164,7 @@ class Config:
     filter: Filter
     compaction: Compaction = field(default_factory=Compaction)
     low_memory: LowMemory = field(default_factory=LowMemory)
+    fused: Fused = field(default_factory=Fused)
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
     # Tiles timed on the user's GPU on first use and cached on disk (autotune.py): the
     # forward's from these candidates. Off: the tiles above as they are.
@@ -229,6 +245,8 @@ INTERPRETER = Config(
                   tail_min_width=False, min_tail_width=0, tail_mib=1),
     filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,
                   max_kept=0.5, kept_align=8, max_flat=0.5, lookahead_max_n=2**62),
+    # Off by default: each test picks the path it covers (workspace_mib, or an override).
+    fused=Fused(min_rows=1, block=16, num_warps=1, default_workspace_mib=0),
 )
 
 

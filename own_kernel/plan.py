@@ -7,7 +7,8 @@ from here, so each choice can be tested on the CPU at the real shapes.
   tail_width, w_slots, x_and_w_slots);
 - whether the gradient filter can skip anything at all (filter_can_skip);
 - whether ignored rows are gathered out (compaction_pays);
-- the low-memory backward's chunks (low_memory_plan).
+- the low-memory backward's chunks (low_memory_plan);
+- the three-matmul path's row chunks within its workspace budget (fused_plan).
 """
 from __future__ import annotations
 
@@ -338,3 +339,35 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
         chunks.append((v0, width, rows_2, False))
         v0 += width
     return chunks
+
+
+# ---- the three-matmul path (fused.py) -------------------------------------------------------
+
+@dataclass(frozen=True)
+class FusedPlan:
+    rows: int                # rows per chunk (the last may be shorter)
+    chunks: int
+    accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
+    workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer, if any
+
+
+def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
+               cfg: Config) -> tuple[FusedPlan | None, str]:
+    """(plan, "") of n rows in chunks whose workspace fits budget_bytes, or (None, why not).
+    Per chunk row: its V logits (input dtype) and its fp32 dE row; with several chunks, also the
+    fp32 dC accumulator (V x D x 4 bytes, whatever the chunk). Fewer than fused.min_rows rows
+    per chunk make dC's accumulation memory-bound: the recompute path is faster then."""
+    per_row = v * elt + d * 4
+    cap = cfg.fused.max_rows or n
+    if n * per_row <= budget_bytes and n <= cap:
+        return FusedPlan(n, 1, False, n * per_row), ""
+    acc = v * d * 4
+    rows = min(cap, (budget_bytes - acc) // per_row if budget_bytes > acc else 0)
+    if rows < 1:
+        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds no row of logits "
+                      f"besides dC's fp32 accumulator ({acc / 2**20:.0f} MiB)")
+    if rows < cfg.fused.min_rows:
+        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds {rows} rows of "
+                      f"logits per chunk besides dC's fp32 accumulator; fewer than "
+                      f"{cfg.fused.min_rows} make the path slower than recomputing")
+    return FusedPlan(rows, cdiv(n, rows), True, rows * per_row + acc), ""

@@ -4,12 +4,19 @@ from suite.registry import needs_triton_device, register
 VERMILLION = "#D55E00"  # figures: the own kernel's colour
 
 
-def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False):
+# The three-matmul path's workspace in the own_fused providers: room for dC's fp32 accumulator
+# and chunks of >= 1024 rows at the Gemma 2 (2B), Llama 3 (8B) and Qwen 2.5 (7B) shapes.
+FUSED_WORKSPACE_MIB = 3072
+
+
+def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False,
+          workspace_mib=0):
+    # workspace_mib=0: the recompute path, whatever the API's default would pick.
     from own_kernel import linear_cross_entropy
 
     return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
                                 ignore_index=ignore_index, filter_eps=filter_eps,
-                                low_memory=low_memory)
+                                low_memory=low_memory, workspace_mib=workspace_mib)
 
 
 @register("own", summary="own Triton CCE, exact gradients", features=("bias", "softcap"),
@@ -31,6 +38,24 @@ def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           style=dict(color=VERMILLION, marker="^", linestyle=":"), order=62)
 def own_low_memory(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, low_memory=True)
+
+
+@register("own_fused", summary=f"own Triton CCE, exact, three-matmul training path "
+          f"(workspace_mib={FUSED_WORKSPACE_MIB})", features=("bias", "softcap"),
+          requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="P", linestyle="-"), order=65)
+def own_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, None,
+                 workspace_mib=FUSED_WORKSPACE_MIB)
+
+
+@register("own_fused_filter", summary=f"own Triton CCE, gradient filter, three-matmul training "
+          f"path (workspace_mib={FUSED_WORKSPACE_MIB})", features=("bias", "softcap"),
+          requires=needs_triton_device, exact=False,
+          style=dict(color=VERMILLION, marker="X", linestyle="--"), order=66)
+def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, "auto",
+                 workspace_mib=FUSED_WORKSPACE_MIB)
 
 
 def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps):

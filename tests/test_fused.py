@@ -1,0 +1,177 @@
+"""The three-matmul training path (own_kernel/fused.py) against an fp64 reference under the
+Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
+the API's choice of path."""
+import pytest
+import torch
+
+from own_kernel import fused, linear_cross_entropy
+from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden
+from own_kernel.plan import fused_plan
+from tests.test_own_kernel import peaked_inputs, reference, rel
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Each call of the fused path: (rows, chunks, accumulate_dc, filtered)."""
+    calls = []
+    real = fused.fused_loss_and_grads
+
+    def spy(e, c, targets, bias, opts, cfg, plan, weight):
+        calls.append((e.shape[0], plan.chunks, plan.accumulate_dc, opts.filter is not None))
+        return real(e, c, targets, bias, opts, cfg, plan, weight)
+
+    monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
+    return calls
+
+
+def _inputs(dtype, lead, d, v, has_bias, ignore_every, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    e = (0.5 * torch.randn(*lead, d, generator=g)).to(dtype).requires_grad_()
+    c = (0.5 * torch.randn(v, d, generator=g)).to(dtype).requires_grad_()
+    t = torch.randint(0, v, lead, generator=g)
+    flat = t.view(-1)
+    for start in range(1, flat.numel(), ignore_every):  # runs of 3 ignored targets
+        flat[start:start + 3] = -100
+    bias = (0.3 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
+    return e, c, t, bias
+
+
+CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, shift, max_rows
+    (torch.float32, (37,), 24, 101, None, "mean", 0.0, False, 0, 0),
+    (torch.float32, (37,), 24, 101, None, "mean", 0.0, False, 0, 4),
+    (torch.float32, (3, 13), 20, 97, 30.0, "sum", 0.0, True, 2, 5),
+    (torch.float32, (2, 9), 16, 53, 5.0, "mean", 0.2, True, 1, 3),
+    (torch.float16, (33,), 40, 67, 20.0, "mean", 0.1, True, 0, 7),
+    (torch.float16, (24,), 32, 31, None, "sum", 0.0, False, 0, 0),
+]
+
+
+@pytest.mark.parametrize("dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows",
+                         CASES)
+def test_matches_reference(fused_calls, dtype, lead, d, v, softcap, reduction, ls, has_bias,
+                           shift, max_rows):
+    e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7)
+    ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
+    ref.backward()
+    with overridden({"fused": {"max_rows": max_rows}}):
+        loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
+                                    label_smoothing=ls, shift=shift, workspace_mib=16)
+    loss.backward()
+    used = int((t[..., shift:] != -100).sum())
+    chunks = -(-used // max_rows) if max_rows else 1
+    assert fused_calls == [(used, chunks, chunks > 1, False)]
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    assert abs(float(loss) - float(ref)) <= tol * max(1.0, abs(float(ref)))
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+    assert e.grad.dtype == dtype and c.grad.dtype == dtype
+    if bias is not None:
+        assert rel(bias.grad, b2.grad) < tol
+
+
+def test_upstream_gradient_scales_the_gradients(fused_calls):
+    e, c, t, _ = _inputs(torch.float32, (20,), 16, 40, False, ignore_every=6)
+    ref, e2, c2, _ = reference(e, c, t)
+    (0.25 * ref).backward()
+    (0.25 * linear_cross_entropy(e, c, t, workspace_mib=16)).backward()
+    assert len(fused_calls) == 1
+    assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
+
+
+@pytest.mark.parametrize("max_rows", [0, 6])
+def test_filter_skips_column_blocks_and_stays_close(fused_calls, monkeypatch, max_rows):
+    e, c, t = peaked_inputs(40, 32, 1024, seed=1)
+    e, c = e.requires_grad_(), c.requires_grad_()
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    runs = []
+    real_runs = fused.kept_runs
+    monkeypatch.setattr(fused, "kept_runs", lambda *a: runs.append(real_runs(*a)) or runs[-1])
+    with overridden({"fused": {"max_rows": max_rows}}):
+        linear_cross_entropy(e, c, t, filter_eps=1e-3, workspace_mib=16).backward()
+    assert fused_calls and fused_calls[0][3]
+    kept_columns = sum(b - a for chunk in runs for a, b in chunk)
+    assert 0 < kept_columns < 0.9 * 1024 * len(runs)  # some blocks skipped, not all
+    assert rel(e.grad, e2.grad) < 1e-2 and rel(c.grad, c2.grad) < 1e-2
+
+
+def test_auto_filter_keeps_flat_rows_exact(fused_calls):
+    g = torch.Generator().manual_seed(2)
+    e = (0.01 * torch.randn(24, 16, generator=g)).requires_grad_()  # flat: every p ~ 1/V
+    c = torch.randn(300, 16, generator=g).requires_grad_()
+    t = torch.randint(0, 300, (24,), generator=g)
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    linear_cross_entropy(e, c, t, filter_eps="auto", workspace_mib=16).backward()
+    assert fused_calls and fused_calls[0][3]
+    assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
+
+
+def test_kept_runs_join_consecutive_blocks():
+    kept = torch.tensor([1, 1, 0, 1, 0, 0, 1], dtype=torch.int8)
+    assert fused.kept_runs(kept, 16, 100) == [(0, 32), (48, 64), (96, 100)]
+    assert fused.kept_runs(torch.zeros(3, dtype=torch.int8), 16, 40) == []
+
+
+def test_other_calls_take_the_recompute_path(fused_calls):
+    e, c, t, _ = _inputs(torch.float32, (12,), 16, 40, False, ignore_every=5)
+    for kwargs in (dict(reduction="none"), dict(return_lse=True), dict(low_memory=True),
+                   dict(workspace_mib=0)):
+        out = linear_cross_entropy(e, c, t, **{"workspace_mib": 16, **kwargs})
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    with torch.no_grad():
+        linear_cross_entropy(e, c, t, workspace_mib=16)
+    assert fused_calls == []
+    with overridden({"fused": {"default_workspace_mib": 16}}):  # the API's own choice
+        linear_cross_entropy(e, c, t).backward()
+    assert len(fused_calls) == 1
+
+
+def test_all_ignored_falls_back_and_gives_nan_mean(fused_calls):
+    e, c, _, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)
+    t = torch.full((6,), -100)
+    loss = linear_cross_entropy(e, c, t, workspace_mib=16)
+    loss.backward()
+    assert fused_calls == [] and torch.isnan(loss) and not e.grad.any()
+
+
+def test_a_bad_target_is_refused_before_any_kernel_reads_it(fused_calls):
+    e, c, t, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)
+    t[2] = 20
+    with pytest.raises(ValueError, match="targets: value 20"):
+        linear_cross_entropy(e, c, t, workspace_mib=16)
+    assert fused_calls == []
+
+
+def test_workspace_mib_is_validated():
+    e, c, t, _ = _inputs(torch.float32, (4,), 8, 20, False, ignore_every=100)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="workspace_mib"):
+            linear_cross_entropy(e, c, t, workspace_mib=bad)
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("n, v, d, mib, expect", [
+    # Gemma 2 (2B): dC's fp32 accumulator alone (2250 MiB) is more than 1 GiB
+    (8192, 256000, 2304, 1024, "holds no row"),
+    (8192, 256000, 2304, 3072, (1653, 5, True)),
+    # 2.5 GiB leaves room for fewer than min_rows rows: recomputing is faster
+    (8192, 256000, 2304, 2560, "fewer than 1024"),
+    (8192, 128256, 4096, 3072, (8192, 1, False)),      # Llama 3 (8B): one chunk
+    (16384, 152064, 3584, 3072, (3269, 6, True)),      # Qwen 2.5 (7B)
+    (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
+])
+def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
+    plan, why = fused_plan(n, v, d, 2, mib * MIB, HOPPER_16BIT)
+    if isinstance(expect, str):
+        assert plan is None and expect in why
+        return
+    assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
+    assert plan.workspace_bytes <= mib * MIB
+    assert plan.rows * (plan.chunks - 1) < n <= plan.rows * plan.chunks
+
+
+def test_a_budget_below_one_row_falls_back_with_the_reason():
+    plan, why = fused_plan(10, 1000, 16, 4, 1000, INTERPRETER)
+    assert plan is None and "holds no row of logits" in why
