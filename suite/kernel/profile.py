@@ -9,8 +9,8 @@ profiler (nothing is timed here):
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
 pace): python -m suite kernel profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
-[--low-memory] [--trace t.json]. With --trace it also prints each kernel family's GPU time per
-call in floors (one cuBLAS E @ C.T of the shape) and the GPU's idle time.
+[--low-memory] [--workspace-mib 3072] [--trace t.json]. With --trace it also prints each kernel
+family's GPU time per call in floors (one cuBLAS E @ C.T of the shape) and the GPU's idle time.
 """
 import cProfile
 import json
@@ -31,6 +31,8 @@ def add_arguments(ap) -> None:
     add_call_arguments(ap, note=" (host only)")
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
+    ap.add_argument("--workspace-mib", type=int, default=0,
+                    help="host: the three-matmul path's budget (default 0: the recompute path)")
 
 
 def main(args) -> int:
@@ -39,7 +41,7 @@ def main(args) -> int:
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
         host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace,
-                     low_memory=args.low_memory)
+                     low_memory=args.low_memory, workspace_mib=args.workspace_mib)
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
@@ -53,13 +55,14 @@ def main(args) -> int:
     return 0
 
 
-def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False):
+def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False,
+                 workspace_mib=0):
     e.requires_grad_(), c.requires_grad_()
 
     def call():
         e.grad = c.grad = None
         linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=filter_eps,
-                             low_memory=low_memory).backward()
+                             low_memory=low_memory, workspace_mib=workspace_mib).backward()
 
     for _ in range(5):
         call()
@@ -118,8 +121,10 @@ def kernel_family(name: str) -> str:
         return "forward"
     if name.startswith("cce_dlogits"):
         return "recompute + softmax gradient"
+    if name.startswith("_logits_to_grad"):
+        return "logits -> gradient pass (three-matmul path)"
     if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma")):
-        return "cuBLAS GEMMs (dE, dC)"
+        return "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)"
     if name.startswith("cce_"):
         return "other own kernels"
     return "torch ops, copies, memsets"
