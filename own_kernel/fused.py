@@ -51,8 +51,12 @@ class _Sums:
         self.de = torch.empty_like(e)
         self.de32 = torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
         v, d = c.shape
+        self.first = False  # whether dC's fp32 buffer is still unwritten (the first chunk)
         if plan.accumulate_dc:
-            self.dc32 = torch.zeros(v, d, device=c.device, dtype=torch.float32)
+            # Exact, the first chunk writes every row (beta 0): no pass to zero 4 V D bytes.
+            alloc = torch.zeros if filtered else torch.empty
+            self.dc32 = alloc(v, d, device=c.device, dtype=torch.float32)
+            self.first = not filtered
             self.dc = None
         else:
             self.dc32 = None
@@ -72,11 +76,13 @@ class _Sums:
         self.de[r0:r0 + g.shape[0]].copy_(de32.mul_(self.weight))
         for a, b in runs:
             if self.dc32 is not None:
-                addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight)
+                addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
+                           beta=0.0 if self.first else 1.0)
             else:
                 mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight)
             if self.dbias32 is not None:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
+        self.first = False
 
     def result(self, c, bias):
         dc = self.dc if self.dc32 is None else self.dc32.to(c.dtype)

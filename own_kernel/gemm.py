@@ -60,14 +60,14 @@ def mm_fp32(a, b, out):
         torch.mm(a.float(), b.float(), out=out)
 
 
-def addmm_fp32(acc, a, b, alpha: float = 1.0):
-    """acc (fp32) += alpha * a @ b."""
+def addmm_fp32(acc, a, b, alpha: float = 1.0, beta: float = 1.0):
+    """acc (fp32) = beta * acc + alpha * a @ b (beta 0: acc is not read, may hold anything)."""
     if a.dtype == torch.float32:
-        acc.addmm_(a, b, alpha=alpha)
+        acc.addmm_(a, b, alpha=alpha, beta=beta)
     elif _fp32_products(a):
-        torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a, b, alpha=alpha, beta=beta, out_dtype=torch.float32, out=acc)
     else:
-        acc.addmm_(a.float(), b.float(), alpha=alpha)
+        acc.addmm_(a.float(), b.float(), alpha=alpha, beta=beta)
 
 
 def mm_scaled(out, a, b, scale, accumulate=False):

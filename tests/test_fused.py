@@ -68,6 +68,21 @@ def test_matches_reference(fused_calls, dtype, lead, d, v, softcap, reduction, l
         assert rel(bias.grad, b2.grad) < tol
 
 
+def test_the_first_chunk_overwrites_dcs_unzeroed_buffer(fused_calls, monkeypatch):
+    # dC's fp32 buffer is allocated without zeroing; poison it to prove nothing stale survives.
+    real_empty = torch.empty
+    monkeypatch.setattr(fused.torch, "empty",
+                        lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))
+                        if k.get("dtype") == torch.float32 else real_empty(*a, **k))
+    e, c, t, _ = _inputs(torch.float32, (20,), 16, 40, False, ignore_every=6)
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    with overridden({"fused": {"max_rows": 4}}):
+        linear_cross_entropy(e, c, t, workspace_mib=16).backward()
+    assert fused_calls and fused_calls[0][2]  # several chunks: the fp32 accumulator
+    assert rel(c.grad, c2.grad) < 1e-5 and rel(e.grad, e2.grad) < 1e-5
+
+
 def test_upstream_gradient_scales_the_gradients(fused_calls):
     e, c, t, _ = _inputs(torch.float32, (20,), 16, 40, False, ignore_every=6)
     ref, e2, c2, _ = reference(e, c, t)
@@ -122,6 +137,8 @@ def test_other_calls_take_the_recompute_path(fused_calls):
         linear_cross_entropy(e, c, t, workspace_mib=16)
     assert fused_calls == []
     with overridden({"fused": {"default_workspace_mib": 16}}):  # the API's own choice
+        linear_cross_entropy(e, c, t, filter_eps="auto").backward()  # filtered: recompute
+        assert fused_calls == []
         linear_cross_entropy(e, c, t).backward()
     assert len(fused_calls) == 1
 
