@@ -99,7 +99,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     v = c.shape[0]
     block = cfg.fused.block
     filt = opts.filter
-    ws = torch.empty(plan.rows, v, device=e.device, dtype=e.dtype)
+    # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
+    ws = torch.empty(plan.rows, plan.row_stride, device=e.device, dtype=e.dtype)[:, :v]
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, block), device=e.device, dtype=torch.int8)
             if filt is not None else None)

@@ -349,6 +349,7 @@ class FusedPlan:
     chunks: int
     accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
     workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer, if any
+    row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
@@ -357,10 +358,11 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
     Per chunk row: its V logits (input dtype) and its fp32 dE row; with several chunks, also the
     fp32 dC accumulator (V x D x 4 bytes, whatever the chunk). Fewer than fused.min_rows rows
     per chunk make dC's accumulation memory-bound: the recompute path is faster then."""
-    per_row = v * elt + d * 4
+    stride = cdiv(v * elt, 16) * 16 // elt
+    per_row = stride * elt + d * 4
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, False, n * per_row), ""
+        return FusedPlan(n, 1, False, n * per_row, stride), ""
     acc = v * d * 4
     rows = min(cap, (budget_bytes - acc) // per_row if budget_bytes > acc else 0)
     if rows < 1:
@@ -370,4 +372,4 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
         return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds {rows} rows of "
                       f"logits per chunk besides dC's fp32 accumulator; fewer than "
                       f"{cfg.fused.min_rows} make the path slower than recomputing")
-    return FusedPlan(rows, cdiv(n, rows), True, rows * per_row + acc), ""
+    return FusedPlan(rows, cdiv(n, rows), True, rows * per_row + acc, stride), ""

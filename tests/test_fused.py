@@ -189,6 +189,12 @@ def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
     assert plan.rows * (plan.chunks - 1) < n <= plan.rows * plan.chunks
 
 
+@pytest.mark.parametrize("v, elt, stride", [(50257, 2, 50264), (32000, 2, 32000), (101, 4, 104)])
+def test_logits_rows_are_16_byte_aligned(v, elt, stride):
+    plan, _ = fused_plan(64, v, 16, elt, 2**30, HOPPER_16BIT)
+    assert plan.row_stride == stride and (plan.row_stride * elt) % 16 == 0
+
+
 def test_a_budget_below_one_row_falls_back_with_the_reason():
     plan, why = fused_plan(10, 1000, 16, 4, 1000, INTERPRETER)
     assert plan is None and "holds no row of logits" in why
