@@ -30,6 +30,19 @@ from own_kernel.options import Options
 from own_kernel.plan import FusedPlan, cdiv
 
 
+ALIGN = 8  # columns: cuBLAS's fast 16-bit kernels need K and leading dims multiples of 8
+
+
+def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
+    """runs with the last V mod 8 columns as their own run (at V 50257 one GEMM over all the
+    columns fell off cuBLAS's fast kernels)."""
+    cut = v - v % ALIGN
+    out = []
+    for a, b in runs:
+        out += [(a, cut), (cut, b)] if a < cut < b else [(a, b)]
+    return out
+
+
 def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
     """Column ranges [a, b) of the consecutive marked blocks (a host read of the marks)."""
     runs, start = [], None
@@ -108,17 +121,18 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     for r0 in range(0, n, plan.rows):
         r1 = min(n, r0 + plan.rows)
         z = ws[:r1 - r0]
-        if bias is None:
-            torch.mm(e[r0:r1], c.t(), out=z)
-        else:
-            torch.addmm(bias, e[r0:r1], c.t(), out=z)
+        for a, b in aligned_runs([(0, v)], v):
+            if bias is None:
+                torch.mm(e[r0:r1], c[a:b].t(), out=z[:, a:b])
+            else:
+                torch.addmm(bias[a:b], e[r0:r1], c[a:b].t(), out=z[:, a:b])
         if kept is not None:
             kept.zero_()
         logits_to_grad(z, targets[r0:r1], losses[r0:r1], softcap=opts.softcap,
                        label_smoothing=opts.label_smoothing, kept=kept,
                        eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
                        block=block, num_warps=cfg.fused.num_warps)
-        runs = [(0, v)] if kept is None else kept_runs(kept, block, v)
+        runs = aligned_runs([(0, v)] if kept is None else kept_runs(kept, block, v), v)
         sums.add_chunk(z, e[r0:r1], c, r0, runs)
     del ws, z
     de, dc, dbias = sums.result(c, bias)

@@ -121,6 +121,12 @@ def test_auto_filter_keeps_flat_rows_exact(fused_calls):
     assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
 
 
+def test_aligned_runs_split_off_the_last_v_mod_8_columns():
+    assert fused.aligned_runs([(0, 101)], 101) == [(0, 96), (96, 101)]
+    assert fused.aligned_runs([(0, 32), (64, 101)], 101) == [(0, 32), (64, 96), (96, 101)]
+    assert fused.aligned_runs([(0, 96)], 96) == [(0, 96)]
+
+
 def test_kept_runs_join_consecutive_blocks():
     kept = torch.tensor([1, 1, 0, 1, 0, 0, 1], dtype=torch.int8)
     assert fused.kept_runs(kept, 16, 100) == [(0, 32), (48, 64), (96, 100)]
