@@ -174,8 +174,10 @@ def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: st
         return None
     cfg = config_for(e2.device, e2.dtype)
     mib = cfg.fused.default_workspace_mib if workspace_mib is None else workspace_mib
+    if mib == 0:  # before the host read: it waits for the GPU to reach the targets' check
+        return None
     bad, num_used = check.values()[:2]
-    if mib == 0 or bad or num_used == 0:
+    if bad or num_used == 0:
         return None
     n, d = e2.shape
     num_used = int(num_used)
