@@ -64,12 +64,12 @@ class _Sums:
         self.de = torch.empty_like(e)
         self.de32 = torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
         v, d = c.shape
-        self.first = False  # whether dC's fp32 buffer is still unwritten (the first chunk)
+        # Exact, the first chunk writes every row of dC's fp32 buffer (beta 0): no pass to zero
+        # its 4 V D bytes. Filtered, skipped blocks must read as zero.
+        self.dc32_zeroed = filtered
         if plan.accumulate_dc:
-            # Exact, the first chunk writes every row (beta 0): no pass to zero 4 V D bytes.
             alloc = torch.zeros if filtered else torch.empty
             self.dc32 = alloc(v, d, device=c.device, dtype=torch.float32)
-            self.first = not filtered
             self.dc = None
         else:
             self.dc32 = None
@@ -80,6 +80,7 @@ class _Sums:
 
     def add_chunk(self, g, e_rows, c, r0: int, runs) -> None:
         de32 = self.de32[:g.shape[0]]
+        dc_beta = 0.0 if r0 == 0 and not self.dc32_zeroed else 1.0
         if runs == [(0, c.shape[0])]:
             mm_fp32(g, c, de32)
         else:
@@ -90,12 +91,11 @@ class _Sums:
         for a, b in runs:
             if self.dc32 is not None:
                 addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
-                           beta=0.0 if self.first else 1.0)
+                           beta=dc_beta)
             else:
                 mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight)
             if self.dbias32 is not None:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
-        self.first = False
 
     def result(self, c, bias):
         dc = self.dc if self.dc32 is None else self.dc32.to(c.dtype)
@@ -118,10 +118,11 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     kept = (torch.empty(cdiv(v, block), device=e.device, dtype=torch.int8)
             if filt is not None else None)
     sums = _Sums(e, c, bias, plan, weight, filtered=filt is not None)
+    every_column = aligned_runs([(0, v)], v)
     for r0 in range(0, n, plan.rows):
         r1 = min(n, r0 + plan.rows)
         z = ws[:r1 - r0]
-        for a, b in aligned_runs([(0, v)], v):
+        for a, b in every_column:
             if bias is None:
                 torch.mm(e[r0:r1], c[a:b].t(), out=z[:, a:b])
             else:
@@ -132,7 +133,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
                        label_smoothing=opts.label_smoothing, kept=kept,
                        eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
                        block=block, num_warps=cfg.fused.num_warps)
-        runs = aligned_runs([(0, v)] if kept is None else kept_runs(kept, block, v), v)
+        runs = every_column if kept is None else aligned_runs(kept_runs(kept, block, v), v)
         sums.add_chunk(z, e[r0:r1], c, r0, runs)
     del ws, z
     de, dc, dbias = sums.result(c, bias)
