@@ -292,17 +292,18 @@ def run_convergence(args, runner, out: Path, deadline: float, common: dict) -> l
     ref = results.get(reference, {}).get("loss") or []
     warm = max(args.conv_warmup, args.steps // 10)
     summary = CsvAppender(out / TRAIN_CONVERGENCE_CSV, TRAIN_CONVERGENCE_FIELDS, extras="ignore")
-    tol = args.tol
+    tol, noise = args.tol, None
     rerun = rerun_label(reference)
     if rerun in results:  # the reference's spread against itself widens every other tolerance
         noise = _verdict_row(args, fields, rerun, reference, results[rerun], ref, warm, common)
         tol = noise_tolerance(args.tol, noise)
+        if noise["verdict"] in ("pass", "fail"):
+            noise["verdict"] = "noise floor"
     rows = []
     for label, backend in runs:
-        row = _verdict_row(args, fields, label, backend, results[label], ref, warm, common,
-                           tol=args.tol if label == rerun else tol)
-        if label == rerun and row["verdict"] in ("pass", "fail"):
-            row["verdict"] = "noise floor"
+        row = (noise if label == rerun else
+               _verdict_row(args, fields, label, backend, results[label], ref, warm, common,
+                            tol=tol))
         summary.add(row)
         rows.append(row)
         print(f"parity {label:>12}: {row['verdict']:<10} max dev "
