@@ -25,3 +25,19 @@ def temp_providers():
     yield add
     for name in added:
         registry.PROVIDERS.pop(name, None)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The keywords of each call own_kernel.transformers' patched forward makes to the kernel."""
+    import own_kernel.transformers as hf_patch
+
+    calls = []
+    kernel = hf_patch.linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(hf_patch, "linear_cross_entropy", spy)
+    return calls

@@ -60,20 +60,6 @@ def batch(seed=1):
     return input_ids, labels
 
 
-@pytest.fixture
-def spies(monkeypatch):
-    """Counts the kernel's calls (and their keywords) in the patch module."""
-    calls = []
-    kernel = hf_patch.linear_cross_entropy
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(hf_patch, "linear_cross_entropy", spy)
-    return calls
-
-
 def count_lm_head_calls(model):
     calls = []
     model.lm_head.register_forward_hook(lambda *_: calls.append(1))
@@ -102,7 +88,7 @@ def test_supported_lists_every_tested_architecture():
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_patched_loss_and_gradients_match_the_models_own(arch, spies):
+def test_patched_loss_and_gradients_match_the_models_own(arch, kernel_calls):
     model = tiny_model(arch)
     input_ids, labels = batch()
     cases = [dict(input_ids=input_ids, labels=labels),
@@ -115,14 +101,14 @@ def test_patched_loss_and_gradients_match_the_models_own(arch, spies):
         out = loss_and_grads(model, **case)
         assert out[0].logits is None
         assert_same(reference, out)
-    assert len(spies) == len(cases) and not lm_head_calls
-    assert spies[1]["reduction"] == "sum"
+    assert len(kernel_calls) == len(cases) and not lm_head_calls
+    assert kernel_calls[1]["reduction"] == "sum"
     # Tied: the shared weight's gradient, compared above, sums the head's and the embedding's.
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     assert tied == (arch in TIED)
 
 
-def test_the_logit_transforms_reach_the_kernel(spies):
+def test_the_logit_transforms_reach_the_kernel(kernel_calls):
     """The softcap and the logit scales matter in the test configs (else the match above would
     not check them), and the kernel receives them."""
     input_ids, labels = batch()
@@ -134,10 +120,10 @@ def test_the_logit_transforms_reach_the_kernel(spies):
         assert (with_transform - without).abs() > 1e-2, arch
     model = patch(tiny_model("gemma3"))
     model(input_ids=input_ids, labels=labels)
-    assert spies[-1]["softcap"] == 2.0
+    assert kernel_calls[-1]["softcap"] == 2.0
 
 
-def test_a_row_of_ignored_labels_and_shift_labels_match(spies):
+def test_a_row_of_ignored_labels_and_shift_labels_match(kernel_calls):
     model = tiny_model("qwen2")
     input_ids, labels = batch()
     labels[1] = -100
@@ -149,10 +135,10 @@ def test_a_row_of_ignored_labels_and_shift_labels_match(spies):
     patch(model)
     for case, reference in zip(cases, references):
         assert_same(reference, loss_and_grads(model, **case))
-    assert len(spies) == len(cases)
+    assert len(kernel_calls) == len(cases)
 
 
-def test_gradient_checkpointing(spies):
+def test_gradient_checkpointing(kernel_calls):
     model = tiny_model("llama")
     # transformers 5.x renames it (gradient_checkpointing_enable is deprecated there)
     enable = (getattr(model, "activation_checkpointing_enable", None)
@@ -162,7 +148,7 @@ def test_gradient_checkpointing(spies):
     reference = loss_and_grads(model, input_ids=input_ids, labels=labels)
     patch(model)
     assert_same(reference, loss_and_grads(model, input_ids=input_ids, labels=labels))
-    assert model.model.gradient_checkpointing and len(spies) == 1
+    assert model.model.gradient_checkpointing and len(kernel_calls) == 1
 
 
 # ---- Trainer, torch.compile, autocast ---------------------------------------------------------
@@ -217,18 +203,18 @@ def train_with_trainer(model, output_dir):
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
-def test_trainer_trains_the_patched_model_like_the_unpatched_one(spies, tmp_path):
+def test_trainer_trains_the_patched_model_like_the_unpatched_one(kernel_calls, tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the test "
                                              "extra installs it)")
     reference = tiny_model("llama")
     reference_losses = train_with_trainer(reference, tmp_path / "reference")
-    assert not spies
+    assert not kernel_calls
     model = patch(tiny_model("llama"))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     losses = train_with_trainer(model, tmp_path / "patched")
     # 2 steps x 2 micro-batches through the kernel; Trainer passed num_items_in_batch (the
     # patched forward keeps the stock signature), hence a sum divided by it.
-    assert [call["reduction"] for call in spies] == ["sum"] * 4
+    assert [call["reduction"] for call in kernel_calls] == ["sum"] * 4
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     torch.testing.assert_close(losses, reference_losses, rtol=1e-5, atol=1e-6)
     reference_params = dict(reference.named_parameters())
@@ -250,7 +236,7 @@ def _recording(backend):
     return compile_graph, graphs
 
 
-def test_torch_compile_of_the_patched_model(spies, op_runs):
+def test_torch_compile_of_the_patched_model(kernel_calls, op_runs):
     """fullgraph=True: the patched forward traces without a graph break, the kernel inside the
     graph as the own_kernel::lce_rows custom op. aot_eager rather than inductor: inductor on
     the CPU compiles C++ (a toolchain, and minutes on CI's 2 cores) and would test inductor's
@@ -280,7 +266,7 @@ def test_torch_compile_of_the_patched_model(spies, op_runs):
     for gm in graphs:
         targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
         assert torch.ops.own_kernel.lce_rows.default in targets
-    assert [call["reduction"] for call in spies] == ["mean", "sum"] * 2
+    assert [call["reduction"] for call in kernel_calls] == ["mean", "sum"] * 2
 
 
 def _rel_error(x, reference):
@@ -335,7 +321,7 @@ def test_fp16_autocast_and_compile_on_the_cpu(op_runs):
         torch.testing.assert_close(compiled[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_bf16_autocast_on_the_cpu_is_refused_not_silently_wrong(spies):
+def test_bf16_autocast_on_the_cpu_is_refused_not_silently_wrong(kernel_calls):
     """Under autocast the patch hands the kernel the autocast dtype (as lm_head would run in
     it); the Triton interpreter's bf16 arithmetic is wrong, so that is a clear error."""
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -348,7 +334,7 @@ def test_bf16_autocast_on_the_cpu_is_refused_not_silently_wrong(spies):
         with pytest.raises(TypeError, match="e: bfloat16 does not run under the Triton "
                                             "interpreter"):
             model(input_ids=input_ids, labels=labels)
-    assert len(spies) == 1
+    assert len(kernel_calls) == 1
 
 
 @pytest.mark.gpu
@@ -365,7 +351,7 @@ def test_patched_model_bf16_autocast_and_compile_on_cuda(op_runs):
     check_autocast_and_compile("cuda", torch.bfloat16, "inductor", op_runs, num_hidden_layers=1)
 
 
-def test_without_labels_or_asking_for_logits_the_model_runs_its_own_forward(spies):
+def test_without_labels_or_asking_for_logits_the_model_runs_its_own_forward(kernel_calls):
     model = tiny_model("gemma2")
     input_ids, labels = batch()
     with torch.no_grad():
@@ -375,10 +361,10 @@ def test_without_labels_or_asking_for_logits_the_model_runs_its_own_forward(spie
         torch.testing.assert_close(model(input_ids=input_ids).logits, logits, rtol=0, atol=0)
         torch.testing.assert_close(model(input_ids=input_ids, logits_to_keep=1).logits, last,
                                    rtol=0, atol=0)
-    assert not spies
+    assert not kernel_calls
 
 
-def test_eval_mode_keeps_the_logits_unless_asked_not_to(spies):
+def test_eval_mode_keeps_the_logits_unless_asked_not_to(kernel_calls):
     input_ids, labels = batch()
     model = tiny_model("llama").eval()
     with torch.no_grad():
@@ -386,15 +372,15 @@ def test_eval_mode_keeps_the_logits_unless_asked_not_to(spies):
         patch(model)
         out = model(input_ids=input_ids, labels=labels)  # Trainer's evaluation reads the logits
         torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=0)
-        assert not spies
+        assert not kernel_calls
         unpatch(model)
         patch(model, logits_in_eval=False)
         out = model(input_ids=input_ids, labels=labels)
-    assert out.logits is None and len(spies) == 1
+    assert out.logits is None and len(kernel_calls) == 1
     torch.testing.assert_close(out.loss, reference.loss, rtol=1e-5, atol=1e-6)
 
 
-def test_options_reach_the_kernel_and_return_dict_false_gives_a_tuple(spies):
+def test_options_reach_the_kernel_and_return_dict_false_gives_a_tuple(kernel_calls):
     input_ids, labels = batch()
     model = tiny_model("mistral")
     reference = model(input_ids=input_ids, labels=labels).loss
@@ -405,7 +391,7 @@ def test_options_reach_the_kernel_and_return_dict_false_gives_a_tuple(spies):
     unpatch(model)
     patch(model, filter_eps="auto")
     model(input_ids=input_ids, labels=labels)
-    assert [(c["low_memory"], c["filter_eps"]) for c in spies] == [(True, None), (False, "auto")]
+    assert [(c["low_memory"], c["filter_eps"]) for c in kernel_calls] == [(True, None), (False, "auto")]
 
 
 def test_unpatch_restores_the_original():

@@ -14,7 +14,6 @@ transformers = pytest.importorskip("transformers", minversion="5",
                                    reason="--model hf: needs transformers >= 5 (the test extra "
                                           "installs it)")
 
-import own_kernel.transformers as own_patch  # noqa: E402
 from suite import train as tr  # noqa: E402
 from suite.schema import TRAIN_BENCH_FIELDS  # noqa: E402
 from suite.train import hf  # noqa: E402
@@ -31,20 +30,6 @@ def parse(argv):
     parser = argparse.ArgumentParser()
     tr.add_arguments(parser)
     return parser.parse_args(argv)
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Counts the own kernel's calls made through the patched forward."""
-    calls = []
-    kernel = own_patch.linear_cross_entropy
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(own_patch, "linear_cross_entropy", spy)
-    return calls
 
 
 def read(path):
