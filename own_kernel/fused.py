@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from own_kernel.config import Config
-from own_kernel.gemm import addmm_fp32, mm_fp32, mm_scaled
+from own_kernel.gemm import addmm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
 from own_kernel.plan import FusedPlan, cdiv
@@ -57,12 +57,15 @@ def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
 
 class _Sums:
     """The gradients being assembled: dE rows as they complete, dC (fp32 over chunks, or the
-    single chunk's own), dbias's fp32 column sums."""
+    single chunk's own), dbias's fp32 column sums. fp32 inputs need no fp32 copies: dE's rows
+    and dC (the outputs themselves) are the GEMMs' outputs and dC's accumulator."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, weight: float, filtered: bool):
         self.weight = weight
         self.de = torch.empty_like(e)
-        self.de32 = torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
+        fp32 = e.dtype == torch.float32
+        self.de32 = (None if fp32 else
+                     torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32))
         v, d = c.shape
         # Exact, the first chunk writes every row of dC's fp32 buffer (beta 0): no pass to zero
         # its 4 V D bytes. Filtered, skipped blocks must read as zero.
@@ -79,15 +82,17 @@ class _Sums:
                         if bias is not None else None)
 
     def add_chunk(self, g, e_rows, c, r0: int, runs) -> None:
-        de32 = self.de32[:g.shape[0]]
-        dc_beta = 0.0 if r0 == 0 and not self.dc32_zeroed else 1.0
-        if runs == [(0, c.shape[0])]:
-            mm_fp32(g, c, de32)
-        else:
+        rows = g.shape[0]
+        de_rows = self.de[r0:r0 + rows]
+        de32 = de_rows if self.de32 is None else self.de32[:rows]
+        one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
+        if not one_run:
             de32.zero_()
-            for a, b in runs:
-                addmm_fp32(de32, g[:, a:b], c[a:b])
-        self.de[r0:r0 + g.shape[0]].copy_(de32.mul_(self.weight))
+        for a, b in runs:  # the weight on alpha: no pass to scale the rows afterwards
+            addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
+        if self.de32 is not None:
+            de_rows.copy_(de32)
+        dc_beta = 0.0 if r0 == 0 and not self.dc32_zeroed else 1.0
         for a, b in runs:
             if self.dc32 is not None:
                 addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
@@ -98,7 +103,7 @@ class _Sums:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
 
     def result(self, c, bias):
-        dc = self.dc if self.dc32 is None else self.dc32.to(c.dtype)
+        dc = self.dc if self.dc32 is None else self.dc32.to(c.dtype)  # fp32: dC itself
         self.dc32 = None
         dbias = None if bias is None else (self.dbias32 * self.weight).to(bias.dtype)
         return self.de, dc, dbias

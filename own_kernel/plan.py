@@ -348,22 +348,25 @@ class FusedPlan:
     rows: int                # rows per chunk (the last may be shorter)
     chunks: int
     accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
-    workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer, if any
+    workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer (16-bit inputs)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
                cfg: Config) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose workspace fits budget_bytes, or (None, why not).
-    Per chunk row: its V logits (input dtype) and its fp32 dE row; with several chunks, also the
-    fp32 dC accumulator (V x D x 4 bytes, whatever the chunk). Fewer than fused.min_rows rows
-    per chunk make dC's accumulation memory-bound: the recompute path is faster then."""
+    Per chunk row: its V logits (input dtype) and, for 16-bit inputs, its fp32 dE row; with
+    several chunks and 16-bit inputs, also the fp32 dC accumulator (V x D x 4 bytes, whatever
+    the chunk). fp32 inputs accumulate in dE and dC themselves, which are gradients, not
+    workspace. Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
+    the recompute path is faster then."""
     stride = cdiv(v * elt, 16) * 16 // elt
-    per_row = stride * elt + d * 4
+    fp32 = elt == 4
+    per_row = stride * elt + (0 if fp32 else d * 4)
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, False, n * per_row, stride), ""
-    acc = v * d * 4
+    acc = 0 if fp32 else v * d * 4
     rows = min(cap, (budget_bytes - acc) // per_row if budget_bytes > acc else 0)
     if rows < 1:
         return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds no row of logits "

@@ -204,3 +204,15 @@ def test_logits_rows_are_16_byte_aligned(v, elt, stride):
 def test_a_budget_below_one_row_falls_back_with_the_reason():
     plan, why = fused_plan(10, 1000, 16, 4, 1000, INTERPRETER)
     assert plan is None and "holds no row of logits" in why
+
+
+@pytest.mark.parametrize("n, v, d, mib, expect", [
+    # fp32 N 32768 D 2304 V 32000: dE and dC are fp32 already and take the sums in place, so
+    # the budget holds logits only (16-bit inputs add fp32 dE rows and a 281 MiB dC buffer)
+    (32768, 32000, 2304, 1024, (8388, 4, True)),
+    (4096, 32000, 2304, 512, (4096, 1, False)),
+])
+def test_fp32_inputs_spend_the_budget_on_logits_only(n, v, d, mib, expect):
+    plan, why = fused_plan(n, v, d, 4, mib * MIB, HOPPER_16BIT)
+    assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
+    assert plan.workspace_bytes == plan.rows * plan.row_stride * 4 <= mib * MIB

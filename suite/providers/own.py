@@ -58,13 +58,14 @@ def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-10
                  workspace_mib=FUSED_WORKSPACE_MIB)
 
 
-def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps):
+def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_mib=0):
     # The path every GPU but Hopper takes (pointer kernels, tiles tuned on this GPU, the cuBLAS
     # recompute backward), forced here so it can be measured beside the Hopper path.
     from own_kernel.config import use_target
 
     with use_target("portable"):
-        return _call(e, c, targets, bias, softcap, ignore_index, filter_eps)
+        return _call(e, c, targets, bias, softcap, ignore_index, filter_eps,
+                     workspace_mib=workspace_mib)
 
 
 @register("own_portable", summary="own Triton CCE, exact, the portable (non-Hopper) path forced",
@@ -80,3 +81,13 @@ def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           style=dict(color=VERMILLION, marker="d", linestyle=(0, (3, 1, 1, 1))), order=64)
 def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _portable(e, c, targets, bias, softcap, ignore_index, "auto")
+
+
+@register("own_portable_fused",
+          summary=f"own Triton CCE, exact, three-matmul training path "
+          f"(workspace_mib={FUSED_WORKSPACE_MIB}), the portable (non-Hopper) path forced",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="*", linestyle="-."), order=67)
+def own_portable_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _portable(e, c, targets, bias, softcap, ignore_index, None,
+                     workspace_mib=FUSED_WORKSPACE_MIB)
