@@ -86,6 +86,16 @@ class SoftmaxGrad:
     num_warps: int
     stages: int
     waves: int               # programs per SM the grid aims at
+    tma: bool = True         # X and W through TMA descriptors (Hopper); else pointer loads
+
+    def __post_init__(self):
+        for name in ("block_n", "block_v", "num_warps"):
+            _power_of_two(f"softmax_grad.{name}", getattr(self, name))
+        for name in ("stages", "waves"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"softmax_grad.{name}: expected >= 1, got {getattr(self, name)}")
+        if not isinstance(self.tma, bool):
+            raise ValueError(f"softmax_grad.tma: expected a bool, got {self.tma!r}")
 
 
 @dataclass(frozen=True)
@@ -167,9 +177,21 @@ class Config:
     fused: Fused = field(default_factory=Fused)
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
     # Tiles timed on the user's GPU on first use and cached on disk (autotune.py): the
-    # forward's from these candidates. Off: the tiles above as they are.
+    # forward's, the pointer dlogits kernel's and the pointer softmax_grad's (tma False) from
+    # these candidates. Off: the tiles above as they are.
     autotune: bool = False
     forward_candidates: tuple = ()
+    dlogits_candidates: tuple = ()
+    softmax_grad_candidates: tuple = ()
+
+    def __post_init__(self):
+        for name, kind in (("forward_candidates", Tiles), ("dlogits_candidates", Tiles),
+                           ("softmax_grad_candidates", SoftmaxGrad)):
+            if not all(isinstance(k, kind) for k in getattr(self, name)):
+                raise ValueError(f"{name}: expected a tuple of {kind.__name__}")
+        if any(k.tma for k in self.softmax_grad_candidates):
+            raise ValueError("softmax_grad_candidates: expected tma False (only the pointer "
+                             "variant is tuned)")
 
 
 # Hopper (sm90), 16-bit inputs. Measured on an H200 unless said otherwise.
@@ -186,7 +208,7 @@ HOPPER_16BIT = Config(
     recompute=Recompute(Tiles(128, 256, 64, num_warps=8, num_stages=3), subtiles=4, group_n=8,
                         persistent=True, flatten=True, col_round=False),
     # 16 x 128: 3-4 programs per SM; 32 x 256 ran at 25 % occupancy (softmax-grad-tiles.md).
-    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8),
+    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8, tma=True),
     # 2048-column tail chunks in dE's buffer beat 1024 at N 32768 (tail-chunks.md).
     chunks=Chunks("tma", max_width=8192, max_entries=4096 * 8192, min_width=1024, align=64,
                   tail_min_width=True, min_tail_width=2048, tail_mib=40),
@@ -212,17 +234,44 @@ _PORTABLE_FORWARD_CANDIDATES = (
     Tiles(64, 256, 64, num_warps=8, num_stages=4),
 )
 
+# The pointer dlogits kernel's candidates (tail chunks, low_memory): a GEMM like the forward's
+# with a heavier epilogue (W's store, row and column sums), so no 128 x 256 tile; the fixed
+# 64 x 128 x 32 first.
+_PORTABLE_DLOGITS_CANDIDATES = (
+    Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=8, num_stages=3),
+    Tiles(64, 128, 64, num_warps=4, num_stages=3),
+    Tiles(128, 64, 64, num_warps=4, num_stages=3),
+    Tiles(64, 256, 32, num_warps=8, num_stages=3),
+)
+
+# The pointer softmax_grad's candidates: it streams X once, so tiles differ in how many bytes
+# each loop step keeps in flight (BLOCK_N x BLOCK_V fp32, STAGES deep) against the registers
+# its column sums take (up to four BLOCK_N x BLOCK_V fp32 accumulators); Hopper's 16 x 128
+# first.
+_PORTABLE_SOFTMAX_GRAD_CANDIDATES = (
+    SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8, tma=False),
+    SoftmaxGrad(16, 128, num_warps=4, stages=3, waves=8, tma=False),
+    SoftmaxGrad(32, 128, num_warps=8, stages=3, waves=8, tma=False),
+    SoftmaxGrad(16, 256, num_warps=8, stages=3, waves=8, tma=False),
+    SoftmaxGrad(8, 256, num_warps=4, stages=4, waves=8, tma=False),
+    SoftmaxGrad(32, 64, num_warps=4, stages=4, waves=8, tma=False),
+)
+
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers and shared
-# memory). The forward's tiles are tuned on the user's GPU (autotune.py); the rest is fixed.
+# memory). The tiles of the forward, of dlogits.py and of softmax_grad.py are tuned on the
+# user's GPU (autotune.py); the rest is fixed.
 PORTABLE = Config(
     name="portable",
     # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since
     # the A100 has at least 40 MB; forward-l2.md).
     forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24),
-    dlogits=Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    dlogits=_PORTABLE_DLOGITS_CANDIDATES[0],
     dlogits_tiles_per_program=1,
     recompute=Recompute(Tiles(64, 128, 32, num_warps=4, num_stages=3)),  # unused: cuBLAS route
-    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8),
+    # Pointer loads: GPUs before Hopper have no TMA (Triton only emulates descriptors there).
+    softmax_grad=_PORTABLE_SOFTMAX_GRAD_CANDIDATES[0],
     chunks=Chunks("cublas", max_width=4096, max_entries=4096 * 8192, min_width=1024, align=64,
                   tail_min_width=False, min_tail_width=1024, tail_mib=48),
     filter=Filter(max_width=4096, max_entries=0, min_flops=0.0, min_total_flops=0.0,
@@ -230,6 +279,8 @@ PORTABLE = Config(
     compaction=Compaction(fwd_min_flops=4e12),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
+    dlogits_candidates=_PORTABLE_DLOGITS_CANDIDATES,
+    softmax_grad_candidates=_PORTABLE_SOFTMAX_GRAD_CANDIDATES,
 )
 
 # The interpreter runs on numpy: tiny tiles, and chunks a few columns wide so that tiny shapes
@@ -240,7 +291,8 @@ INTERPRETER = Config(
     dlogits=Tiles(16, 16, 16, num_warps=1, num_stages=1),
     dlogits_tiles_per_program=2,
     recompute=Recompute(Tiles(16, 32, 16, num_warps=1, num_stages=1), subtiles=2, group_n=2),
-    softmax_grad=SoftmaxGrad(8, 16, num_warps=1, stages=1, waves=2),
+    # Pointer loads by default (the portable target's variant; the tests cover tma too).
+    softmax_grad=SoftmaxGrad(8, 16, num_warps=1, stages=1, waves=2, tma=False),
     chunks=Chunks("tma", max_width=48, max_entries=0, min_width=8, align=8,
                   tail_min_width=False, min_tail_width=0, tail_mib=1),
     filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,

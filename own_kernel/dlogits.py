@@ -14,10 +14,14 @@ What rounding d to the input dtype removes is summed per row and per column in f
 ColRound); the backward adds it back through the mean rows of C (dE) and E (dC): otherwise
 rounding leaks into the component that all rows of C (or E) share, where the true
 contributions cancel, and that is where accumulating in 16 bits loses dE. ColSum (dbias) sums d.
+
+The portable target tunes the tiles on the user's GPU (autotune.py: per shape bucket of the
+launch's rows, width and D), each candidate timed into scratch sums.
 """
 import triton
 import triton.language as tl
 
+from own_kernel.autotune import shape_bucket, tune_key, tuned_launch, tunes
 from own_kernel.plan import cdiv
 from own_kernel.rows import Partials
 from own_kernel.tile import (accumulate, dot_precision, logit_tile, row_terms, softcap_scalars,
@@ -78,9 +82,23 @@ def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *,
                     deterministic=False):
     """W (e's rows x w.shape[1], any row stride) = the softmax gradient of e's rows (rows: their
     Rows) at columns [v_start, v_start + width); RowRound, ColRound (col_round) and ColSum added
-    into sums. cfg: the Config (its dlogits tiles)."""
-    n, width = w.shape
+    into sums. cfg: the Config (its dlogits tiles; on the portable target, tiles tuned on this
+    GPU)."""
     tiles = cfg.dlogits
+    args = (e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round, deterministic)
+    if tunes(e, cfg, cfg.dlogits_candidates):
+        n, width = w.shape
+        key = tune_key("dlogits", e.device, e.dtype, shape_bucket(n, width, e.shape[1]))
+        tiles = tuned_launch(key, cfg.dlogits_candidates,
+                             lambda trial, scratch: _launch(trial, *args, scratch),
+                             n, sums.col_round.numel(), e.device)
+    _launch(tiles, *args, sums)
+
+
+def _launch(tiles, e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round, deterministic,
+            sums):
+    """One launch of cce_dlogits_kernel with these tiles (a config.Tiles)."""
+    n, width = w.shape
     groups = cdiv(cdiv(width, tiles.block_v), cfg.dlogits_tiles_per_program)
     part = Partials(deterministic, groups, n, cdiv(n, tiles.block_n), width, e.device)
     stand_in = sums.col_sum  # for pointers whose flag is off: never read

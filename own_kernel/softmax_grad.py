@@ -20,30 +20,60 @@ Column sums accumulate elementwise in (BLOCK_N x BLOCK_V) registers and are redu
 once at the end: a reduction across warps per tile (and an atomic per column per tile) costs
 more than the tile's memory traffic. Row sums reduce per tile (within warps) into atomics.
 
-X and W are tensor descriptors (TMA): tiles of X stream into shared memory STAGES deep while
-the warps work on an earlier tile, and no registers hold addresses. With pointer loads the
-kernel waited on each tile's load in turn and ran at ~40 % of the memory bandwidth. The chunk's
-width is a multiple of 8 (backward.chunk_plan), so both descriptors' row strides are 16-byte
-aligned; TMA zero-fills reads past N and clips writes there.
+On Hopper (softmax_grad.tma) X and W are tensor descriptors (TMA): tiles of X stream into
+shared memory STAGES deep while the warps work on an earlier tile, and no registers hold
+addresses. With pointer loads the kernel waited on each tile's load in turn and ran at ~40 % of
+the memory bandwidth there. The chunk's width is a multiple of 8 (backward.chunk_plan), so both
+descriptors' row strides are 16-byte aligned; TMA zero-fills reads past N and clips writes
+there. GPUs before Hopper have no TMA (Triton would only emulate the descriptors): with tma
+False (the portable target) the same kernel loads X and stores W through masked pointers, rows
+stride_xn and stride_wn apart, and the portable target tunes its tiles on the user's GPU
+(autotune.py), timed into scratch sums.
 """
 import triton
 import triton.language as tl
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from own_kernel.autotune import shape_bucket, tune_key, tuned_launch, tunes
 from own_kernel.plan import cdiv
 from own_kernel.rows import Partials
 from own_kernel.tile import accumulate, num_sms, row_terms, softcap_scalars, softmax_grad_tile
 
 
 @triton.jit
+def load_x(X, n0, col0, offs_n, offs_w, m, stride_xn, TMA: tl.constexpr):
+    # A BLOCK_N x BLOCK_V tile of the fp32 logits: by TMA (zero past N), or by pointers
+    # (masked: zero outside the rows and columns in m).
+    if TMA:
+        x = X.load([n0, col0])
+    else:
+        x = tl.load(X + offs_n[:, None].to(tl.int64) * stride_xn + offs_w[None, :], mask=m,
+                    other=0.0)
+    return x
+
+
+@triton.jit
+def store_w(W, d, n0, col0, offs_n, offs_w, m, stride_wn, TMA: tl.constexpr):
+    # d rounded to W's dtype, stored (TMA clips rows past N; pointers store inside m only);
+    # returns the rounded tile.
+    if TMA:
+        d_used = d.to(W.dtype)
+        W.store([n0, col0], d_used)
+    else:
+        d_used = d.to(W.dtype.element_ty)
+        tl.store(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :], d_used, mask=m)
+    return d_used
+
+
+@triton.jit
 def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
                             RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
-                            Part, N, V, v_start, width, rows_per_program,
+                            Part, N, V, v_start, width, rows_per_program, stride_xn, stride_wn,
                             tanh_scale, softcap_log2e, smooth,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
-                            DETERMINISTIC: tl.constexpr,
+                            DETERMINISTIC: tl.constexpr, TMA: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     num_strips = tl.cdiv(width, BLOCK_V)
@@ -72,14 +102,13 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
         m = n_mask[:, None] & w_mask[None, :]
         lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
                                      HAS_GRAD_LSE)
-        x = X.load([n0, strip * BLOCK_V])
+        x = load_x(X, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_xn, TMA)
         if HAS_BIAS:
             x += b[None, :]
         d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
                               HAS_SOFTCAP)
         d = tl.where(m, d, 0.0)
-        d_used = d.to(W.dtype)
-        W.store([n0, strip * BLOCK_V], d_used)
+        d_used = store_w(W, d, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_wn, TMA)
         d_used = d_used.to(tl.float32)
         r = d - d_used
         col_round += r
@@ -110,10 +139,26 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
 
 def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,
                         filters=False, kept_count=None, deterministic=False):
-    """W = the softmax gradient from fp32 logits X (both N x width, inside dC's unwritten rows)
-    at columns [v_start, v_start + width); the sums as dlogits_tma.py adds them, and, filtered,
-    the number of newly kept columns into kept_count[0]. cfg: the Config."""
+    """W = the softmax gradient from fp32 logits X (both N x width, any row stride with unit
+    column stride; inside dC's unwritten rows) at columns [v_start, v_start + width); the sums
+    as dlogits_tma.py adds them, and, filtered, the number of newly kept columns into
+    kept_count[0]. cfg: the Config; the portable target's pointer variant (tma False) takes
+    tiles tuned on this GPU (autotune.py)."""
     k = cfg.softmax_grad
+    args = (x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic)
+    if not k.tma and tunes(x, cfg, cfg.softmax_grad_candidates):
+        n, width = x.shape
+        kernel = "softmax_grad_filter" if filters else "softmax_grad"  # FILTER: more registers
+        key = tune_key(kernel, x.device, w.dtype, shape_bucket(n, width))
+        k = tuned_launch(key, cfg.softmax_grad_candidates,
+                         lambda trial, scratch: _launch(trial, *args, scratch, scratch.kept_count),
+                         n, sums.col_round.numel(), x.device, filters)
+    _launch(k, *args, sums, kept_count)
+
+
+def _launch(k, x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic, sums,
+            kept_count):
+    """One launch of cce_softmax_grad_kernel with the launch shape k (a config.SoftmaxGrad)."""
     n, width = x.shape
     # Row blocks split across programs until the grid fills `waves` programs per SM.
     strips = cdiv(width, k.block_v)
@@ -121,17 +166,19 @@ def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *
     rows_per_program = cdiv(cdiv(n, splits), k.block_n) * k.block_n
     part = Partials(deterministic, strips, n, cdiv(n, rows_per_program), width, x.device)
     stand_in = sums.col_round  # for pointers whose flag is off: never read
+    x_in, w_out = ((TensorDescriptor.from_tensor(x, [k.block_n, k.block_v]),
+                    TensorDescriptor.from_tensor(w, [k.block_n, k.block_v])) if k.tma else (x, w))
     cce_softmax_grad_kernel[(strips * cdiv(n, rows_per_program),)](
-        TensorDescriptor.from_tensor(x, [k.block_n, k.block_v]),
-        TensorDescriptor.from_tensor(w, [k.block_n, k.block_v]),
+        x_in, w_out,
         bias if bias is not None else stand_in, rows.targets, rows.lse, rows.nll, rows.weight,
         rows.weight_lse if rows.weight_lse is not None else rows.weight,
         rows.eps if filters else rows.weight, sums.row_round, sums.col_round, sums.row_skip,
         sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
         kept_count if filters else stand_in, sums.col_sum, part.buffer,
-        n, v, v_start, width, rows_per_program, *softcap_scalars(softcap), float(smooth),
+        n, v, v_start, width, rows_per_program, x.stride(0), w.stride(0),
+        *softcap_scalars(softcap), float(smooth),
         HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filters,
-        HAS_GRAD_LSE=rows.weight_lse is not None, DETERMINISTIC=deterministic,
+        HAS_GRAD_LSE=rows.weight_lse is not None, DETERMINISTIC=deterministic, TMA=k.tma,
         BLOCK_N=k.block_n, BLOCK_V=k.block_v, num_warps=k.num_warps, STAGES=k.stages)
     written = {"row_round", "col_round"} | ({"col_sum"} if bias is not None else set())
     part.add_to(sums, v_start, written | ({"row_skip", "col_wsum"} if filters else set()))

@@ -1,5 +1,8 @@
 """The portable target's autotuning (own_kernel/autotune.py) and target selection: the cache's
-key, its read and write across processes, the forced portable target, config validation."""
+key, its read and write across processes, the backward kernels' tuning (into scratch sums), the
+forced portable target, config validation."""
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -11,7 +14,9 @@ import torch
 
 import own_kernel.config as config
 from own_kernel import autotune
-from own_kernel.config import Tiles
+from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, SoftmaxGrad, Tiles,
+                               with_overrides)
+from tests.test_backward_portable import chunk_case, recompute_chunk, write_chunk
 
 
 def test_shape_bucket_groups_shapes_that_share_tiles():
@@ -20,6 +25,7 @@ def test_shape_bucket_groups_shapes_that_share_tiles():
     assert autotune.shape_bucket(16384, 256000, 2304) != autotune.shape_bucket(8192, 256000, 2304)
     assert autotune.tune_key("forward", torch.device("cpu"), torch.bfloat16, "b") == \
         "forward|cpu|bfloat16|b"
+    assert autotune.shape_bucket(19, 40) == "n32-v64"  # softmax_grad: no reduction over D
 
 
 _TUNE_IN_CHILD = textwrap.dedent("""
@@ -103,11 +109,168 @@ def test_the_interpreter_keeps_one_fixed_config():
     assert cfg.name == "interpreter" and not cfg.autotune
     assert config.PORTABLE.autotune and config.PORTABLE.forward_candidates
     assert not config.HOPPER_16BIT.autotune
+    # a CPU tensor never tunes, whatever the config
+    assert not autotune.tunes(torch.zeros(1), PORTABLE, PORTABLE.softmax_grad_candidates)
+
+
+def test_targets_softmax_grad_variant_and_backward_candidates():
+    # TMA descriptors on Hopper only; the portable target tunes its pointer backward kernels
+    # from a few candidates, the fixed launch shape first.
+    assert HOPPER_16BIT.softmax_grad.tma and not PORTABLE.softmax_grad.tma
+    assert PORTABLE.softmax_grad_candidates[0] == PORTABLE.softmax_grad
+    assert PORTABLE.dlogits_candidates[0] == PORTABLE.dlogits
+    for candidates in (PORTABLE.softmax_grad_candidates, PORTABLE.dlogits_candidates):
+        assert 4 <= len(candidates) <= 6 and len(set(candidates)) == len(candidates)
+    for cfg in (HOPPER_16BIT, INTERPRETER):
+        assert not cfg.softmax_grad_candidates and not cfg.dlogits_candidates
+
+
+def test_cache_entries_rebuild_their_type(monkeypatch, tmp_path):
+    # Forward entries written before the type was stored read as Tiles; a SoftmaxGrad entry
+    # comes back a SoftmaxGrad; an entry of another type is tuned again, not misread.
+    cache = tmp_path / "tiles.json"
+    monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(cache))
+    monkeypatch.setattr(autotune, "_MEMO", {})
+    old = Tiles(128, 128, 64, 8, 3)
+    cache.write_text(json.dumps({"forward|gpu|bfloat16|b": dict(tiles=dataclasses.asdict(old),
+                                                                 ms=1.0)}))
+
+    def never(candidate):
+        raise AssertionError("read from the cache: nothing to time")
+
+    assert autotune.tuned_tiles("forward|gpu|bfloat16|b", (Tiles(64, 128, 32, 4, 3),), never) == old
+    best = SoftmaxGrad(32, 128, num_warps=8, stages=3, waves=8, tma=False)
+    key = "softmax_grad|gpu|bfloat16|n8192-v4096"
+    assert autotune.tuned_tiles(key, (PORTABLE.softmax_grad, best),
+                                lambda k: 1.0 if k == best else 2.0) == best
+    entry = autotune.read_cache()[key]
+    assert entry["type"] == "SoftmaxGrad" and entry["tiles"]["block_n"] == 32
+    assert entry["tiles"]["tma"] is False
+    autotune._MEMO.clear()
+    again = autotune.tuned_tiles(key, (PORTABLE.softmax_grad,), never)
+    assert again == best and isinstance(again, SoftmaxGrad)
+    autotune._MEMO.clear()
+    assert autotune.tuned_tiles(key, (old,), lambda k: 1.0) == old
+
+
+# ---- the backward's kernels: timed into scratch sums -------------------------------------------
+
+SMALL_SOFTMAX_GRAD = SoftmaxGrad(16, 8, num_warps=1, stages=1, waves=2, tma=False)
+SMALL_DLOGITS = Tiles(32, 16, 16, num_warps=1, num_stages=1)
+
+
+@pytest.fixture
+def tune_here(monkeypatch, tmp_path):
+    """The backward's writers tune on the CPU (the interpreter) into a fresh cache; time_launch
+    runs each launch three times (as the real one: a warm-up and reps) and returns the next of
+    the `times` set on the result (default: increasing, the first candidate wins). Yields a
+    namespace: .timed (one entry per candidate timed), .times, .cache."""
+    from types import SimpleNamespace
+
+    from own_kernel import dlogits, softmax_grad
+
+    state = SimpleNamespace(timed=[], times=itertools.count(1.0), cache=tmp_path / "tiles.json")
+    monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(state.cache))
+    monkeypatch.setattr(autotune, "_MEMO", {})
+    for module in (dlogits, softmax_grad):
+        monkeypatch.setattr(module, "tunes", lambda t, cfg, candidates: cfg.autotune and
+                            bool(candidates))
+
+    def time_launch(launch, reps=5):
+        for _ in range(3):
+            launch()
+        state.timed.append(launch)
+        return next(state.times)
+
+    monkeypatch.setattr(autotune, "time_launch", time_launch)
+    return state
+
+
+@pytest.mark.parametrize("kernel", ["softmax_grad", "dlogits"])
+def test_backward_tuning_times_into_scratch_and_keeps_the_result(tune_here, kernel):
+    # The second candidate is the fastest: the real launch must use it and give exactly what a
+    # fixed config of that shape gives, W and every sum; the timed launches (W's bytes
+    # overwritten, sums added three times per candidate) must not show.
+    tune_here.times = iter([2.0, 1.0])
+    if kernel == "softmax_grad":
+        write, dtype, field, best = write_chunk, torch.float16, "softmax_grad", SMALL_SOFTMAX_GRAD
+        fixed = INTERPRETER.softmax_grad
+        expect_key = "softmax_grad_filter|cpu|float16|n32-v64"
+    else:
+        write, dtype, field, best = recompute_chunk, torch.float32, "dlogits", SMALL_DLOGITS
+        fixed = INTERPRETER.dlogits
+        expect_key = "dlogits|cpu|float32|n32-v64-d256"
+    tuning = with_overrides(INTERPRETER, {"autotune": True, f"{field}_candidates": (fixed, best)})
+    tuned = chunk_case(dtype, filters=kernel == "softmax_grad")
+    untuned = chunk_case(dtype, filters=kernel == "softmax_grad")
+    write(tuned, tuning)
+    write(untuned, with_overrides(INTERPRETER, {field: best}))
+    assert len(tune_here.timed) == 2
+    assert torch.equal(tuned.w, untuned.w)
+    for name in ("row_round", "col_round", "col_sum", "row_skip", "col_wsum", "col_keep",
+                 "kept_count"):
+        a, b = getattr(tuned.sums, name), getattr(untuned.sums, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    entries = autotune.read_cache(tune_here.cache)
+    assert list(entries) == [expect_key]  # the key names the kernel
+    autotune._MEMO.clear()  # rebuilt from the file: the same launch shape, of its type
+
+    def never(candidate):
+        raise AssertionError("read from the cache: nothing to time")
+
+    assert autotune.tuned_tiles(expect_key, (fixed,), never) == best
+    write(chunk_case(dtype, filters=kernel == "softmax_grad"), tuning)
+    assert len(tune_here.timed) == 2  # tuned once per bucket
+
+
+def test_a_tuned_backward_gives_the_untuned_gradients(monkeypatch, tune_here):
+    # A whole call on the cuBLAS route (softmax_grad chunks, a dlogits tail) with tuning on:
+    # each bucket is timed (the fixed shapes win), and the gradients are the untuned call's bit
+    # for bit: no timed launch reached the real sums or the W the GEMMs read.
+    from own_kernel import linear_cross_entropy
+
+    base = with_overrides(INTERPRETER, {
+        "chunks": {"recompute": "cublas"}, "poison": True,
+        "softmax_grad_candidates": (INTERPRETER.softmax_grad, SMALL_SOFTMAX_GRAD),
+        "dlogits_candidates": (INTERPRETER.dlogits, SMALL_DLOGITS)})
+    g = torch.Generator().manual_seed(3)
+    n, d, v = 29, 24, 113  # cuBLAS chunks and a pointer tail
+    e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
+    bias = 0.1 * torch.randn(v, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+
+    def grads(autotune_on, filter_eps=None):
+        cfg = dataclasses.replace(base, autotune=autotune_on)
+        monkeypatch.setattr(config, "_resolved", lambda target: cfg)
+        leaves = [x.clone().requires_grad_() for x in (e, c, bias)]
+        linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2], softcap=20.0,
+                             filter_eps=filter_eps).backward()
+        return [x.grad for x in leaves]
+
+    for filter_eps in (None, 1e-9):
+        assert all(torch.equal(a, b) for a, b in zip(grads(True, filter_eps),
+                                                     grads(False, filter_eps)))
+    kernels = {key.split("|")[0] for key in autotune.read_cache(tune_here.cache)}
+    assert kernels == {"softmax_grad", "softmax_grad_filter", "dlogits"}
+    assert tune_here.timed
 
 
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="tiles.block_v: expected a power of two"):
         Tiles(64, 100, 32, 4, 3)
+    with pytest.raises(ValueError, match="softmax_grad.block_v: expected a power of two"):
+        SoftmaxGrad(16, 100, num_warps=8, stages=4, waves=8)
+    with pytest.raises(ValueError, match="softmax_grad.stages: expected >= 1"):
+        SoftmaxGrad(16, 128, num_warps=8, stages=0, waves=8)
+    with pytest.raises(ValueError, match="softmax_grad.tma: expected a bool"):
+        config.with_overrides(config.PORTABLE, {"softmax_grad": {"tma": "no"}})
+    with pytest.raises(ValueError, match="softmax_grad_candidates: expected a tuple of SoftmaxGrad"):
+        config.with_overrides(config.PORTABLE, {"softmax_grad_candidates": (PORTABLE.dlogits,)})
+    with pytest.raises(ValueError, match="dlogits_candidates: expected a tuple of Tiles"):
+        config.with_overrides(config.PORTABLE, {"dlogits_candidates": (PORTABLE.softmax_grad,)})
+    with pytest.raises(ValueError, match="softmax_grad_candidates: expected tma False"):
+        config.with_overrides(config.PORTABLE, {"softmax_grad_candidates": (
+            HOPPER_16BIT.softmax_grad,)})
     with pytest.raises(ValueError, match="chunks.recompute"):
         config.with_overrides(config.PORTABLE, {"chunks": {"recompute": "magic"}})
     with pytest.raises(ValueError, match="unknown field 'tile'"):

@@ -1,0 +1,176 @@
+"""The portable backward's writers under the interpreter: softmax_grad.py's pointer variant (tma
+False, the portable target's: GPUs before Hopper have no TMA) against its descriptor variant and
+fp64, on X and W whose rows are wider than the chunk, and through whole calls."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from own_kernel import linear_cross_entropy
+from own_kernel.config import INTERPRETER, overridden, with_overrides
+from own_kernel.rows import Rows, Sums
+from tests.test_own_kernel import LOW_MEMORY_SMALL, _calls, _check_call, reference, rel
+
+CUBLAS = {"chunks": {"recompute": "cublas"}}
+
+
+def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=20.0, ls=0.1,
+               bias=True, lse_weight=True, filters=False, seed=0):
+    """One backward chunk: E (n x d) and C (v x d) in dtype, their fp32 logits X (n x width at
+    columns [v_start, v_start + width), as cuBLAS writes them) and W (n x width, dtype), each a
+    view `pad` columns into a buffer 2 * pad columns wider (row stride != width; the buffers'
+    other entries NaN), the Rows of the whole problem, zeroed Sums, and the softmax gradient in
+    fp64."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randn(n, d, generator=g).to(dtype)
+    c = (3 / d**0.5 * torch.randn(v, d, generator=g)).to(dtype)
+    logits = e.float() @ c.float().T
+    b = 0.1 * torch.randn(v, generator=g) if bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    weight = torch.rand(n, generator=g) + 0.5
+    weight[::4] = 0.0  # ignored rows
+    weight_lse = 0.3 * torch.rand(n, generator=g) if lse_weight else None
+    z = logits.double() + (b.double() if bias else 0)
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    lse = torch.logsumexp(z, 1)
+    nll = lse - z.gather(1, t[:, None]).squeeze(1)
+    onehot = torch.nn.functional.one_hot(t, v).double()
+    wp = weight.double() + (weight_lse.double() if lse_weight else 0)
+    d = wp[:, None] * torch.exp(z - lse[:, None]) - weight.double()[:, None] * (
+        (1 - ls) * onehot + ls / v)
+    if softcap:
+        d = d * (1 - (z / softcap) ** 2)
+    eps = torch.full((n,), 0.02)
+    eps[1::3] = 0.0  # rows that never skip (flat)
+    x_buf = torch.full((n, width + 2 * pad), float("nan"))
+    w_buf = torch.full((n, width + 2 * pad), float("nan")).to(dtype)
+    x, w = x_buf[:, pad:pad + width], w_buf[:, pad:pad + width]
+    x.copy_(logits[:, v_start:v_start + width])
+    rows = Rows(t, lse.float(), nll.float(), weight, weight_lse, eps if filters else None)
+    sums = Sums.zeros(n, v, torch.device("cpu"), 1 if filters else None)
+    return SimpleNamespace(e=e, c=c, x=x, w=w, w_buf=w_buf, bias=b, rows=rows, sums=sums, v=v,
+                           v_start=v_start, softcap=softcap, ls=ls, filters=filters,
+                           d=d[:, v_start:v_start + width], eps=eps, pad=pad)
+
+
+def write_chunk(case, cfg, deterministic=False):
+    """The case's W and sums from X (softmax_grad.py)."""
+    from own_kernel.softmax_grad import write_w_from_logits
+
+    write_w_from_logits(case.x, case.w, case.bias, case.rows, case.sums, case.v_start,
+                        case.softcap, case.ls, cfg, v=case.v, filters=case.filters,
+                        kept_count=case.sums.kept_count, deterministic=deterministic)
+
+
+def recompute_chunk(case, cfg):
+    """The case's W and sums from E and C (the pointer dlogits.py)."""
+    from own_kernel.dlogits import write_w_pointer
+
+    write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums, case.v_start,
+                    case.softcap, case.ls, cfg)
+
+
+@pytest.mark.parametrize("filters", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_pointer_softmax_grad_matches_tma_and_fp64_on_strided_views(dtype, filters):
+    # X and W are views whose rows are wider than the chunk: the pointer variant must index rows
+    # by their stride, store inside the view only, and give the descriptor variant's W and sums
+    # (the interpreter runs both in the same order: bit for bit).
+    cases = {}
+    for tma in (False, True):
+        case = cases[tma] = chunk_case(dtype, filters=filters)
+        write_chunk(case, with_overrides(INTERPRETER, {"softmax_grad": {"tma": tma}}))
+        assert torch.isnan(case.w_buf[:, :case.pad].float()).all()
+        assert torch.isnan(case.w_buf[:, case.pad + case.x.shape[1]:].float()).all()
+    got, desc = cases[False], cases[True]
+    assert torch.equal(got.w, desc.w)
+    for name in ("row_round", "col_round", "col_sum", "row_skip", "col_wsum", "col_keep",
+                 "kept_count"):
+        a, b = getattr(got.sums, name), getattr(desc.sums, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    d, w = got.d, got.w.double()
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    assert (w - d).abs().max() <= tol * d.abs().max()
+    cols = slice(got.v_start, got.v_start + d.shape[1])
+    # what rounding W removed, per row and per column; dbias's column sums
+    assert torch.allclose(got.sums.row_round.double(), (d - w).sum(1), atol=1e-6)
+    assert torch.allclose(got.sums.col_round[cols].double(), (d - w).sum(0), atol=1e-6)
+    assert torch.allclose(got.sums.col_sum[cols].double(), d.sum(0), atol=1e-5)
+    assert not got.sums.col_round[:cols.start].any() and not got.sums.col_round[cols.stop:].any()
+    if filters:  # columns kept where a row that may skip (eps > 0) has an entry above its eps
+        may_skip = got.eps > 0
+        keep = ((d.abs() > got.eps[:, None]) & may_skip[:, None]).any(0)
+        assert torch.equal(got.sums.col_keep[cols].bool(), keep)
+        assert int(got.sums.kept_count[0]) == int(keep.sum())
+        assert torch.allclose(got.sums.col_wsum[cols].double(), (w * may_skip[:, None]).sum(0),
+                              atol=1e-5)
+
+
+def test_pointer_softmax_grad_deterministic_partials_match_the_atomics():
+    case, again = chunk_case(torch.float16), chunk_case(torch.float16)
+    cfg = with_overrides(INTERPRETER, {"softmax_grad": {"tma": False}})
+    write_chunk(case, cfg)
+    write_chunk(again, cfg, deterministic=True)
+    assert torch.equal(case.w, again.w)
+    for name in ("row_round", "col_round", "col_sum"):
+        assert torch.equal(getattr(case.sums, name), getattr(again.sums, name)), name
+
+
+def _spy_tma_flags(monkeypatch):
+    from own_kernel import softmax_grad
+
+    flags, real = [], softmax_grad.cce_softmax_grad_kernel
+    monkeypatch.setattr(softmax_grad, "cce_softmax_grad_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: lambda *a, **k: flags.append(k["TMA"]) or real[grid](
+            *a, **k)})())
+    return flags
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("dtype, softcap, has_bias", [(torch.float32, 30.0, True),
+                                                      (torch.float16, None, False)])
+def test_cublas_route_matches_fp64_with_either_softmax_grad(monkeypatch, tma, dtype, softcap,
+                                                            has_bias):
+    flags = _spy_tma_flags(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    n, d, v = 29, 24, 113  # cuBLAS chunks and a pointer tail
+    e = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
+    c = torch.randn(v, d, generator=g).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::6] = -100
+    ref, e2, c2, b2 = reference(e, c, t, bias, softcap)
+    ref.backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for filter_eps in (None, 1e-9):  # an eps below every entry skips nothing: still exact
+        for x in (e, c, bias):
+            if x is not None:
+                x.grad = None
+        flags.clear()
+        with overridden({**CUBLAS, "softmax_grad": {"tma": tma}, "poison": True}):
+            linear_cross_entropy(e, c, t, bias=bias, softcap=softcap,
+                                 filter_eps=filter_eps).backward()
+        assert flags and set(flags) == {tma}
+        assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+        if has_bias:
+            assert rel(bias.grad, b2.grad) < tol
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(_calls())
+def test_random_calls_on_the_pointer_cublas_route_match_fp64(call):
+    # The property test's calls (shapes, options, layouts, ignore patterns), on the cuBLAS route
+    # with the pointer softmax_grad.
+    with overridden({**CUBLAS, "softmax_grad": {"tma": False}, **LOW_MEMORY_SMALL}):
+        _check_call(call)
+
+
+def test_pointer_dlogits_writes_a_strided_w():
+    # The builder's E and C give the same gradient when dlogits.py recomputes the logits.
+    case = chunk_case(torch.float32)
+    recompute_chunk(case, INTERPRETER)
+    assert (case.w.double() - case.d).abs().max() <= 1e-5 * case.d.abs().max()
+    assert torch.isnan(case.w_buf[:, :case.pad]).all()
+    assert torch.isnan(case.w_buf[:, case.pad + case.x.shape[1]:]).all()
