@@ -275,3 +275,30 @@ def test_config_validation_names_the_field():
         config.with_overrides(config.PORTABLE, {"chunks": {"recompute": "magic"}})
     with pytest.raises(ValueError, match="unknown field 'tile'"):
         config.with_overrides(config.PORTABLE, {"forward": {"tile": None}})
+
+
+def test_pretune_portable_runs_the_backward_and_prints_every_entry(monkeypatch, tmp_path, capsys):
+    # `python -m suite kernel tune --portable`: per dtype, the forward and a loss and gradients
+    # (exact and filtered) on the portable path; then each cache entry, Tiles or SoftmaxGrad.
+    from types import SimpleNamespace
+
+    from suite.kernel import internals, tune
+
+    cache = tmp_path / "tiles.json"
+    monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(cache))
+    calls = []
+    monkeypatch.setattr(tune, "make_inputs", lambda dist, n, d, v, dtype, **kw: dict(
+        e=dtype, c=None, targets=None))
+    monkeypatch.setattr(internals, "run_portable_forward", lambda e, *a: calls.append(("fwd", e)))
+    monkeypatch.setattr(internals, "run_portable_loss_and_grad",
+                        lambda e, c, t, softcap, eps: calls.append(("grad", e, eps)))
+    autotune._write_entry("forward|gpu|fp32|b", Tiles(64, 128, 32, 4, 3), 1.0, cache)
+    autotune._write_entry("softmax_grad|gpu|fp32|b", PORTABLE.softmax_grad, 0.5, cache)
+    args = SimpleNamespace(n=64, d=32, v=128, softcap=0.0, out=None)
+    assert tune.pretune_portable(args) == 0
+    assert calls == [x for dt in ("bf16", "fp16", "fp32")
+                     for x in (("fwd", dt), ("grad", dt, None), ("grad", dt, "auto"))]
+    out = capsys.readouterr().out
+    assert "forward|gpu|fp32|b: Tiles(block_d 32, block_n 64, block_v 128" in out
+    assert "softmax_grad|gpu|fp32|b: SoftmaxGrad(block_n 16, block_v 128, num_warps 8" in out
+    assert "tma False" in out

@@ -109,6 +109,18 @@ def run_portable_forward(e, c, targets, softcap) -> None:
         forward_lse(e, c, targets, softcap)
 
 
+def run_portable_loss_and_grad(e, c, targets, softcap, filter_eps=None) -> None:
+    """Loss and gradients on the portable path through the recompute backward (workspace_mib=0:
+    not the three-matmul path), so its softmax_grad and dlogits tiles are tuned on first use."""
+    from own_kernel import linear_cross_entropy
+    from own_kernel.config import use_target
+
+    e, c = e.detach().requires_grad_(), c.detach().requires_grad_()
+    with use_target("portable"):
+        linear_cross_entropy(e, c, targets, softcap=softcap, filter_eps=filter_eps,
+                             workspace_mib=0).backward()
+
+
 def portable_tile_cache():
     """(the tile cache's path, its entries)."""
     from own_kernel.autotune import cache_path, read_cache

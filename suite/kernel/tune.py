@@ -59,8 +59,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--fwd", type=json.loads, default=None,
                     help="JSON list of config overrides timed for the forward (default: FWD)")
     ap.add_argument("--portable", action="store_true",
-                    help="tune the portable path's tiles for the shape (bf16, fp16, fp32) into "
-                         "the on-disk cache and print the cache; nothing else")
+                    help="tune the portable path's tiles for the shape (bf16, fp16, fp32; the "
+                         "forward and the backward's kernels) into the on-disk cache and print "
+                         "the cache; nothing else")
     ap.add_argument("--dists", default="uniform,lm", help="input distributions of the filtered runs")
 
 
@@ -270,20 +271,31 @@ def write(out, lines):
 
 
 def pretune_portable(args) -> int:
-    """Fill the portable path's tile cache for this shape (each dtype), then print every entry:
-    later calls and processes on this GPU read it instead of tuning."""
-    from suite.kernel.internals import portable_tile_cache, run_portable_forward
+    """Fill the portable path's tile cache for this shape (each dtype): the forward, and a loss
+    and gradients, exact and filtered, through the recompute backward (its softmax_grad chunks
+    and dlogits tail); then print every entry: later calls and processes on this GPU read it
+    instead of tuning."""
+    from suite.kernel.internals import (portable_tile_cache, run_portable_forward,
+                                        run_portable_loss_and_grad)
 
     for dtype in ("bf16", "fp16", "fp32"):
         x = make_inputs("lm", args.n, args.d, args.v, dtype, seed=0, device="cuda",
                         softcap=args.softcap or None)
         run_portable_forward(x["e"], x["c"], x["targets"], args.softcap or None)
+        for filter_eps in (None, "auto"):
+            run_portable_loss_and_grad(x["e"], x["c"], x["targets"], args.softcap or None,
+                                       filter_eps)
     path, entries = portable_tile_cache()
-    lines = [f"portable tile cache: {path}"]
-    for key, entry in sorted(entries.items()):
-        tiles = entry["tiles"]
-        lines.append(f"  {key}: {tiles['block_n']} x {tiles['block_v']} x {tiles['block_d']}, "
-                     f"{tiles['num_warps']} warps, {tiles['num_stages']} stages "
-                     f"({entry['ms']:.3f} ms)")
+    lines = [f"portable tile cache: {path}"] + describe_tile_cache(entries)
     print("\n".join(lines))
     return write(args.out, lines)
+
+
+def describe_tile_cache(entries: dict) -> list[str]:
+    """One line per cache entry: its key, launch shape (a forward or dlogits Tiles, or a
+    softmax_grad SoftmaxGrad) and time."""
+    lines = []
+    for key, entry in sorted(entries.items()):
+        shape = ", ".join(f"{name} {value}" for name, value in entry["tiles"].items())
+        lines.append(f"  {key}: {entry.get('type', 'Tiles')}({shape}) ({entry['ms']:.3f} ms)")
+    return lines
