@@ -167,12 +167,12 @@ def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: st
     workspace (plan.fused_plan), else None (the recompute path runs). Reads the targets' check
     and count on the host first: the rows with a target are gathered, and a bad target never
     reaches the kernels (the recompute path then raises on it)."""
-    if workspace_mib is None and opts.filter is not None:
+    cfg = config_for(e2.device, e2.dtype)
+    if workspace_mib is None and opts.filter is not None and not cfg.fused.filtered:
         # Measured (results/notes/fused-path.md): the filter skips (row, column) tiles in the
         # recompute path, but hardly a whole column block of a chunk of ~10^3 rows here, so
-        # filtered calls take this path only when asked to (an explicit workspace_mib).
+        # on Hopper filtered calls take this path only when asked to (an explicit workspace_mib).
         return None
-    cfg = config_for(e2.device, e2.dtype)
     mib = cfg.fused.default_workspace_mib if workspace_mib is None else workspace_mib
     if mib == 0:  # before the host read: it waits for the GPU to reach the targets' check
         return None
@@ -234,8 +234,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
     budget of the three-matmul training path (fused.py): loss and gradients computed at once in
     row chunks whose logits, fp32 dE rows and (with several chunks) fp32 dC accumulator fit it;
-    None = the device's default (config.Fused, 1024 MiB) for exact calls (filtered calls keep
-    the recompute path unless given a budget), 0 = off. When the chunks would not fit or be too
+    None = the device's default (config.Fused, 1024 MiB) for exact calls (filtered calls on
+    Hopper keep the recompute path unless given a budget), 0 = off. When the chunks would not fit or be too
     small to pay (plan.fused_plan), the recompute path runs.
     """
     refuse_dtensor(e=e, c=c, targets=targets, bias=bias)

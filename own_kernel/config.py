@@ -155,6 +155,7 @@ class Fused:
     num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
     default_workspace_mib: int = 1024
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
+    filtered: bool = False         # filtered calls take the path at the default budget too
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
@@ -232,6 +233,10 @@ _PORTABLE_FORWARD_CANDIDATES = (
     Tiles(128, 256, 64, num_warps=8, num_stages=3),
     Tiles(128, 128, 64, num_warps=4, num_stages=4),
     Tiles(64, 256, 64, num_warps=8, num_stages=4),
+    # Deeper or taller: the largest tile won every bucket on the H100 (portable-h100); these
+    # need more shared memory than an A100's and are skipped there.
+    Tiles(128, 256, 64, num_warps=8, num_stages=4),
+    Tiles(256, 128, 64, num_warps=8, num_stages=3),
 )
 
 # The pointer dlogits kernel's candidates (tail chunks, low_memory): a GEMM like the forward's
@@ -277,6 +282,10 @@ PORTABLE = Config(
     filter=Filter(max_width=4096, max_entries=0, min_flops=0.0, min_total_flops=0.0,
                   max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=2**62),
     compaction=Compaction(fwd_min_flops=4e12),
+    # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
+    # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
+    # budget and keep the recompute route's filter.
+    fused=Fused(filtered=True),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
     dlogits_candidates=_PORTABLE_DLOGITS_CANDIDATES,

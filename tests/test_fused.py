@@ -147,6 +147,10 @@ def test_other_calls_take_the_recompute_path(fused_calls):
         assert fused_calls == []
         linear_cross_entropy(e, c, t).backward()
     assert len(fused_calls) == 1
+    # A target whose config says so (the portable one) takes it for filtered calls too.
+    with overridden({"fused": {"default_workspace_mib": 16, "filtered": True}}):
+        linear_cross_entropy(e, c, t, filter_eps="auto").backward()
+    assert len(fused_calls) == 2 and fused_calls[1][3]
 
 
 def test_all_ignored_falls_back_and_gives_nan_mean(fused_calls):

@@ -58,9 +58,11 @@ def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-10
                  workspace_mib=FUSED_WORKSPACE_MIB)
 
 
-def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_mib=0):
+def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_mib=None):
     # The path every GPU but Hopper takes (pointer kernels, tiles tuned on this GPU, the cuBLAS
-    # recompute backward), forced here so it can be measured beside the Hopper path.
+    # recompute backward, the three-matmul path where the default budget holds it), forced
+    # here so it can be measured beside the Hopper path: workspace_mib None is the API's own
+    # choice, what a user of such a GPU gets.
     from own_kernel.config import use_target
 
     with use_target("portable"):
@@ -68,7 +70,8 @@ def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_
                      workspace_mib=workspace_mib)
 
 
-@register("own_portable", summary="own Triton CCE, exact, the portable (non-Hopper) path forced",
+@register("own_portable",
+          summary="own Triton CCE, exact, the portable (non-Hopper) path forced, default budget",
           features=("bias", "softcap"), requires=needs_triton_device,
           style=dict(color=VERMILLION, marker="D", linestyle="-."), order=63)
 def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
@@ -76,7 +79,8 @@ def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
 
 
 @register("own_portable_filter",
-          summary="own Triton CCE, gradient filter, the portable (non-Hopper) path forced",
+          summary="own Triton CCE, gradient filter, the portable (non-Hopper) path forced, default "
+          "budget",
           features=("bias", "softcap"), requires=needs_triton_device, exact=False,
           style=dict(color=VERMILLION, marker="d", linestyle=(0, (3, 1, 1, 1))), order=64)
 def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
