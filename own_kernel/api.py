@@ -173,7 +173,10 @@ def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: st
         # recompute path, but hardly a whole column block of a chunk of ~10^3 rows here, so
         # on Hopper filtered calls take this path only when asked to (an explicit workspace_mib).
         return None
-    mib = cfg.fused.default_workspace_mib if workspace_mib is None else workspace_mib
+    mib = workspace_mib
+    if mib is None:
+        mib = (cfg.fused.default_workspace_mib_fp32 if e2.dtype == torch.float32
+               else cfg.fused.default_workspace_mib)
     if mib == 0:  # before the host read: it waits for the GPU to reach the targets' check
         return None
     bad, num_used = check.values()[:2]
@@ -234,9 +237,9 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
     budget of the three-matmul training path (fused.py): loss and gradients computed at once in
     row chunks whose logits, fp32 dE rows and (with several chunks) fp32 dC accumulator fit it;
-    None = the device's default (config.Fused, 1024 MiB) for exact calls (filtered calls on
-    Hopper keep the recompute path unless given a budget), 0 = off. When the chunks would not fit or be too
-    small to pay (plan.fused_plan), the recompute path runs.
+    None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
+    (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
+    the chunks would not fit or be too small to pay (plan.fused_plan), the recompute path runs.
     """
     refuse_dtensor(e=e, c=c, targets=targets, bias=bias)
     if torch.is_autocast_enabled(e.device.type):

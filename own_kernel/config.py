@@ -154,6 +154,10 @@ class Fused:
     block: int = 2048              # columns per step of the logits-to-gradient pass (and per
     num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
     default_workspace_mib: int = 1024
+    # fp32 inputs: IEEE fp32 GEMMs run at a fraction of the tensor cores' rate, so chunks of a
+    # few thousand rows keep them as busy as larger ones, and the call stays nearer the
+    # gradients' size (portable-h100-2).
+    default_workspace_mib_fp32: int = 512
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
     filtered: bool = False         # filtered calls take the path at the default budget too
 
@@ -161,6 +165,9 @@ class Fused:
         _power_of_two("fused.block", self.block)
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        for name in ("default_workspace_mib", "default_workspace_mib_fp32"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"fused.{name}: expected >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -307,7 +314,8 @@ INTERPRETER = Config(
     filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,
                   max_kept=0.5, kept_align=8, max_flat=0.5, lookahead_max_n=2**62),
     # Off by default: each test picks the path it covers (workspace_mib, or an override).
-    fused=Fused(min_rows=1, block=16, num_warps=1, default_workspace_mib=0),
+    fused=Fused(min_rows=1, block=16, num_warps=1, default_workspace_mib=0,
+                default_workspace_mib_fp32=0),
 )
 
 
@@ -372,7 +380,9 @@ _FORCED_TARGET: list[str] = [os.environ["CCE_OWN_TARGET"]] if os.environ.get("CC
 def use_target(name: str):
     """Calls inside the block on a CUDA device take this target's config, e.g. "portable" on a
     Hopper GPU (the path every other GPU takes). CCE_OWN_TARGET=portable does the same for a
-    whole process. Process-wide, as overridden() is."""
+    whole process. Process-wide, as overridden() is. An eager call's backward keeps its
+    forward's config (the block may have ended by then); a compiled graph's backward op
+    resolves its config when it runs, so run it inside the block."""
     if name not in TARGETS:
         raise ValueError(f"use_target: expected one of {', '.join(TARGETS)}; got {name!r}")
     _FORCED_TARGET.append(name)

@@ -24,22 +24,22 @@ from own_kernel.rows import Rows
 
 # ---- the passes, on plain tensors -------------------------------------------------------------
 
-def rows_forward(e, c, targets, bias, opts: Options):
-    """(loss, lse, p_max, nll) per row (forward.py)."""
-    cfg = config_for(e.device, e.dtype)
+def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
+    """(loss, lse, p_max, nll) per row (forward.py). cfg: the Config (None: this device's)."""
+    cfg = cfg or config_for(e.device, e.dtype)
     return forward(e, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index,
                    cfg, skip_ignored=not opts.ignored_lse)
 
 
 def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options,
-                  num_used=None):
+                  num_used=None, cfg=None):
     """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max). num_used: the number of
     targets that are not ignore_index when the host knows it already (else read here, when it
-    matters). Rows with no gradient are gathered out where that pays (plan.compaction_pays);
+    matters). cfg: the Config the forward ran with (None: this device's now). Rows with no gradient are gathered out where that pays (plan.compaction_pays);
     low_memory runs on every row (gathering would cost more memory than its workspace; the
     forward's lse +inf keeps the ignored ones' W zero)."""
     lse, nll, p_max = saved
-    cfg = config_for(e.device, e.dtype)
+    cfg = cfg or config_for(e.device, e.dtype)
     # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
     # as one value expanded (stride 0). Else (reduction "none", an lse gradient) fp16 scales
     # rows apart (backward.normalise_weights).
@@ -143,11 +143,14 @@ class LceRowsEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, opts: Options, counts: HostScalar | None):
-        lse_etc = rows_forward(e, c, targets, bias, opts)
+        # The backward runs with the forward's config, whatever target or override is in
+        # force when autograd reaches it (use_target("portable") may have ended by then).
+        cfg = config_for(e.device, e.dtype)
+        lse_etc = rows_forward(e, c, targets, bias, opts, cfg)
         loss, lse, p_max, nll = lse_etc
         ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max)
         ctx.mark_non_differentiable(p_max, nll)
-        ctx.opts, ctx.counts = opts, counts
+        ctx.opts, ctx.counts, ctx.cfg = opts, counts, cfg
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
         return lse_etc
 
@@ -158,5 +161,5 @@ class LceRowsEager(torch.autograd.Function):
             grad_loss = torch.zeros_like(lse)
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
         de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max), grad_loss,
-                                      grad_lse, ctx.opts, num_used=num_used)
+                                      grad_lse, ctx.opts, num_used=num_used, cfg=ctx.cfg)
         return de, dc, None, dbias if bias is not None else None, None, None

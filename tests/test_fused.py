@@ -142,13 +142,13 @@ def test_other_calls_take_the_recompute_path(fused_calls):
     with torch.no_grad():
         linear_cross_entropy(e, c, t, workspace_mib=16)
     assert fused_calls == []
-    with overridden({"fused": {"default_workspace_mib": 16}}):  # the API's own choice
+    with overridden({"fused": {"default_workspace_mib_fp32": 16}}):  # the API's own choice
         linear_cross_entropy(e, c, t, filter_eps="auto").backward()  # filtered: recompute
         assert fused_calls == []
         linear_cross_entropy(e, c, t).backward()
     assert len(fused_calls) == 1
     # A target whose config says so (the portable one) takes it for filtered calls too.
-    with overridden({"fused": {"default_workspace_mib": 16, "filtered": True}}):
+    with overridden({"fused": {"default_workspace_mib_fp32": 16, "filtered": True}}):
         linear_cross_entropy(e, c, t, filter_eps="auto").backward()
     assert len(fused_calls) == 2 and fused_calls[1][3]
 
@@ -220,3 +220,14 @@ def test_fp32_inputs_spend_the_budget_on_logits_only(n, v, d, mib, expect):
     plan, why = fused_plan(n, v, d, 4, mib * MIB, HOPPER_16BIT)
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
     assert plan.workspace_bytes == plan.rows * plan.row_stride * 4 <= mib * MIB
+
+
+def test_fp32_calls_take_their_own_default_budget(fused_calls):
+    e, c, t, _ = _inputs(torch.float32, (12,), 16, 40, False, ignore_every=5)
+    with overridden({"fused": {"default_workspace_mib": 16, "default_workspace_mib_fp32": 0}}):
+        linear_cross_entropy(e, c, t).backward()
+    assert fused_calls == []  # fp32: its own budget, 0 here
+    with overridden({"fused": {"default_workspace_mib": 0, "default_workspace_mib_fp32": 16}}):
+        linear_cross_entropy(e, c, t).backward()
+        linear_cross_entropy(e.half(), c.half(), t).backward()  # 16-bit: the other budget, 0
+    assert len(fused_calls) == 1

@@ -398,6 +398,23 @@ def test_both_recompute_paths_match_reference(monkeypatch, recompute, dtype, sof
             assert rel(bias.grad, b2.grad) < tol
 
 
+def test_the_backward_keeps_the_forward_config_after_its_block_ends(monkeypatch):
+    # use_target("portable") and overridden() are left when the call returns, before autograd
+    # runs the backward: an eager call's backward must still take the forward's route.
+    writers = _spy_w_writers(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    e = torch.randn(20, 16, generator=g).requires_grad_()
+    c = torch.randn(90, 16, generator=g).requires_grad_()
+    t = torch.randint(0, 90, (20,), generator=g)
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    with overridden({"chunks": {"recompute": "cublas"}}):
+        loss = linear_cross_entropy(e, c, t, workspace_mib=0)
+    loss.backward()
+    assert writers and writers[0] == "cublas", writers
+    assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
+
+
 # Small chunks for the low-memory backward: several pass-1 row chunks, pass-2 row groups.
 LOW_MEMORY_SMALL = {"low_memory": {"frac": 0.0, "row_align": 4, "min_entries": 300, "max_k": 16}}
 
