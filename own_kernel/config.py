@@ -286,8 +286,11 @@ PORTABLE = Config(
     softmax_grad=_PORTABLE_SOFTMAX_GRAD_CANDIDATES[0],
     chunks=Chunks("cublas", max_width=4096, max_entries=4096 * 8192, min_width=1024, align=64,
                   tail_min_width=False, min_tail_width=1024, tail_mib=48),
-    filter=Filter(max_width=4096, max_entries=0, min_flops=0.0, min_total_flops=0.0,
-                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=2**62),
+    # Hopper's filtered chunks: the host waits on each chunk's kept-column count, a cost of the
+    # host, not the GPU; narrow chunks left the H100 idle most of a filtered call
+    # (portable-h100-2/profile-gemma-filter.txt). A slower GPU hides the waits sooner.
+    filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384),
     compaction=Compaction(fwd_min_flops=4e12),
     # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
     # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
