@@ -7,14 +7,14 @@ scales, so the forward can do all the work once per chunk of rows R:
     Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (input dtype)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
     dE_R  = w G_R C                   cuBLAS, fp32 out (the K = V reduction never rounds to
-                                      16 bits mid-way), scaled and stored in E's dtype
+                                      16 bits mid-way; w on alpha), stored in E's dtype
     dC   += w G_R^T E_R               cuBLAS into an fp32 accumulator when there are several
                                       chunks (16-bit accumulation loses the cancellations of
                                       frequent tokens' columns on LM-like inputs)
 
 with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
 path's four; the price is the workspace: the chunk's logits, its fp32 dE rows and, with several
-chunks, dC's fp32 accumulator (plan.fused_plan). With the filter, the kernel marks column blocks
+chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need only the logits). With the filter, the kernel marks column blocks
 holding an entry >= eps (or a flat row's), and dE and dC run over marked blocks only.
 
 Rows whose target is ignored are gathered out by the caller (api.py): every row here has a target.

@@ -35,9 +35,10 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
                   num_used=None, cfg=None):
     """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max). num_used: the number of
     targets that are not ignore_index when the host knows it already (else read here, when it
-    matters). cfg: the Config the forward ran with (None: this device's now). Rows with no gradient are gathered out where that pays (plan.compaction_pays);
-    low_memory runs on every row (gathering would cost more memory than its workspace; the
-    forward's lse +inf keeps the ignored ones' W zero)."""
+    matters). cfg: the Config the forward ran with (None: this device's now). Rows with no
+    gradient are gathered out where that pays (plan.compaction_pays); low_memory runs on every
+    row (gathering would cost more memory than its workspace; the forward's lse +inf keeps the
+    ignored ones' W zero)."""
     lse, nll, p_max = saved
     cfg = cfg or config_for(e.device, e.dtype)
     # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
