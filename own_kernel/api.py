@@ -6,13 +6,13 @@ import os
 import torch
 from torch import Tensor, nn
 
-from own_kernel.check_targets import check_and_count_targets
-from own_kernel.config import config_for
+from own_kernel.check_targets import check_and_count_targets, raise_on_bad_targets
+from own_kernel.config import Config, config_for
 from own_kernel.fused import FusedLce
 from own_kernel.gemm import HostScalar
 from own_kernel.ops import LceRowsEager, lce_rows
 from own_kernel.options import FilterOptions, Options
-from own_kernel.plan import compaction_pays, fused_plan
+from own_kernel.plan import FusedPlan, compaction_pays, fused_plan
 from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel, refuse_dtensor,
                                        vocab_parallel_rows)
 
@@ -96,14 +96,6 @@ def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps,
                          f"(pass filter_eps=None)")
 
 
-def _raise_on_bad_targets(check: HostScalar | None, targets: Tensor, v: int, ignore_index: int):
-    if check is not None and check.values()[0]:
-        bad = (targets != ignore_index) & ((targets < 0) | (targets >= v))
-        first = targets[bad][0].item()
-        raise ValueError(f"targets: value {first} is outside [0, {v}) and is not "
-                         f"ignore_index={ignore_index}")
-
-
 def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
                     check: HostScalar) -> Tensor | None:
     """The used rows, when forward and backward should run on them only (else None). This
@@ -161,12 +153,14 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: str,
-                workspace_mib: int | None):
-    """The mean or sum through the three-matmul path (fused.py) when its row chunks fit the
-    workspace (plan.fused_plan), else None (the recompute path runs). Reads the targets' check
-    and count on the host first: the rows with a target are gathered, and a bad target never
-    reaches the kernels (the recompute path then raises on it)."""
+def _fused_path(e2, c, bias, opts: Options, reduction: str, workspace_mib: int | None,
+                eligible: bool) -> tuple[Config, FusedPlan] | None:
+    """(config, plan) when this call takes the three-matmul path (fused.py): a mean or sum with
+    gradients (eligible: the caller's conditions) whose row chunks fit the workspace
+    (plan.fused_plan), else None (the recompute path runs). Decided without reading anything
+    on the host: the path reads the targets' check itself once its first chunk is queued."""
+    if not eligible or reduction == "none" or not e2.shape[0] or not _needs_grad(e2, c, bias):
+        return None
     cfg = config_for(e2.device, e2.dtype)
     if workspace_mib is None and opts.filter is not None and not cfg.fused.filtered:
         # Measured (results/notes/fused-path.md): the filter skips (row, column) tiles in the
@@ -177,21 +171,11 @@ def _fused_loss(e2, c, t2, bias, opts: Options, check: HostScalar, reduction: st
     if mib is None:
         mib = (cfg.fused.default_workspace_mib_fp32 if e2.dtype == torch.float32
                else cfg.fused.default_workspace_mib)
-    if mib == 0:  # before the host read: it waits for the GPU to reach the targets' check
-        return None
-    bad, num_used = check.values()[:2]
-    if bad or num_used == 0:
+    if mib == 0:
         return None
     n, d = e2.shape
-    num_used = int(num_used)
-    plan, _ = fused_plan(num_used, c.shape[0], d, e2.element_size(), mib * 2**20, cfg)
-    if plan is None:
-        return None
-    if num_used < n:
-        rows = torch.nonzero_static(t2 != opts.ignore_index, size=num_used).squeeze(1)
-        e2, t2 = e2.index_select(0, rows), t2[rows]
-    weight = 1.0 / num_used if reduction == "mean" else 1.0
-    return FusedLce.apply(e2, c, t2, bias, opts, cfg, plan, weight)
+    plan, _ = fused_plan(n, c.shape[0], d, e2.element_size(), mib * 2**20, cfg)
+    return None if plan is None else (cfg, plan)
 
 
 def _eager_rows(e2, c, t2, bias, opts: Options, check):
@@ -263,19 +247,20 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         shifted[..., :-shift] = targets[..., shift:]
         targets = shifted
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    check, count = check_and_count_targets(t2, v_total, ignore_index)
-    if (reduction != "none" and not return_lse and not low_memory and vocab_parallel is None
-            and check is not None and _needs_grad(e2, c, bias)):
-        loss = _fused_loss(e2, c, t2, bias, opts, check, reduction, workspace_mib)
-        if loss is not None:
-            return loss
+    fused = _fused_path(e2, c, bias, opts, reduction, workspace_mib,
+                        eligible=not (return_lse or low_memory or vocab_parallel is not None
+                                      or torch.compiler.is_compiling()))
+    check, count = check_and_count_targets(t2, v_total, ignore_index,
+                                           split=fused[1].rows if fused else 0)
+    if fused:
+        return FusedLce.apply(e2, c, t2, bias, opts, *fused, check, reduction == "mean")
     if vocab_parallel is not None:
         loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check)
     elif torch.compiler.is_compiling():
         loss_rows, lse, _, _ = lce_rows(e2, c, t2, bias, *opts.op_args())
     else:
         loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, check)
-    _raise_on_bad_targets(check, targets, v_total, ignore_index)
+    raise_on_bad_targets(check, targets, v_total, ignore_index)
     if return_lse:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
     # A sum over every row (the last `shift` positions are ignored, their loss 0): its gradient

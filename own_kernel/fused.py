@@ -14,17 +14,23 @@ scales, so the forward can do all the work once per chunk of rows R:
 
 with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
 path's four; the price is the workspace: the chunk's logits, its fp32 dE rows and, with several
-chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need only the logits). With the filter, the kernel marks column blocks
-holding an entry >= eps (or a flat row's), and dE and dC run over marked blocks only.
+chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need only the logits). With the
+filter, the kernel marks column blocks holding an entry >= eps (or a flat row's), and dE and dC
+run over marked blocks only.
 
-Rows whose target is ignored are gathered out by the caller (api.py): every row here has a target.
+No host read idles the GPU: the targets' check is read once the first chunk is queued (that
+chunk keeps its rows without a target, zeroed by the pass; the rest's such rows are gathered
+out), and the backward scales by the upstream gradient on the device.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from own_kernel.check_targets import raise_on_bad_targets
 from own_kernel.config import Config
-from own_kernel.gemm import addmm_fp32, mm_scaled
+from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
 from own_kernel.plan import FusedPlan, cdiv
@@ -58,10 +64,12 @@ def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
 class _Sums:
     """The gradients being assembled: dE rows as they complete, dC (fp32 over chunks, or the
     single chunk's own), dbias's fp32 column sums. fp32 inputs need no fp32 copies: dE's rows
-    and dC (the outputs themselves) are the GEMMs' outputs and dC's accumulator."""
+    and dC (the outputs themselves) are the GEMMs' outputs and dC's accumulator. The upstream
+    gradient is applied by :meth:`gradients` in the backward, on the device: dC's fp32
+    accumulator is kept until then and rounded there, so reading that gradient on the host
+    (which would idle the GPU while the host catches up) costs nothing to avoid."""
 
-    def __init__(self, e, c, bias, plan: FusedPlan, weight: float, filtered: bool):
-        self.weight = weight
+    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
         self.de = torch.empty_like(e)
         fp32 = e.dtype == torch.float32
         self.de32 = (None if fp32 else
@@ -80,19 +88,22 @@ class _Sums:
             self.dc = torch.zeros_like(c) if filtered else torch.empty_like(c)
         self.dbias32 = (torch.zeros(v, device=c.device, dtype=torch.float32)
                         if bias is not None else None)
+        self.dtype, self.bias_dtype = c.dtype, None if bias is None else bias.dtype
+        self.weight = 1.0  # the reduction's, set once the host has read the targets' count
 
-    def add_chunk(self, g, e_rows, c, r0: int, runs) -> None:
+    def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
+        """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
+        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
         rows = g.shape[0]
-        de_rows = self.de[r0:r0 + rows]
         de32 = de_rows if self.de32 is None else self.de32[:rows]
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
         if not one_run:
             de32.zero_()
-        for a, b in runs:  # the weight on alpha: no pass to scale the rows afterwards
+        for a, b in runs:
             addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
         if self.de32 is not None:
             de_rows.copy_(de32)
-        dc_beta = 0.0 if r0 == 0 and not self.dc32_zeroed else 1.0
+        dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
         for a, b in runs:
             if self.dc32 is not None:
                 addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
@@ -102,66 +113,135 @@ class _Sums:
             if self.dbias32 is not None:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
 
-    def result(self, c, bias):
-        dc = self.dc if self.dc32 is None else self.dc32.to(c.dtype)  # fp32: dC itself
-        self.dc32 = None
-        dbias = None if bias is None else (self.dbias32 * self.weight).to(bias.dtype)
-        return self.de, dc, dbias
+    def zero(self) -> None:
+        """No row has a target: every gradient is zero."""
+        self.de.zero_()
+        if self.dc32 is not None:
+            self.dc32.zero_()
+        else:
+            self.dc.zero_()
+        self.weight = 0.0
+
+    def gradients(self, grad: torch.Tensor):
+        """(dE, dC, dbias or None) times the upstream gradient ``grad`` (a 0-d device tensor)."""
+        de = self.de.mul_(grad)
+        if self.dc32 is None:
+            dc = self.dc.mul_(grad)
+        elif self.dc32.dtype == self.dtype:  # fp32 inputs: the accumulator is dC
+            dc = self.dc32.mul_(grad)
+        else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
+            dc = torch.mul(self.dc32, grad,
+                           out=torch.empty(self.dc32.shape, device=de.device, dtype=self.dtype))
+        dbias = (None if self.dbias32 is None else
+                 (self.dbias32 * (grad * self.weight)).to(self.bias_dtype))
+        return de, dc, dbias
+
+
+class _Rows:
+    """Rows of the problem a run of chunks goes over: E's rows, their targets and where their dE
+    rows go: slices of the call's own (no ignored target among them), or gathered copies of the
+    rows with a target whose dE is scattered back by :meth:`finish`."""
+
+    def __init__(self, e, targets, de, index=None):
+        self.e, self.targets, self.de, self.index = e, targets, de, index
+
+    @classmethod
+    def rest(cls, e, targets, de, start: int, used: int, ignore_index: int) -> "_Rows":
+        """Rows [start, N) of which ``used`` have a target: the slices when all have one, else
+        those rows gathered (a row without a target costs three matmuls' work for nothing)."""
+        if used == e.shape[0] - start:
+            return cls(e[start:], targets[start:], de[start:])
+        index = torch.nonzero_static(targets[start:] != ignore_index, size=used).squeeze(1)
+        index += start
+        return cls(e.index_select(0, index), targets[index],
+                   torch.empty(used, e.shape[1], device=e.device, dtype=e.dtype), index)
+
+    def finish(self, de, start: int) -> None:
+        if self.index is not None:
+            de[start:].zero_()
+            de.index_copy_(0, self.index, self.de)
+
+
+def _logits_and_grad(z, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
+                     columns) -> None:
+    """z = the rows' logits, then (logits_grad.py) their gradient in place and their losses."""
+    for a, b in columns:
+        if bias is None:
+            torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
+        else:
+            torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
+    filt = opts.filter
+    if kept is not None:
+        kept.zero_()
+    logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
+                   label_smoothing=opts.label_smoothing, kept=kept,
+                   eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
+                   block=cfg.fused.block, num_warps=cfg.fused.num_warps)
 
 
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
-                         weight: float):
-    """(weight * sum of the rows' losses (fp32, 0-d), dE, dC, dbias or None) of rows that all
-    have a target. weight: the reduction's, 1 / count for the mean, 1 for the sum."""
-    n = e.shape[0]
-    v = c.shape[0]
-    block = cfg.fused.block
-    filt = opts.filter
+                         check: HostScalar, mean: bool):
+    """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients).
+
+    The first chunk (rows [0, plan.rows), ignored targets included: its pass zeroes their rows)
+    is queued before the host reads the targets' check (check_targets.py): the GPU works on it
+    while the host waits for that small kernel. The check's count then gives the mean's weight
+    and the rest's rows with a target, gathered when some have none."""
+    n, v = e.shape[0], c.shape[0]
     # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
     ws = torch.empty(plan.rows, plan.row_stride, device=e.device, dtype=e.dtype)[:, :v]
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
-    kept = (torch.empty(cdiv(v, block), device=e.device, dtype=torch.int8)
-            if filt is not None else None)
-    sums = _Sums(e, c, bias, plan, weight, filtered=filt is not None)
+    kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
+            if opts.filter is not None else None)
+    sums = _Sums(e, c, bias, plan, filtered=opts.filter is not None)
     every_column = aligned_runs([(0, v)], v)
-    for r0 in range(0, n, plan.rows):
-        r1 = min(n, r0 + plan.rows)
+
+    def chunk(rows: _Rows, r0: int, loss_at: int):
+        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses. (z, r1)."""
+        r1 = min(rows.e.shape[0], r0 + plan.rows)
         z = ws[:r1 - r0]
-        for a, b in every_column:
-            if bias is None:
-                torch.mm(e[r0:r1], c[a:b].t(), out=z[:, a:b])
-            else:
-                torch.addmm(bias[a:b], e[r0:r1], c[a:b].t(), out=z[:, a:b])
-        if kept is not None:
-            kept.zero_()
-        logits_to_grad(z, targets[r0:r1], losses[r0:r1], softcap=opts.softcap,
-                       label_smoothing=opts.label_smoothing, kept=kept,
-                       eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
-                       block=block, num_warps=cfg.fused.num_warps)
-        runs = every_column if kept is None else aligned_runs(kept_runs(kept, block, v), v)
-        sums.add_chunk(z, e[r0:r1], c, r0, runs)
+        _logits_and_grad(z, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
+                         losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column)
+        return z, r1
+
+    head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
+    z, first = chunk(head, 0, 0)
+    raise_on_bad_targets(check, targets, v, opts.ignore_index)
+    _, num_used, used_first = (int(x) for x in check.values())
+    if num_used == 0:
+        sums.zero()
+        return torch.full((), math.nan if mean else 0.0, device=e.device), sums
+    sums.weight = 1.0 / num_used if mean else 1.0
+    sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
+    rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
+    for r0 in range(0, rest.e.shape[0], plan.rows):
+        z, r1 = chunk(rest, r0, first)
+        sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
+                       _runs(kept, cfg, v, every_column))
     del ws, z
-    de, dc, dbias = sums.result(c, bias)
-    return losses.sum() * weight, de, dc, dbias
+    sums.de32 = None
+    rest.finish(sums.de, first)
+    return losses[:first + rest.e.shape[0]].sum() * sums.weight, sums
+
+
+def _runs(kept, cfg: Config, v: int, every_column):
+    return every_column if kept is None else aligned_runs(kept_runs(kept, cfg.fused.block, v), v)
 
 
 class FusedLce(torch.autograd.Function):
     """The loss (mean or sum) with its gradients computed in the forward; the backward scales
-    them by the upstream gradient (a host read of that one value: 1 skips the pass over dC)."""
+    them by the upstream gradient on the device (no host read of it)."""
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
-                weight: float):
-        loss, de, dc, dbias = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, weight)
-        ctx.grads = (de, dc, dbias)  # intermediates, not inputs or outputs: plain attributes
+                check: HostScalar, mean: bool):
+        loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
+        ctx.sums = sums  # intermediates, not inputs or outputs: plain attributes
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        de, dc, dbias = ctx.grads
-        del ctx.grads
-        scale = float(grad)
-        if scale != 1.0:
-            de, dc = de.mul_(scale), dc.mul_(scale)
-            dbias = dbias.mul_(scale) if dbias is not None else None
-        return de, dc, None, dbias, None, None, None, None
+        sums = ctx.sums
+        del ctx.sums
+        de, dc, dbias = sums.gradients(grad)
+        return de, dc, None, dbias, None, None, None, None, None

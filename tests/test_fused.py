@@ -12,16 +12,39 @@ from tests.test_own_kernel import peaked_inputs, reference, rel
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Each call of the fused path: (rows, chunks, accumulate_dc, filtered)."""
+    """Each call of the fused path: (rows of each chunk it ran, accumulate_dc, filtered)."""
     calls = []
-    real = fused.fused_loss_and_grads
+    real, real_chunk = fused.fused_loss_and_grads, fused._logits_and_grad
 
-    def spy(e, c, targets, bias, opts, cfg, plan, weight):
-        calls.append((e.shape[0], plan.chunks, plan.accumulate_dc, opts.filter is not None))
-        return real(e, c, targets, bias, opts, cfg, plan, weight)
+    def spy(e, c, targets, bias, opts, cfg, plan, check, mean):
+        calls.append(([], plan.accumulate_dc, opts.filter is not None))
+        return real(e, c, targets, bias, opts, cfg, plan, check, mean)
+
+    def spy_chunk(z, *args):
+        calls[-1][0].append(z.shape[0])
+        return real_chunk(z, *args)
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
+    monkeypatch.setattr(fused, "_logits_and_grad", spy_chunk)
     return calls
+
+
+def expected_chunks(targets, max_rows, ignore_index=-100):
+    """Rows per chunk: the first max_rows rows as they are, then the rest's rows with a target
+    (gathered) in chunks of max_rows."""
+    flat = targets.reshape(-1)
+    n = flat.numel()
+    size = max_rows or n
+    used_rest = int((flat[size:] != ignore_index).sum())
+    return [min(n, size)] + [min(size, used_rest - r) for r in range(0, used_rest, size)]
+
+
+def shifted(t, shift, ignore_index=-100):
+    if not shift:
+        return t
+    out = torch.full_like(t, ignore_index)
+    out[..., :-shift] = t[..., shift:]
+    return out
 
 
 def _inputs(dtype, lead, d, v, has_bias, ignore_every, seed=0):
@@ -57,9 +80,8 @@ def test_matches_reference(fused_calls, dtype, lead, d, v, softcap, reduction, l
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
     loss.backward()
-    used = int((t[..., shift:] != -100).sum())
-    chunks = -(-used // max_rows) if max_rows else 1
-    assert fused_calls == [(used, chunks, chunks > 1, False)]
+    chunks = expected_chunks(shifted(t, shift), max_rows)
+    assert fused_calls == [(chunks, 0 < max_rows < t.numel(), False)]
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert abs(float(loss) - float(ref)) <= tol * max(1.0, abs(float(ref)))
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
@@ -79,7 +101,7 @@ def test_the_first_chunk_overwrites_dcs_unzeroed_buffer(fused_calls, monkeypatch
     ref.backward()
     with overridden({"fused": {"max_rows": 4}}):
         linear_cross_entropy(e, c, t, workspace_mib=16).backward()
-    assert fused_calls and fused_calls[0][2]  # several chunks: the fp32 accumulator
+    assert fused_calls and fused_calls[0][1]  # several chunks: the fp32 accumulator
     assert rel(c.grad, c2.grad) < 1e-5 and rel(e.grad, e2.grad) < 1e-5
 
 
@@ -103,7 +125,7 @@ def test_filter_skips_column_blocks_and_stays_close(fused_calls, monkeypatch, ma
     monkeypatch.setattr(fused, "kept_runs", lambda *a: runs.append(real_runs(*a)) or runs[-1])
     with overridden({"fused": {"max_rows": max_rows}}):
         linear_cross_entropy(e, c, t, filter_eps=1e-3, workspace_mib=16).backward()
-    assert fused_calls and fused_calls[0][3]
+    assert fused_calls and fused_calls[0][2]
     kept_columns = sum(b - a for chunk in runs for a, b in chunk)
     assert 0 < kept_columns < 0.9 * 1024 * len(runs)  # some blocks skipped, not all
     assert rel(e.grad, e2.grad) < 1e-2 and rel(c.grad, c2.grad) < 1e-2
@@ -117,7 +139,7 @@ def test_auto_filter_keeps_flat_rows_exact(fused_calls):
     ref, e2, c2, _ = reference(e, c, t)
     ref.backward()
     linear_cross_entropy(e, c, t, filter_eps="auto", workspace_mib=16).backward()
-    assert fused_calls and fused_calls[0][3]
+    assert fused_calls and fused_calls[0][2]
     assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
 
 
@@ -150,23 +172,74 @@ def test_other_calls_take_the_recompute_path(fused_calls):
     # A target whose config says so (the portable one) takes it for filtered calls too.
     with overridden({"fused": {"default_workspace_mib_fp32": 16, "filtered": True}}):
         linear_cross_entropy(e, c, t, filter_eps="auto").backward()
-    assert len(fused_calls) == 2 and fused_calls[1][3]
+    assert len(fused_calls) == 2 and fused_calls[1][2]
 
 
-def test_all_ignored_falls_back_and_gives_nan_mean(fused_calls):
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_all_ignored_gives_torchs_loss_and_zero_gradients(fused_calls, reduction):
     e, c, _, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)
     t = torch.full((6,), -100)
-    loss = linear_cross_entropy(e, c, t, workspace_mib=16)
+    loss = linear_cross_entropy(e, c, t, reduction=reduction, workspace_mib=16)
     loss.backward()
-    assert fused_calls == [] and torch.isnan(loss) and not e.grad.any()
+    assert fused_calls == [([6], False, False)]
+    assert torch.isnan(loss) if reduction == "mean" else float(loss) == 0.0
+    assert not e.grad.any() and not c.grad.any()
 
 
-def test_a_bad_target_is_refused_before_any_kernel_reads_it(fused_calls):
-    e, c, t, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)
-    t[2] = 20
-    with pytest.raises(ValueError, match="targets: value 20"):
+@pytest.mark.parametrize("where", [1, 5])  # in the first chunk (queued before the check is read)
+def test_a_bad_target_is_refused_by_name(fused_calls, where):
+    e, c, t, _ = _inputs(torch.float32, (8,), 8, 20, False, ignore_every=100)
+    t[where] = 20
+    with overridden({"fused": {"max_rows": 4}}), \
+            pytest.raises(ValueError, match="targets: value 20 is outside"):
         linear_cross_entropy(e, c, t, workspace_mib=16)
-    assert fused_calls == []
+    assert fused_calls and fused_calls[0][0] == [4]  # refused before the rest is queued
+
+
+def test_the_check_is_read_after_the_first_chunk_is_queued(fused_calls, monkeypatch):
+    # The host read waits for the GPU: queued first, the first chunk keeps the GPU busy.
+    events = []
+    real_values, real_chunk = fused.HostScalar.values, fused._logits_and_grad
+    monkeypatch.setattr(fused.HostScalar, "values",
+                        lambda self: events.append("read") or real_values(self))
+    monkeypatch.setattr(fused, "_logits_and_grad",
+                        lambda *a: events.append("chunk") or real_chunk(*a))
+    e, c, t, _ = _inputs(torch.float32, (20,), 16, 40, False, ignore_every=6)
+    with overridden({"fused": {"max_rows": 8}}):
+        linear_cross_entropy(e, c, t, workspace_mib=16).backward()
+    assert events[:2] == ["chunk", "read"] and events.count("chunk") == 2
+
+
+def test_the_backward_never_reads_the_upstream_gradient_on_the_host(fused_calls, monkeypatch):
+    e, c, t, bias = _inputs(torch.float16, (20,), 16, 40, True, ignore_every=6)
+    ref, e2, c2, b2 = reference(e, c, t, bias)
+    (0.5 * ref).backward()
+    with overridden({"fused": {"max_rows": 8}}):
+        loss = linear_cross_entropy(e, c, t, bias=bias, workspace_mib=16)
+
+    def refuse(self, *args):
+        raise AssertionError("the upstream gradient was read on the host")
+
+    for name in ("__float__", "item", "tolist", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    (0.5 * loss).backward()
+    monkeypatch.undo()
+    assert fused_calls and fused_calls[0][1]  # several chunks: dC rounded in the backward
+    assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
+    assert rel(bias.grad, b2.grad) < 3e-3
+
+
+@pytest.mark.parametrize("ignored", [[0, 1, 2], [9, 10, 17]])  # first chunk only / rest only
+def test_rows_without_a_target_in_the_first_chunk_or_the_rest(fused_calls, ignored):
+    e, c, t, _ = _inputs(torch.float16, (18,), 16, 40, False, ignore_every=100)
+    t[ignored] = -100
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    with overridden({"fused": {"max_rows": 8}}):
+        linear_cross_entropy(e, c, t, workspace_mib=16).backward()
+    assert fused_calls[0][0] == expected_chunks(t, 8)
+    assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
+    assert not e.grad[ignored].any()
 
 
 def test_workspace_mib_is_validated():
