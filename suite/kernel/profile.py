@@ -9,8 +9,10 @@ profiler (nothing is timed here):
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
 pace): python -m suite kernel profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
-[--low-memory] [--workspace-mib 3072] [--trace t.json]. With --trace it also prints each kernel
-family's GPU time per call in floors (one cuBLAS E @ C.T of the shape) and the GPU's idle time.
+[--low-memory] [--workspace-mib 3072] [--trace t.json] [--provider torch_compile]. With --trace it
+also prints each kernel family's GPU time per call in floors (one cuBLAS E @ C.T of the shape)
+and the GPU's idle time. --provider profiles a registered provider's loss+grad call instead of
+the own kernel's (its options then come from the provider).
 """
 import cProfile
 import json
@@ -33,6 +35,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     ap.add_argument("--workspace-mib", type=int, default=0,
                     help="host: the three-matmul path's budget (default 0: the recompute path)")
+    ap.add_argument("--provider", help="host: profile this registered provider's call instead "
+                    "(e.g. torch_compile, own_fused)")
 
 
 def main(args) -> int:
@@ -40,8 +44,16 @@ def main(args) -> int:
     inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
+        loss_fn = None
+        if args.provider:
+            from suite.catalog import PROVIDERS
+            if args.provider not in PROVIDERS:
+                raise SystemExit(f"--provider: unknown provider {args.provider!r}")
+            provider_fn = PROVIDERS[args.provider].fn
+            loss_fn = lambda e, c, t, softcap, **_: provider_fn(e, c, t, softcap=softcap)  # noqa: E731
         host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace,
-                     low_memory=args.low_memory, workspace_mib=args.workspace_mib)
+                     low_memory=args.low_memory, workspace_mib=args.workspace_mib,
+                     loss_fn=loss_fn)
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
@@ -56,13 +68,16 @@ def main(args) -> int:
 
 
 def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False,
-                 workspace_mib=0):
+                 workspace_mib=0, loss_fn=None):
+    """loss_fn(e, c, t, softcap=, filter_eps=, low_memory=, workspace_mib=): the loss profiled
+    (default: the own kernel's linear_cross_entropy)."""
     e.requires_grad_(), c.requires_grad_()
+    loss_fn = loss_fn or linear_cross_entropy
 
     def call():
         e.grad = c.grad = None
-        linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=filter_eps,
-                             low_memory=low_memory, workspace_mib=workspace_mib).backward()
+        loss_fn(e, c, t, softcap=softcap, filter_eps=filter_eps, low_memory=low_memory,
+                workspace_mib=workspace_mib).backward()
 
     for _ in range(5):
         call()
@@ -127,6 +142,8 @@ def kernel_family(name: str) -> str:
         return "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)"
     if name.startswith("cce_"):
         return "other own kernels"
+    if name.startswith("triton_"):
+        return "torch.compile's generated kernels"
     return "torch ops, copies, memsets"
 
 
