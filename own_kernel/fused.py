@@ -34,6 +34,7 @@ from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
 from own_kernel.plan import FusedPlan, cdiv
+from own_kernel.scale import scale_into
 
 
 ALIGN = 8  # columns: cuBLAS's fast 16-bit kernels need K and leading dims multiples of 8
@@ -70,7 +71,7 @@ class _Sums:
     (which would idle the GPU while the host catches up) costs nothing to avoid."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
-        self.de = torch.empty_like(e)
+        self.de = torch.empty(e.shape, device=e.device, dtype=e.dtype)
         fp32 = e.dtype == torch.float32
         self.de32 = (None if fp32 else
                      torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32))
@@ -85,7 +86,8 @@ class _Sums:
         else:
             self.dc32 = None
             # A skipped block's dC rows stay zero; exact, every row is written.
-            self.dc = torch.zeros_like(c) if filtered else torch.empty_like(c)
+            alloc = torch.zeros if filtered else torch.empty
+            self.dc = alloc(c.shape, device=c.device, dtype=c.dtype)  # contiguous: scale_into
         self.dbias32 = (torch.zeros(v, device=c.device, dtype=torch.float32)
                         if bias is not None else None)
         self.dtype, self.bias_dtype = c.dtype, None if bias is None else bias.dtype
@@ -124,14 +126,14 @@ class _Sums:
 
     def gradients(self, grad: torch.Tensor):
         """(dE, dC, dbias or None) times the upstream gradient ``grad`` (a 0-d device tensor)."""
-        de = self.de.mul_(grad)
+        de = scale_into(self.de, self.de, grad)
         if self.dc32 is None:
-            dc = self.dc.mul_(grad)
+            dc = scale_into(self.dc, self.dc, grad)
         elif self.dc32.dtype == self.dtype:  # fp32 inputs: the accumulator is dC
-            dc = self.dc32.mul_(grad)
+            dc = scale_into(self.dc32, self.dc32, grad)
         else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
-            dc = torch.mul(self.dc32, grad,
-                           out=torch.empty(self.dc32.shape, device=de.device, dtype=self.dtype))
+            dc = scale_into(self.dc32, torch.empty(self.dc32.shape, device=de.device,
+                                                   dtype=self.dtype), grad)
         dbias = (None if self.dbias32 is None else
                  (self.dbias32 * (grad * self.weight)).to(self.bias_dtype))
         return de, dc, dbias

@@ -143,6 +143,19 @@ def test_auto_filter_keeps_flat_rows_exact(fused_calls):
     assert rel(e.grad, e2.grad) < 1e-5 and rel(c.grad, c2.grad) < 1e-5
 
 
+def test_scale_into_scales_casts_and_checks_its_arguments():
+    from own_kernel.scale import scale_into
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5000, generator=g)  # more than one block, a ragged last one
+    scale = torch.tensor(-0.375)
+    out = scale_into(x, torch.empty(5000, dtype=torch.float16), scale)
+    assert out.dtype == torch.float16 and torch.equal(out, (x * -0.375).half())
+    y = x.clone()
+    assert scale_into(y, y, scale) is y and torch.equal(y, x * -0.375)
+    with pytest.raises(ValueError, match="scale_into"):
+        scale_into(x[::2], torch.empty(2500), scale)
+
+
 def test_aligned_runs_split_off_the_last_v_mod_8_columns():
     assert fused.aligned_runs([(0, 101)], 101) == [(0, 96), (96, 101)]
     assert fused.aligned_runs([(0, 32), (64, 101)], 101) == [(0, 32), (64, 96), (96, 101)]
