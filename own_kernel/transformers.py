@@ -72,9 +72,11 @@ LOGIT_TRANSFORMS: dict[str, Callable] = {
     "GraniteForCausalLM": _granite_scale,
 }
 SUPPORTED = tuple(sorted(LOGIT_TRANSFORMS))
-# The parameters of those classes' forward in transformers 5, which the patched forward repeats.
+# The parameters of those classes' forward in transformers 5, which the patched forward repeats;
+# the cache's name is "past_key_values" up to 5.23 and "cache" from 5.24 (outputs alike).
 _STOCK_PARAMETERS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values",
                      "inputs_embeds", "labels", "use_cache", "logits_to_keep", "kwargs")
+_CACHE_NAMES = ("past_key_values", "cache")
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,13 @@ def _patched_options(model) -> PatchOptions | None:
     return options if patched is installed else None
 
 
-def _check_stock_signature(cls) -> None:
+def _check_stock_signature(cls) -> str:
+    """The name of the stock forward's cache parameter, once its signature is a known one."""
     names = tuple(inspect.signature(cls.forward).parameters)
-    if names != _STOCK_PARAMETERS:
-        raise ValueError(f"model: {cls.__name__}.forward takes {names}; the patch was written for "
+    for cache_name in _CACHE_NAMES:
+        if names == tuple(cache_name if n == "past_key_values" else n for n in _STOCK_PARAMETERS):
+            return cache_name
+    raise ValueError(f"model: {cls.__name__}.forward takes {names}; the patch was written for "
                          f"{_STOCK_PARAMETERS} (a transformers version it does not know?)")
 
 
@@ -151,7 +156,7 @@ def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = Fa
     instance (patch before wrapping the model) or an ``lm_head`` that is not a plain nn.Linear.
     """
     cls = _stock_class(model)
-    _check_stock_signature(cls)
+    cache_name = _check_stock_signature(cls)
     if _patched_options(model) is not None:
         raise ValueError("model: already patched; call unpatch(model) first to change options")
     if "forward" in model.__dict__:
@@ -166,7 +171,7 @@ def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = Fa
 
     options = PatchOptions(filter_eps, low_memory, logits_in_eval)
     head = _Head(LOGIT_TRANSFORMS[cls.__name__], ForCausalLMLoss, CausalLMOutputWithPast)
-    model.forward = types.MethodType(_make_forward(cls.forward, head, options), model)
+    model.forward = types.MethodType(_make_forward(cls.forward, head, options, cache_name), model)
     return model
 
 
@@ -187,29 +192,42 @@ def _asks_for_logits(logits_to_keep) -> bool:
     return logits_to_keep != 0
 
 
-def _make_forward(stock_forward, head: _Head, options: PatchOptions):
+def _make_forward(stock_forward, head: _Head, options: PatchOptions, cache_name: str):
     # An explicit signature, the stock one (_check_stock_signature), rather than binding *args
     # at each call: nothing for torch.compile to trace through. wraps: inspect.signature of the
     # patched forward stays the stock one, so Trainer still passes it num_items_in_batch.
-    @functools.wraps(stock_forward)
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
-                logits_to_keep=0, **kwargs):
-        base_inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids, past_key_values=past_key_values,
-                           inputs_embeds=inputs_embeds, use_cache=use_cache)
+    def run(self, base_inputs, labels, logits_to_keep, kwargs):
         if (labels is None or _asks_for_logits(logits_to_keep)
                 or (options.logits_in_eval and not self.training)):
             return stock_forward(self, labels=labels, logits_to_keep=logits_to_keep,
                                  **base_inputs, **kwargs)
-        return _forward_with_kernel_loss(self, base_inputs, labels, kwargs, head, options)
+        return _forward_with_kernel_loss(self, base_inputs, labels, kwargs, head, options,
+                                         cache_name)
+
+    if cache_name == "cache":
+        @functools.wraps(stock_forward)
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+            return run(self, dict(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, cache=cache,
+                                  inputs_embeds=inputs_embeds, use_cache=use_cache),
+                       labels, logits_to_keep, kwargs)
+    else:
+        @functools.wraps(stock_forward)
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                    past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
+                    logits_to_keep=0, **kwargs):
+            return run(self, dict(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, past_key_values=past_key_values,
+                                  inputs_embeds=inputs_embeds, use_cache=use_cache),
+                       labels, logits_to_keep, kwargs)
 
     forward._own_kernel_patch = (options, forward)
     return forward
 
 
 def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: dict,
-                              head: _Head, options: PatchOptions):
+                              head: _Head, options: PatchOptions, cache_name: str):
     """The stock forward's base-model call and loss, with the loss from the kernel."""
     kwargs = dict(kwargs)
     # can_return_tuple's rule (the decorator of the stock forward): the call's return_dict,
@@ -220,8 +238,9 @@ def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: 
     # The stock forward passes its **kwargs to both the base model and the loss; so do we.
     outputs = model.model(**base_inputs, **kwargs)
     loss = _causal_lm_loss(model, outputs.last_hidden_state, labels, head, options, **kwargs)
-    result = head.output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                               hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    result = head.output_class(loss=loss, logits=None, hidden_states=outputs.hidden_states,
+                               attentions=outputs.attentions,
+                               **{cache_name: getattr(outputs, cache_name)})
     return result if return_dict else result.to_tuple()
 
 
