@@ -76,17 +76,15 @@ class _Sums:
         self.de32 = (None if fp32 else
                      torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32))
         v, d = c.shape
-        # Exact, the first chunk writes every row of dC's fp32 buffer (beta 0): no pass to zero
-        # its 4 V D bytes. Filtered, skipped blocks must read as zero.
+        # Exact, the first chunk writes every row of dC (its fp32 buffer with beta 0): no pass
+        # to zero its bytes. Filtered, a skipped block's rows must read as zero.
         self.dc32_zeroed = filtered
+        alloc = torch.zeros if filtered else torch.empty
         if plan.accumulate_dc:
-            alloc = torch.zeros if filtered else torch.empty
             self.dc32 = alloc(v, d, device=c.device, dtype=torch.float32)
             self.dc = None
         else:
             self.dc32 = None
-            # A skipped block's dC rows stay zero; exact, every row is written.
-            alloc = torch.zeros if filtered else torch.empty
             self.dc = alloc(c.shape, device=c.device, dtype=c.dtype)  # contiguous: scale_into
         self.dbias32 = (torch.zeros(v, device=c.device, dtype=torch.float32)
                         if bias is not None else None)

@@ -75,8 +75,9 @@ def _logits_to_grad_kernel(Z, stride_z, Targets, Loss, Kept, V, ignore_index, sm
 
 
 def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *,
-                   ignore_index: int, softcap: float | None, label_smoothing: float, kept: torch.Tensor | None,
-                   eps: float, flat_p_max: float, block: int, num_warps: int) -> None:
+                   ignore_index: int, softcap: float | None, label_smoothing: float,
+                   kept: torch.Tensor | None, eps: float, flat_p_max: float, block: int,
+                   num_warps: int) -> None:
     """Overwrite z (rows x V, unit stride along V) with its unweighted logit gradient and write
     each row's loss into loss (fp32). kept: None, or one int8 per ``block`` columns, zeroed by
     the caller, set where the filter keeps the block. Rows whose target is ignore_index or not

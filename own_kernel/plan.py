@@ -346,7 +346,7 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
 @dataclass(frozen=True)
 class FusedPlan:
     rows: int                # rows per chunk (the last may be shorter)
-    chunks: int
+    chunks: int              # of n rows (fewer run when rows without a target are gathered)
     accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
     workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer (16-bit inputs)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes

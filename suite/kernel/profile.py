@@ -50,7 +50,9 @@ def main(args) -> int:
             if args.provider not in PROVIDERS:
                 raise SystemExit(f"--provider: unknown provider {args.provider!r}")
             provider_fn = PROVIDERS[args.provider].fn
-            loss_fn = lambda e, c, t, softcap, **_: provider_fn(e, c, t, softcap=softcap)  # noqa: E731
+
+            def loss_fn(e, c, t, softcap, **_):  # the provider's own options
+                return provider_fn(e, c, t, softcap=softcap)
         host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace,
                      low_memory=args.low_memory, workspace_mib=args.workspace_mib,
                      loss_fn=loss_fn)
