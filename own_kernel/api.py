@@ -174,7 +174,8 @@ def _fused_path(e2, c, bias, opts: Options, reduction: str, workspace_mib: int |
     if mib == 0:
         return None
     n, d = e2.shape
-    plan, _ = fused_plan(n, c.shape[0], d, e2.element_size(), mib * 2**20, cfg)
+    plan, _ = fused_plan(n, c.shape[0], d, e2.element_size(), mib * 2**20, cfg,
+                         filtered=opts.filter is not None)
     return None if plan is None else (cfg, plan)
 
 

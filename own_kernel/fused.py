@@ -6,15 +6,16 @@ scales, so the forward can do all the work once per chunk of rows R:
 
     Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (input dtype)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
-    dE_R  = w G_R C                   cuBLAS, fp32 out (the K = V reduction never rounds to
-                                      16 bits mid-way; w on alpha), stored in E's dtype
+    dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
+                                      the filter or V mod 8 splits the K = V reduction)
     dC   += w G_R^T E_R               cuBLAS into an fp32 accumulator when there are several
                                       chunks (16-bit accumulation loses the cancellations of
                                       frequent tokens' columns on LM-like inputs)
 
 with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
-path's four; the price is the workspace: the chunk's logits, its fp32 dE rows and, with several
-chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need only the logits). With the
+path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
+is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need
+only the logits). With the
 filter, the kernel marks column blocks holding an entry >= eps (or a flat row's), and dE and dC
 run over marked blocks only.
 
@@ -33,11 +34,8 @@ from own_kernel.config import Config
 from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
-from own_kernel.plan import FusedPlan, cdiv
+from own_kernel.plan import ALIGN, FusedPlan, cdiv
 from own_kernel.scale import scale_into
-
-
-ALIGN = 8  # columns: cuBLAS's fast 16-bit kernels need K and leading dims multiples of 8
 
 
 def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
@@ -63,18 +61,18 @@ def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
 
 
 class _Sums:
-    """The gradients being assembled: dE rows as they complete, dC (fp32 over chunks, or the
-    single chunk's own), dbias's fp32 column sums. fp32 inputs need no fp32 copies: dE's rows
-    and dC (the outputs themselves) are the GEMMs' outputs and dC's accumulator. The upstream
+    """The gradients being assembled: dE rows as they complete (summed in fp32 rows when the
+    plan splits their reduction), dC (fp32 over chunks, or the single chunk's own), dbias's
+    fp32 column sums. fp32 inputs need no fp32 copies: dE's rows and dC (the outputs
+    themselves) are the GEMMs' outputs and dC's accumulator. The upstream
     gradient is applied by :meth:`gradients` in the backward, on the device: dC's fp32
     accumulator is kept until then and rounded there, so reading that gradient on the host
     (which would idle the GPU while the host catches up) costs nothing to avoid."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
         self.de = torch.empty(e.shape, device=e.device, dtype=e.dtype)
-        fp32 = e.dtype == torch.float32
-        self.de32 = (None if fp32 else
-                     torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32))
+        self.de32 = (torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
+                     if plan.de_rows_fp32 else None)
         v, d = c.shape
         # Exact, the first chunk writes every row of dC (its fp32 buffer with beta 0): no pass
         # to zero its bytes. Filtered, a skipped block's rows must read as zero.
@@ -94,15 +92,18 @@ class _Sums:
     def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
         """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
         self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
-        rows = g.shape[0]
-        de32 = de_rows if self.de32 is None else self.de32[:rows]
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
-        if not one_run:
-            de32.zero_()
-        for a, b in runs:
-            addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
-        if self.de32 is not None:
-            de_rows.copy_(de32)
+        if one_run and self.de32 is None:  # one GEMM: its fp32 sums rounded once, into dE
+            (a, b), = runs
+            mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight)
+        else:  # fp32 rows (or fp32 dE itself) summed over the runs
+            de32 = de_rows if self.de32 is None else self.de32[:g.shape[0]]
+            if not one_run:
+                de32.zero_()
+            for a, b in runs:
+                addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
+            if self.de32 is not None:
+                de_rows.copy_(de32)
         dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
         for a, b in runs:
             if self.dc32 is not None:
@@ -198,7 +199,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
 
     def chunk(rows: _Rows, r0: int, loss_at: int):
         """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses. (z, r1)."""
-        r1 = min(rows.e.shape[0], r0 + plan.rows)
+        r1 = min(rows.e.shape[0], r0 + _balanced(rows.e.shape[0], plan.rows))
         z = ws[:r1 - r0]
         _logits_and_grad(z, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
                          losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column)
@@ -214,7 +215,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     sums.weight = 1.0 / num_used if mean else 1.0
     sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
     rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
-    for r0 in range(0, rest.e.shape[0], plan.rows):
+    for r0 in range(0, rest.e.shape[0], _balanced(rest.e.shape[0], plan.rows)):
         z, r1 = chunk(rest, r0, first)
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
                        _runs(kept, cfg, v, every_column))
@@ -222,6 +223,12 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     sums.de32 = None
     rest.finish(sums.de, first)
     return losses[:first + rest.e.shape[0]].sum() * sums.weight, sums
+
+
+def _balanced(n: int, rows: int) -> int:
+    """Rows per chunk of n rows in as many chunks of at most ``rows`` as needed, evenly (the
+    rest's gathered rows are fewer than the plan's)."""
+    return cdiv(n, cdiv(n, rows)) if n else rows
 
 
 def _runs(kept, cfg: Config, v: int, every_column):

@@ -343,36 +343,47 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
 
 # ---- the three-matmul path (fused.py) -------------------------------------------------------
 
+# Columns: cuBLAS's fast 16-bit kernels need K and leading dimensions multiples of 8, so the
+# path's GEMMs over all V columns run the last V mod 8 apart (fused.aligned_runs).
+ALIGN = 8
+
+
 @dataclass(frozen=True)
 class FusedPlan:
     rows: int                # rows per chunk (the last may be shorter)
     chunks: int              # of n rows (fewer run when rows without a target are gathered)
     accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
+    de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
     workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer (16-bit inputs)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
 
 
-def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int,
-               cfg: Config) -> tuple[FusedPlan | None, str]:
+def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
+               filtered: bool = False) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose workspace fits budget_bytes, or (None, why not).
-    Per chunk row: its V logits (input dtype) and, for 16-bit inputs, its fp32 dE row; with
-    several chunks and 16-bit inputs, also the fp32 dC accumulator (V x D x 4 bytes, whatever
-    the chunk). fp32 inputs accumulate in dE and dC themselves, which are gradients, not
-    workspace. Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
+    Per chunk row: its V logits (input dtype) and, for 16-bit inputs whose dE rows are summed
+    over several GEMMs (the filter's kept column runs, or V's last V mod 8 columns apart), an
+    fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With several
+    chunks and 16-bit inputs, also the fp32 dC accumulator (V x D x 4 bytes, whatever the
+    chunk). fp32 inputs accumulate in dE and dC themselves, which are gradients, not workspace.
+    Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
+    few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
     the recompute path is faster then."""
     stride = cdiv(v * elt, 16) * 16 // elt
     fp32 = elt == 4
-    per_row = stride * elt + (0 if fp32 else d * 4)
+    de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
+    per_row = stride * elt + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, False, n * per_row, stride), ""
+        return FusedPlan(n, 1, False, de_rows_fp32, n * per_row, stride), ""
     acc = 0 if fp32 else v * d * 4
-    rows = min(cap, (budget_bytes - acc) // per_row if budget_bytes > acc else 0)
-    if rows < 1:
+    fits = (budget_bytes - acc) // per_row if budget_bytes > acc else 0
+    if fits < 1:
         return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds no row of logits "
                       f"besides dC's fp32 accumulator ({acc / 2**20:.0f} MiB)")
-    if rows < cfg.fused.min_rows:
-        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds {rows} rows of "
-                      f"logits per chunk besides dC's fp32 accumulator; fewer than "
+    if min(fits, cap) < cfg.fused.min_rows:
+        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds {min(fits, cap)} "
+                      f"rows of logits per chunk besides dC's fp32 accumulator; fewer than "
                       f"{cfg.fused.min_rows} make the path slower than recomputing")
-    return FusedPlan(rows, cdiv(n, rows), True, rows * per_row + acc, stride), ""
+    rows = min(cap, cdiv(n, cdiv(n, fits)))
+    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, rows * per_row + acc, stride), ""

@@ -31,12 +31,16 @@ def fused_calls(monkeypatch):
 
 def expected_chunks(targets, max_rows, ignore_index=-100):
     """Rows per chunk: the first max_rows rows as they are, then the rest's rows with a target
-    (gathered) in chunks of max_rows."""
+    (gathered) in as few chunks of at most max_rows as hold them, of equal size."""
     flat = targets.reshape(-1)
     n = flat.numel()
     size = max_rows or n
     used_rest = int((flat[size:] != ignore_index).sum())
-    return [min(n, size)] + [min(size, used_rest - r) for r in range(0, used_rest, size)]
+    if not used_rest:
+        return [min(n, size)]
+    chunks = -(-used_rest // size)
+    step = -(-used_rest // chunks)
+    return [min(n, size)] + [min(step, used_rest - r) for r in range(0, used_rest, step)]
 
 
 def shifted(t, shift, ignore_index=-100):
@@ -66,6 +70,9 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
     (torch.float32, (2, 9), 16, 53, 5.0, "mean", 0.2, True, 1, 3),
     (torch.float16, (33,), 40, 67, 20.0, "mean", 0.1, True, 0, 7),
     (torch.float16, (24,), 32, 31, None, "sum", 0.0, False, 0, 0),
+    # V a multiple of 8: one GEMM writes dE's 16-bit rows, no fp32 rows between
+    (torch.float16, (30,), 24, 64, 10.0, "mean", 0.0, True, 1, 4),
+    (torch.float16, (26,), 16, 48, None, "sum", 0.1, False, 0, 0),
 ]
 
 
@@ -268,11 +275,11 @@ MIB = 2**20
 @pytest.mark.parametrize("n, v, d, mib, expect", [
     # Gemma 2 (2B): dC's fp32 accumulator alone (2250 MiB) is more than 1 GiB
     (8192, 256000, 2304, 1024, "holds no row"),
-    (8192, 256000, 2304, 3072, (1653, 5, True)),
+    (8192, 256000, 2304, 3072, (1639, 5, True)),
     # 2.5 GiB leaves room for fewer than min_rows rows: recomputing is faster
     (8192, 256000, 2304, 2560, "fewer than 1024"),
     (8192, 128256, 4096, 3072, (8192, 1, False)),      # Llama 3 (8B): one chunk
-    (16384, 152064, 3584, 3072, (3269, 6, True)),      # Qwen 2.5 (7B)
+    (16384, 152064, 3584, 3072, (3277, 5, True)),      # Qwen 2.5 (7B)
     (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
 ])
 def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
@@ -283,6 +290,24 @@ def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
     assert plan.workspace_bytes <= mib * MIB
     assert plan.rows * (plan.chunks - 1) < n <= plan.rows * plan.chunks
+
+
+@pytest.mark.parametrize("v, filtered, fp32_rows", [
+    (256000, False, False), (50257, False, True), (256000, True, True)])
+def test_fp32_de_rows_only_where_des_reduction_is_split(v, filtered, fp32_rows):
+    # One GEMM over all V columns writes dE's rows itself; the filter's runs or V's last
+    # V mod 8 columns apart need fp32 rows to sum in, and the budget pays for them.
+    plan, _ = fused_plan(8192, v, 2304, 2, 3072 * MIB, HOPPER_16BIT, filtered=filtered)
+    assert plan.de_rows_fp32 == fp32_rows
+    assert plan.workspace_bytes == (plan.rows * (plan.row_stride * 2 + 2304 * 4 * fp32_rows)
+                                    + v * 2304 * 4 * plan.accumulate_dc)
+
+
+def test_chunks_are_of_equal_size():
+    # 3423 rows fit at Qwen 2.5 (7B); five chunks of 3277 rows, not four of 3423 and one of 692
+    plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_16BIT)
+    assert plan.rows * plan.chunks - 16384 < plan.chunks
+    assert fused._balanced(5 * 3423 - 100, 3423) == 3403 and fused._balanced(10, 4) == 4
 
 
 @pytest.mark.parametrize("v, elt, stride", [(50257, 2, 50264), (32000, 2, 32000), (101, 4, 104)])
@@ -299,7 +324,7 @@ def test_a_budget_below_one_row_falls_back_with_the_reason():
 @pytest.mark.parametrize("n, v, d, mib, expect", [
     # fp32 N 32768 D 2304 V 32000: dE and dC are fp32 already and take the sums in place, so
     # the budget holds logits only (16-bit inputs add fp32 dE rows and a 281 MiB dC buffer)
-    (32768, 32000, 2304, 1024, (8388, 4, True)),
+    (32768, 32000, 2304, 1024, (8192, 4, True)),
     (4096, 32000, 2304, 512, (4096, 1, False)),
 ])
 def test_fp32_inputs_spend_the_budget_on_logits_only(n, v, d, mib, expect):

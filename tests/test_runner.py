@@ -263,3 +263,14 @@ def test_commit_override_wins_over_git(monkeypatch):
     assert git_commit() == ("0123456789abcdef", None)
     env = environment("cpu")
     assert env["git_commit"] == "0123456789abcdef" != detected and env["git_dirty"] is None
+
+
+def test_the_own_kernels_config_overrides_are_recorded(monkeypatch):
+    # A run measured under CCE_OWN_CONFIG is another configuration of the kernel: its
+    # environment must say so, or its rows read as the defaults'.
+    from suite.results import environment
+
+    monkeypatch.delenv("CCE_OWN_CONFIG", raising=False)
+    assert environment("cpu")["own_config_overrides"] is None
+    monkeypatch.setenv("CCE_OWN_CONFIG", '{"fused": {"block": 4096}}')
+    assert environment("cpu")["own_config_overrides"] == '{"fused": {"block": 4096}}'

@@ -58,6 +58,22 @@ def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-10
                  workspace_mib=FUSED_WORKSPACE_MIB)
 
 
+def _fused_at(workspace_mib: int):
+    def provider(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+        return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=workspace_mib)
+    return provider
+
+
+# Larger budgets than own_fused's: at V 256000 dC's fp32 accumulator takes most of 3 GiB, so the
+# chunks are many and each re-reads that accumulator; these show what fewer chunks buy.
+for _gib, _marker in ((4, "h"), (6, "H")):
+    register(f"own_fused_{_gib}g", summary=f"own Triton CCE, exact, three-matmul training path "
+             f"(workspace_mib={_gib * 1024})", features=("bias", "softcap"),
+             requires=needs_triton_device,
+             style=dict(color=VERMILLION, marker=_marker, linestyle="-"),
+             order=66 + _gib // 2)(_fused_at(_gib * 1024))
+
+
 def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_mib=None):
     # The path every GPU but Hopper takes (pointer kernels, tiles tuned on this GPU, the cuBLAS
     # recompute backward, the three-matmul path where the default budget holds it), forced

@@ -17,7 +17,8 @@ MAX_CELL_TABLES = 6
 # Baseline first, then the peers from most to least memory, then this project's kernel.
 ORDER = ("naive", "torch_compile", "chunked", "selective", "liger_ce", "liger_flce",
          "torch_native", "apple_torch_compile", "apple_cce", "apple_cce_nofilter", "own",
-         "own_low_memory", "own_filter", "own_fused", "own_fused_filter", "own_portable",
+         "own_low_memory", "own_filter", "own_fused", "own_fused_4g", "own_fused_6g",
+         "own_fused_filter", "own_portable",
          "own_portable_filter", "own_portable_fused")
 
 
