@@ -221,7 +221,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     torch.compile; vocab_parallel.py).
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
     budget of the three-matmul training path (fused.py): loss and gradients computed at once in
-    row chunks whose logits, fp32 dE rows and (with several chunks) fp32 dC accumulator fit it;
+    row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
+    chunks, dC's fp32 accumulator) within it;
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
     the chunks would not fit or be too small to pay (plan.fused_plan), the recompute path runs.

@@ -354,21 +354,25 @@ class FusedPlan:
     chunks: int              # of n rows (fewer run when rows without a target are gathered)
     accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
     de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
-    workspace_bytes: int     # logits chunk + fp32 dE rows + the fp32 dC buffer (16-bit inputs)
+    extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False) -> tuple[FusedPlan | None, str]:
-    """(plan, "") of n rows in chunks whose workspace fits budget_bytes, or (None, why not).
-    Per chunk row: its V logits (input dtype) and, for 16-bit inputs whose dE rows are summed
-    over several GEMMs (the filter's kept column runs, or V's last V mod 8 columns apart), an
-    fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With several
-    chunks and 16-bit inputs, also the fp32 dC accumulator (V x D x 4 bytes, whatever the
-    chunk). fp32 inputs accumulate in dE and dC themselves, which are gradients, not workspace.
-    Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
-    few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
-    the recompute path is faster then."""
+    """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
+    (None, why not).
+
+    Per chunk row the path holds its V logits (input dtype) and, for 16-bit inputs whose dE rows
+    are summed over several GEMMs (the filter's kept column runs, or V's last V mod 8 columns
+    apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With
+    several chunks and 16-bit inputs, dC is summed in an fp32 accumulator (4 V D bytes) that
+    the backward rounds into dC (2 V D bytes) once the chunk is freed: the forward holds chunk
+    and accumulator but not yet dC, the backward accumulator and dC, so the peak beyond the
+    gradients is max(chunk + 2 V D, 4 V D). fp32 inputs accumulate in dE and dC themselves
+    (gradients, not workspace). Chunks are of equal size (a short last chunk would cost a pass
+    over dC's accumulator for a few rows). Fewer than fused.min_rows rows per chunk make dC's
+    accumulation memory-bound: the recompute path is faster then."""
     stride = cdiv(v * elt, 16) * 16 // elt
     fp32 = elt == 4
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
@@ -376,14 +380,17 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, False, de_rows_fp32, n * per_row, stride), ""
-    acc = 0 if fp32 else v * d * 4
-    fits = (budget_bytes - acc) // per_row if budget_bytes > acc else 0
+    acc, dc = (0, 0) if fp32 else (v * d * 4, v * d * elt)
+    mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
+    if acc > budget_bytes:
+        return None, f"{mib} cannot hold dC's fp32 accumulator ({acc / 2**20:.0f} MiB)"
+    fits = (budget_bytes - acc + dc) // per_row
     if fits < 1:
-        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds no row of logits "
-                      f"besides dC's fp32 accumulator ({acc / 2**20:.0f} MiB)")
+        return None, f"{mib} holds no row of logits ({per_row} bytes)"
     if min(fits, cap) < cfg.fused.min_rows:
-        return None, (f"the workspace ({budget_bytes / 2**20:.0f} MiB) holds {min(fits, cap)} "
-                      f"rows of logits per chunk besides dC's fp32 accumulator; fewer than "
-                      f"{cfg.fused.min_rows} make the path slower than recomputing")
+        return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk beside dC's fp32 "
+                      f"accumulator; fewer than {cfg.fused.min_rows} make the path slower than "
+                      f"recomputing")
     rows = min(cap, cdiv(n, cdiv(n, fits)))
-    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, rows * per_row + acc, stride), ""
+    extra = max(rows * per_row + acc - dc, acc)
+    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, stride), ""

@@ -274,12 +274,14 @@ MIB = 2**20
 
 @pytest.mark.parametrize("n, v, d, mib, expect", [
     # Gemma 2 (2B): dC's fp32 accumulator alone (2250 MiB) is more than 1 GiB
-    (8192, 256000, 2304, 1024, "holds no row"),
-    (8192, 256000, 2304, 3072, (1639, 5, True)),
-    # 2.5 GiB leaves room for fewer than min_rows rows: recomputing is faster
-    (8192, 256000, 2304, 2560, "fewer than 1024"),
+    (8192, 256000, 2304, 1024, "cannot hold dC's fp32 accumulator"),
+    # 3 GiB: the chunk may take what dC (1125 MiB, allocated only in the backward) leaves
+    (8192, 256000, 2304, 3072, (2731, 3, True)),
+    (8192, 256000, 2304, 4096, (8192, 1, False)),      # all the logits (4000 MiB): one chunk
+    # room for fewer than min_rows rows beside the accumulator: recomputing is faster
+    (65536, 50257, 512, 100, "fewer than 1024"),
     (8192, 128256, 4096, 3072, (8192, 1, False)),      # Llama 3 (8B): one chunk
-    (16384, 152064, 3584, 3072, (3277, 5, True)),      # Qwen 2.5 (7B)
+    (16384, 152064, 3584, 3072, (5462, 3, True)),      # Qwen 2.5 (7B)
     (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
 ])
 def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
@@ -288,8 +290,19 @@ def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
         assert plan is None and expect in why
         return
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
-    assert plan.workspace_bytes <= mib * MIB
+    assert plan.extra_bytes <= mib * MIB
     assert plan.rows * (plan.chunks - 1) < n <= plan.rows * plan.chunks
+
+
+def test_the_budget_bounds_the_peak_beyond_the_gradients():
+    # Gemma 2 (2B), 16-bit, 3 chunks: the forward holds the chunk's logits and dC's fp32
+    # accumulator (dC itself not yet), the backward the accumulator and dC.
+    v, d, mib = 256000, 2304, 3072
+    plan, _ = fused_plan(8192, v, d, 2, mib * MIB, HOPPER_16BIT)
+    forward = plan.rows * plan.row_stride * 2 + 4 * v * d
+    backward = 4 * v * d + 2 * v * d
+    assert plan.extra_bytes == max(forward, backward) - 2 * v * d <= mib * MIB
+    assert forward > backward  # the chunk took more than what the accumulator alone needs
 
 
 @pytest.mark.parametrize("v, filtered, fp32_rows", [
@@ -299,12 +312,13 @@ def test_fp32_de_rows_only_where_des_reduction_is_split(v, filtered, fp32_rows):
     # V mod 8 columns apart need fp32 rows to sum in, and the budget pays for them.
     plan, _ = fused_plan(8192, v, 2304, 2, 3072 * MIB, HOPPER_16BIT, filtered=filtered)
     assert plan.de_rows_fp32 == fp32_rows
-    assert plan.workspace_bytes == (plan.rows * (plan.row_stride * 2 + 2304 * 4 * fp32_rows)
-                                    + v * 2304 * 4 * plan.accumulate_dc)
+    chunk = plan.rows * (plan.row_stride * 2 + 2304 * 4 * fp32_rows)
+    assert plan.extra_bytes == (max(chunk + 2 * v * 2304, 4 * v * 2304) if plan.accumulate_dc
+                                else chunk)
 
 
 def test_chunks_are_of_equal_size():
-    # 3423 rows fit at Qwen 2.5 (7B); five chunks of 3277 rows, not four of 3423 and one of 692
+    # 7007 rows fit at Qwen 2.5 (7B): three chunks of 5462 rows, not two of 7007 and one of 2370
     plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_16BIT)
     assert plan.rows * plan.chunks - 16384 < plan.chunks
     assert fused._balanced(5 * 3423 - 100, 3423) == 3403 and fused._balanced(10, 4) == 4
@@ -330,7 +344,7 @@ def test_a_budget_below_one_row_falls_back_with_the_reason():
 def test_fp32_inputs_spend_the_budget_on_logits_only(n, v, d, mib, expect):
     plan, why = fused_plan(n, v, d, 4, mib * MIB, HOPPER_16BIT)
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
-    assert plan.workspace_bytes == plan.rows * plan.row_stride * 4 <= mib * MIB
+    assert plan.extra_bytes == plan.rows * plan.row_stride * 4 <= mib * MIB
 
 
 def test_fp32_calls_take_their_own_default_budget(fused_calls):

@@ -64,8 +64,8 @@ def _fused_at(workspace_mib: int):
     return provider
 
 
-# Larger budgets than own_fused's: at V 256000 dC's fp32 accumulator takes most of 3 GiB, so the
-# chunks are many and each re-reads that accumulator; these show what fewer chunks buy.
+# Larger budgets than own_fused's: fewer chunks re-read dC's fp32 accumulator, and from N V 2
+# bytes on the logits fit in one chunk with no accumulator (torch.compile's memory).
 for _gib, _marker in ((4, "h"), (6, "H")):
     register(f"own_fused_{_gib}g", summary=f"own Triton CCE, exact, three-matmul training path "
              f"(workspace_mib={_gib * 1024})", features=("bias", "softcap"),
