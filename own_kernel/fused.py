@@ -15,9 +15,8 @@ scales, so the forward can do all the work once per chunk of rows R:
 with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
 path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
 is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need
-only the logits). With the
-filter, the kernel marks column blocks holding an entry >= eps (or a flat row's), and dE and dC
-run over marked blocks only.
+only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
+flat row's), and dE and dC run over marked blocks only.
 
 No host read idles the GPU: the targets' check is read once the first chunk is queued (that
 chunk keeps its rows without a target, zeroed by the pass; the rest's such rows are gathered
@@ -64,10 +63,10 @@ class _Sums:
     """The gradients being assembled: dE rows as they complete (summed in fp32 rows when the
     plan splits their reduction), dC (fp32 over chunks, or the single chunk's own), dbias's
     fp32 column sums. fp32 inputs need no fp32 copies: dE's rows and dC (the outputs
-    themselves) are the GEMMs' outputs and dC's accumulator. The upstream
-    gradient is applied by :meth:`gradients` in the backward, on the device: dC's fp32
-    accumulator is kept until then and rounded there, so reading that gradient on the host
-    (which would idle the GPU while the host catches up) costs nothing to avoid."""
+    themselves) are the GEMMs' outputs and dC's accumulator. The upstream gradient is applied
+    by :meth:`gradients` in the backward, on the device: dC's fp32 accumulator is kept until
+    then and rounded there, so reading that gradient on the host (which would idle the GPU
+    while the host catches up) costs nothing to avoid."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
         self.de = torch.empty(e.shape, device=e.device, dtype=e.dtype)
