@@ -33,7 +33,7 @@ from own_kernel.config import Config
 from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
-from own_kernel.plan import ALIGN, FusedPlan, cdiv
+from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
 from own_kernel.scale import scale_into
 
 
@@ -196,16 +196,16 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     sums = _Sums(e, c, bias, plan, filtered=opts.filter is not None)
     every_column = aligned_runs([(0, v)], v)
 
-    def chunk(rows: _Rows, r0: int, loss_at: int):
-        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses. (z, r1)."""
-        r1 = min(rows.e.shape[0], r0 + _balanced(rows.e.shape[0], plan.rows))
+    def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
+        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns z."""
         z = ws[:r1 - r0]
         _logits_and_grad(z, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
                          losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column)
-        return z, r1
+        return z
 
     head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
-    z, first = chunk(head, 0, 0)
+    first = head.e.shape[0]
+    z = chunk(head, 0, first, 0)
     raise_on_bad_targets(check, targets, v, opts.ignore_index)
     _, num_used, used_first = (int(x) for x in check.values())
     if num_used == 0:
@@ -214,20 +214,17 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     sums.weight = 1.0 / num_used if mean else 1.0
     sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
     rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
-    for r0 in range(0, rest.e.shape[0], _balanced(rest.e.shape[0], plan.rows)):
-        z, r1 = chunk(rest, r0, first)
+    m = rest.e.shape[0]
+    step = even_rows(m, plan.rows)  # the rest's gathered rows are fewer than the plan's
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        z = chunk(rest, r0, r1, first)
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
                        _runs(kept, cfg, v, every_column))
     del ws, z
     sums.de32 = None
     rest.finish(sums.de, first)
-    return losses[:first + rest.e.shape[0]].sum() * sums.weight, sums
-
-
-def _balanced(n: int, rows: int) -> int:
-    """Rows per chunk of n rows in as many chunks of at most ``rows`` as needed, evenly (the
-    rest's gathered rows are fewer than the plan's)."""
-    return cdiv(n, cdiv(n, rows)) if n else rows
+    return losses[:first + m].sum() * sums.weight, sums
 
 
 def _runs(kept, cfg: Config, v: int, every_column):

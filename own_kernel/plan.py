@@ -343,6 +343,12 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
 
 # ---- the three-matmul path (fused.py) -------------------------------------------------------
 
+def even_rows(n: int, most: int) -> int:
+    """Rows per chunk of n rows in as few chunks of at most ``most`` rows as hold them, evenly
+    (a short last chunk would cost a pass over dC's accumulator for a few rows)."""
+    return cdiv(n, cdiv(n, most)) if n else most
+
+
 # Columns: cuBLAS's fast 16-bit kernels need K and leading dimensions multiples of 8, so the
 # path's GEMMs over all V columns run the last V mod 8 apart (fused.aligned_runs).
 ALIGN = 8
@@ -391,6 +397,6 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk beside dC's fp32 "
                       f"accumulator; fewer than {cfg.fused.min_rows} make the path slower than "
                       f"recomputing")
-    rows = min(cap, cdiv(n, cdiv(n, fits)))
+    rows = min(cap, even_rows(n, fits))
     extra = max(rows * per_row + acc - dc, acc)
     return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, stride), ""

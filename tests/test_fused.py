@@ -6,7 +6,7 @@ import torch
 
 from own_kernel import fused, linear_cross_entropy
 from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden
-from own_kernel.plan import fused_plan
+from own_kernel.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
 
@@ -321,7 +321,7 @@ def test_chunks_are_of_equal_size():
     # 7007 rows fit at Qwen 2.5 (7B): three chunks of 5462 rows, not two of 7007 and one of 2370
     plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_16BIT)
     assert plan.rows * plan.chunks - 16384 < plan.chunks
-    assert fused._balanced(5 * 3423 - 100, 3423) == 3403 and fused._balanced(10, 4) == 4
+    assert even_rows(5 * 3423 - 100, 3423) == 3403 and even_rows(10, 4) == 4
 
 
 @pytest.mark.parametrize("v, elt, stride", [(50257, 2, 50264), (32000, 2, 32000), (101, 4, 104)])
