@@ -135,8 +135,10 @@ def gate_command(baseline: Path, *, save: bool, keyword: str | None = None,
     median more than TIME_FAIL_PERCENT slower, or write it (``save``)."""
     baseline = Path(baseline).resolve()
     cmd = [python, "-m", "pytest", "suite/gates", "-p", "no:cacheprovider", "-rs",
-           # No .benchmarks/ folder: pytest-benchmark's storage is the baselines' folder.
-           f"--benchmark-storage=file://{baseline.parent}",
+           # Baselines are compared and saved by path, so pytest-benchmark's storage is unused:
+           # the working directory (no .benchmarks/ folder; its machine_info warning needs the
+           # storage below the working directory).
+           "--benchmark-storage=file://.",
            "--benchmark-columns=min,median,max,iqr,rounds", "--benchmark-sort=name"]
     if save:
         cmd.append(f"--benchmark-json={baseline}")
