@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
                         help="measure and write this GPU's baseline (refused while "
                              f"{spec.INJECT_ENV} is set)")
     parser.add_argument("--baseline-dir", default=spec.DEFAULT_BASELINE_DIR,
-                        help="folder of the per-GPU baselines <gpu-slug>.json (default %(default)s)")
+                        help="folder of the per-GPU baselines <gpu-slug>.json "
+                             "(default %(default)s)")
     parser.add_argument("--baseline", default=None, metavar="FILE",
                         help="compare with (or --save to) this file instead")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",

@@ -97,11 +97,6 @@ def extra_checks(name: str, base: dict | None, now: dict) -> list[Check]:
     return ([mem] if mem else []) + error_checks(name, base, now)
 
 
-def not_run(name: str, base_median_s: float | None, reason: str) -> Check:
-    base_ms = None if base_median_s is None else base_median_s * 1e3
-    return Check(name, "median_ms", base_ms, reason, None, "not run")
-
-
 # ---- the table ------------------------------------------------------------------------
 
 def _fmt(metric: str, x) -> str:

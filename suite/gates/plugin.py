@@ -98,7 +98,8 @@ class GatePlugin:
                                     f"{base['cce_gate_inject']}: it is no baseline; save it again")
         if not base_gpu.get("slug"):
             raise pytest.UsageError(f"baseline {where} records no GPU in machine_info: it was "
-                                    f"not saved by this gate; save one with `nox -s gate -- --save`")
+                                    f"not saved by this gate; save one with "
+                                    f"`nox -s gate -- --save`")
         if not now_gpu.get("slug"):
             raise pytest.UsageError(f"baseline {where} was measured on {base_gpu.get('name')}; "
                                     f"this machine has no CUDA device to compare with it")
@@ -140,8 +141,9 @@ class GatePlugin:
         for fullname, base in compared.items():
             outcome = self.outcomes.get(fullname)
             if fullname not in seen and outcome:
-                rows.append(checks.Check(_short(fullname), "median_ms", base["stats"]["median"] * 1e3,
-                                         outcome[1], None, outcome[0]))
+                base_ms = base["stats"]["median"] * 1e3
+                rows.append(checks.Check(_short(fullname), "median_ms", base_ms, outcome[1], None,
+                                         outcome[0]))
         return rows
 
     @pytest.hookimpl(wrapper=True)
@@ -178,9 +180,9 @@ class GatePlugin:
         if self.baseline:
             where, info = self.baseline
             v = info.get("versions") or {}
-            tr.write_line(f"baseline: {Path(str(where)).name} ({(info.get('gpu') or {}).get('name')}"
-                          f"; torch {v.get('torch')}, triton {v.get('triton')}, commit "
-                          f"{v.get('git_commit')})")
+            gpu = (info.get("gpu") or {}).get("name")
+            tr.write_line(f"baseline: {Path(str(where)).name} ({gpu}; torch {v.get('torch')}, "
+                          f"triton {v.get('triton')}, commit {v.get('git_commit')})")
         else:
             tr.write_line("baseline: none (no --benchmark-compare): values of this run only")
         if self.injection:
