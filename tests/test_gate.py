@@ -228,17 +228,22 @@ def test_cli_alias_prints_the_pytest_command(capsys, tmp_path):
 
 # ---- the injections ---------------------------------------------------------------------
 
-def test_err_injection_multiplies_a_bf16_gradient_error_at_least_by_its_factor():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_err_injection_multiplies_every_deviation_at_least_by_its_factor(dtype):
     from suite.reference import rel_err
 
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(512, 64, generator=gen)
-    grad = ref.to(torch.bfloat16)  # an error that is all bf16 rounding: plain rounding undoes 2x
-    base = rel_err(grad, ref)
-    for factor in (2.0, 3.0):
-        scaled = grad.clone()
-        inject.scale_error(scaled, ref, factor, torch.Generator().manual_seed(1), chunk_elems=4096)
-        assert factor <= rel_err(scaled, ref) / base < factor * 1.5
+    ref[0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30])  # steps from and across zero
+    # A deviation that is all rounding (nearest rounding would undo x2), and one that is not.
+    for grad in (ref.to(dtype), (ref * 1.01).to(dtype)):
+        for factor in (2.0, 3.0):
+            scaled = grad.clone()
+            inject.scale_error(scaled, ref, factor, chunk_elems=4096)
+            assert scaled.dtype == dtype and torch.isfinite(scaled).all()
+            before, after = (grad.float() - ref).abs(), (scaled.float() - ref).abs()
+            assert (after >= factor * before).all()
+            assert rel_err(scaled, ref) >= factor * rel_err(grad, ref)
 
 
 def test_mem_injection_holds_its_buffer_through_the_backward():
@@ -292,3 +297,45 @@ def test_prove_script_runs_the_gate_with_each_injection():
     for name, _, _, *args in steps:
         parsed = parser.parse_args(["gate", *args])
         assert parsed.save == (name == "1_save")
+
+
+class OneRound:
+    """benchmark.pedantic's calling convention, one round: setup's (args, kwargs) to target."""
+
+    def __init__(self):
+        self.extra_info, self.rounds = {}, 0
+
+    def pedantic(self, target, *, setup, rounds, warmup_rounds, iterations):
+        assert rounds == spec.ROUNDS and warmup_rounds == spec.WARMUP_ROUNDS and iterations == 1
+        args, kwargs = setup()
+        target(*args, **kwargs)
+        self.rounds += 1
+
+
+def test_measure_case_wires_the_suites_protocol_and_the_injection():
+    """suite/gates/test_gates.py's measuring path on the CPU (no memory numbers there): the
+    suite's phase calls, the reference errors in extra_info, the err injection's scaled ones."""
+    from suite import catalog
+    from suite.gates import test_gates
+    from suite.inputs import make_inputs
+    from suite.reference import reference
+
+    inputs = make_inputs("lm", 64, 32, 257, "bf16", seed=0, softcap=30.0)
+    ref = reference(inputs["e"], inputs["c"], inputs["targets"], softcap=30.0)
+
+    def extra_info(phase, injection=None):
+        bench = OneRound()
+        bad = test_gates.measure_case(bench, phase, catalog.get("naive").fn, inputs, ref, 30.0,
+                                      inject.Injected(spec.parse_injection(injection)),
+                                      torch.device("cpu"))
+        assert bad == [] and bench.rounds == 1
+        return bench.extra_info
+
+    assert set(extra_info("fwd")) == {"peak_extra_mib", "peak_abs_mib", "loss_rel_err"}
+    plain = extra_info("loss+grad")
+    assert 0 < plain["de_rel_err"] < 0.1 and 0 < plain["dc_rel_err"] < 0.1
+    doubled = extra_info("loss+grad", "err:2")
+    for key in ("de_rel_err", "dc_rel_err"):
+        assert doubled[key] >= 2 * plain[key]
+    held = extra_info("loss+grad", "mem:1")  # memory is not measured on the CPU; errors unchanged
+    assert held["de_rel_err"] == plain["de_rel_err"]

@@ -11,10 +11,11 @@ the unchanged provider, never in the kernel:
 - ``mem:M`` allocates M MiB before the provider's call and holds them until the loss is freed:
   through the backward of a gradient phase, through the call of a forward.
 - ``err:F`` replaces the measured call's gradients by ``ref + F * (grad - ref)`` (``ref``: the
-  suite's fp32 reference), rounded stochastically to the gradient's dtype: plain rounding back
-  to bf16 would undo a deviation smaller than half a bf16 step, most of a bf16 gradient's error,
-  while stochastic rounding is unbiased, so the error grows by at least F. Time and memory are
-  measured before it and do not change.
+  suite's fp32 reference), rounded to the gradient's dtype away from the reference: rounding to
+  nearest would undo a deviation smaller than half a bf16 step, most of a bf16 gradient's error,
+  while rounding away keeps every element's deviation at least F times its own, so each error
+  grows at least F-fold (about 4-fold at F = 2 where bf16 rounding is all of it). Time and memory
+  are measured before it and do not change.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from suite.gates.spec import Injection
 MIB = 2 ** 20
 SLEEP_CALIBRATION_CYCLES = 2_000_000  # ~1 ms at an H100's clock
 CALIBRATION_REPS = 5
-ROUNDING_SEED = 0
 
 
 class _HoldUntilFreed(torch.autograd.Function):
@@ -73,26 +73,39 @@ def sleep_worth(fraction: float, call_ms: float, device) -> Callable[[], None]:
     return lambda: torch.cuda._sleep(cycles)
 
 
-def round_stochastic(t: torch.Tensor, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """fp32 ``t`` in ``dtype``; bf16 rounded stochastically (unbiased: a random 16-bit integer
-    added to the fp32 bits below bf16's mantissa, then truncated), others to nearest."""
-    if dtype != torch.bfloat16:
-        return t.to(dtype)
-    bits = t.contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, t.shape, dtype=torch.int32, device=t.device, generator=gen)
-    return ((bits + noise) & -(1 << 16)).view(torch.float32).to(torch.bfloat16)
+# Sign-magnitude floats as integers of their width: +1 on the bit pattern is a step away from
+# zero; the smallest negative subnormal's pattern (0x80..01).
+_BITS = {2: (torch.int16, -(2 ** 15) + 1), 4: (torch.int32, -(2 ** 31) + 1)}
 
 
-def scale_error(grad: torch.Tensor, ref: torch.Tensor, factor: float, gen: torch.Generator,
+def step_away(near: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """The float next to ``near`` (bf16, fp16 or fp32) towards the sign of ``direction``."""
+    int_dtype, smallest_negative = _BITS[near.element_size()]
+    bits = near.view(int_dtype)
+    away_from_zero = (near > 0) == (direction > 0)
+    stepped = torch.where(away_from_zero, bits + 1, bits - 1)
+    smallest = torch.where(direction > 0, torch.ones_like(bits),
+                           torch.full_like(bits, smallest_negative))
+    return torch.where(near == 0, smallest, stepped).view(near.dtype)
+
+
+def round_away(t: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp64 ``t`` in ``dtype``, rounded so that it is at least as far from ``ref`` as ``t``."""
+    near = t.to(dtype)
+    short = (near.double() - ref).abs() < (t - ref).abs()
+    return torch.where(short, step_away(near, t - ref), near)
+
+
+def scale_error(grad: torch.Tensor, ref: torch.Tensor, factor: float,
                 chunk_elems: int = 1 << 24) -> None:
-    """``grad`` (in place) <- ``ref + factor * (grad - ref)``, in row chunks (``ref`` may live
-    on the CPU, as the suite's reference does)."""
+    """``grad`` (in place) <- ``ref + factor * (grad - ref)`` (in fp64) rounded away from
+    ``ref``, in row chunks (``ref`` may live on the CPU, as the suite's reference does)."""
     rows = max(1, chunk_elems // max(1, grad[0].numel() if grad.dim() > 1 else 1))
     with torch.no_grad():
         for s in range(0, grad.shape[0], rows):
-            r = ref[s:s + rows].to(grad.device, torch.float32)
-            g = grad[s:s + rows].float()
-            grad[s:s + rows] = round_stochastic(r + factor * (g - r), grad.dtype, gen)
+            r = ref[s:s + rows].to(grad.device, torch.float64)
+            g = grad[s:s + rows].double()
+            grad[s:s + rows] = round_away(r + factor * (g - r), r, grad.dtype)
 
 
 class Injected:
@@ -124,7 +137,6 @@ class Injected:
         """Scale the error of the gradients on ``leaves`` (``e``, ``c``, ``bias``) for ``err``."""
         if self.kind != "err":
             return
-        gen = torch.Generator(device=leaves.e.device).manual_seed(ROUNDING_SEED)
         for key, leaf in (("de", leaves.e), ("dc", leaves.c), ("dbias", leaves.bias)):
             if leaf is not None and leaf.grad is not None and ref.get(key) is not None:
-                scale_error(leaf.grad, ref[key], self.injection.amount, gen)
+                scale_error(leaf.grad, ref[key], self.injection.amount)
