@@ -6,7 +6,7 @@
 #   3_pass   python -m suite gate                  the same code again              (expect exit 0)
 #   4_slow   CCE_GATE_INJECT=slow:0.15 ... -k own at Gemma 2 (2B): +15 % GPU work   (expect exit 1)
 #   5_mem    CCE_GATE_INJECT=mem:100   ...         +100 MiB held during the call    (expect exit 1)
-#   6_err    CCE_GATE_INJECT=err:2     ...         each gradient's error x2         (expect exit 1)
+#   6_err    CCE_GATE_INJECT=err:2     ...         each gradient's error x2 or more (expect exit 1)
 # The injections wrap the measured provider in the suite (suite/gates/inject.py); the kernel is
 # not touched. The baseline is written to $OUT/$RUN/<gpu-slug>.json, not into the checkout:
 # copy it to results/baselines/ to make it this GPU's baseline. Per step: <step>.log (the whole

@@ -73,7 +73,8 @@ INJECT_KINDS = {
     # kind: (what the amount is, its lower bound (exclusive), what the variant does)
     "slow": ("fraction", 0.0, "adds GPU work worth this fraction of the call's time"),
     "mem": ("MiB", 0.0, "holds this many extra MiB from the call through its backward"),
-    "err": ("factor", 1.0, "multiplies each gradient's deviation from the reference by this"),
+    "err": ("factor", 1.0, "multiplies each gradient's deviation from the reference by at "
+                           "least this"),
 }
 
 
