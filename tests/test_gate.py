@@ -59,6 +59,8 @@ def run_gate(pytester, monkeypatch):
     pytester.makepyfile(test_synthetic=STANDIN)
     # pytest-benchmark's CPU description runs a subprocess (~1 s a run); not what is tested.
     monkeypatch.setattr("pytest_benchmark.plugin.get_cpu_info", lambda: {})
+    # Under pytest-xdist the nested session would see a worker's variable and disable benchmarks.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
 
     def run(now, gpu=H100, save=None, baseline=FIXTURE):
         monkeypatch.setattr(plugin, "gate_environment",
