@@ -275,6 +275,30 @@ def test_mem_injection_holds_its_buffer_through_the_backward():
     assert held_in_backward == [1]
 
 
+@pytest.mark.parametrize("added_per_cycle_ms, corrected", [(0.5e-3, True), (2e-3, False)])
+def test_slow_injection_sizes_its_sleep_and_corrects_it_upwards(monkeypatch, added_per_cycle_ms,
+                                                                 corrected):
+    """The sleep is sized from the (stubbed) cycles per ms; when it adds less to the call than
+    wanted (a higher clock inside the call), it grows to the wanted time, never shrinks."""
+    slept = []
+    monkeypatch.setattr(inject, "sleep_cycles_per_ms", lambda device: 1000.0)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    call_ms, fraction = 10.0, 0.15
+
+    def time_call(extra):
+        slept.clear()
+        extra()
+        return call_ms + sum(slept) * added_per_cycle_ms
+
+    work = inject.Injected(spec.Injection("slow", fraction)).extra_work(time_call, "cuda")
+    first = int(fraction * call_ms * 1000.0)
+    slept.clear()
+    work()
+    added_ms = first * added_per_cycle_ms
+    assert slept == [int(first * fraction * call_ms / added_ms) if corrected else first]
+    assert sum(slept) * added_per_cycle_ms >= fraction * call_ms * 0.999
+
+
 def test_no_injection_leaves_the_call_alone():
     none = inject.Injected(None)
 
@@ -283,7 +307,7 @@ def test_no_injection_leaves_the_call_alone():
 
     assert none.provider(fn) is fn
     asked = []
-    none.extra_work(lambda: asked.append(1) or 1.0, "cpu")()
+    none.extra_work(lambda work: asked.append(work) or 1.0, "cpu")()
     assert asked == []
 
 

@@ -4,10 +4,11 @@ Chosen by ``CCE_GATE_INJECT`` (suite.gates.spec.parse_injection); built in the s
 the unchanged provider, never in the kernel:
 
 - ``slow:F`` appends ``torch.cuda._sleep`` to every timed call, after the call's own work and
-  before the synchronisation that ends it, worth F of the call's time: the call is timed
-  (untimed, as the benchmark times it) just before the benchmark, and the sleep's cycles per
-  millisecond are measured on this GPU. Appended rather than prepended, so that it cannot hide
-  behind the CPU launching the call's kernels.
+  before the synchronisation that ends it, worth F of the call's time: just before the
+  benchmark, the call is timed as the benchmark times it, without and with the sleep (sized
+  from its cycles per millisecond on this GPU, then corrected upwards if it added less).
+  Appended rather than prepended, so that it cannot hide behind the CPU launching the call's
+  kernels.
 - ``mem:M`` allocates M MiB before the provider's call and holds them until the loss is freed:
   through the backward of a gradient phase, through the call of a forward.
 - ``err:F`` replaces the measured call's gradients by ``ref + F * (grad - ref)`` (``ref``: the
@@ -67,10 +68,22 @@ def sleep_cycles_per_ms(device) -> float:
     return SLEEP_CALIBRATION_CYCLES / statistics.median(times[1:])  # the first warms up
 
 
-def sleep_worth(fraction: float, call_ms: float, device) -> Callable[[], None]:
-    """GPU work of ``fraction`` x ``call_ms`` milliseconds, to enqueue at the end of a call."""
-    cycles = int(fraction * call_ms * sleep_cycles_per_ms(device))
-    return lambda: torch.cuda._sleep(cycles)
+def sleep_worth(fraction: float, time_call: Callable, device) -> Callable[[], None]:
+    """GPU work worth ``fraction`` of the call's time, to enqueue at the end of the call.
+    ``time_call(extra)`` is the call's milliseconds with ``extra`` enqueued at its end, timed as
+    the benchmark times it. The sleep is sized from its cycles per millisecond, then once more
+    from what it added to the call, if that fell short (the clock can differ inside the call):
+    only upwards, since a short call's noise could shrink it."""
+    def sleep(cycles):
+        return lambda: torch.cuda._sleep(cycles)
+
+    call_ms = time_call(lambda: None)
+    wanted_ms = fraction * call_ms
+    cycles = int(wanted_ms * sleep_cycles_per_ms(device))
+    added_ms = time_call(sleep(cycles)) - call_ms
+    if 0 < added_ms < wanted_ms:
+        cycles = int(cycles * wanted_ms / added_ms)
+    return sleep(cycles)
 
 
 # Sign-magnitude floats as integers of their width: +1 on the bit pattern is a step away from
@@ -126,12 +139,12 @@ class Injected:
     def provider(self, fn: Callable) -> Callable:
         return holding_memory(fn, self.injection.amount) if self.kind == "mem" else fn
 
-    def extra_work(self, call_ms: Callable[[], float], device) -> Callable[[], None]:
-        """What to enqueue at the end of each timed call; ``call_ms()`` times the call as the
-        benchmark does (asked only for ``slow``)."""
+    def extra_work(self, time_call: Callable, device) -> Callable[[], None]:
+        """What to enqueue at the end of each timed call; ``time_call(extra)`` times the call
+        with ``extra`` at its end as the benchmark does (used only for ``slow``)."""
         if self.kind != "slow":
             return lambda: None
-        return sleep_worth(self.injection.amount, call_ms(), device)
+        return sleep_worth(self.injection.amount, time_call, device)
 
     def gradients(self, leaves, ref: dict) -> None:
         """Scale the error of the gradients on ``leaves`` (``e``, ``c``, ``bias``) for ``err``."""

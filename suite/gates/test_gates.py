@@ -19,7 +19,7 @@ import pytest
 from suite.gates import spec
 
 CASES = spec.cases()
-CALIBRATION_REPS = 5  # untimed calls that time the call for the slow injection
+CALIBRATION_REPS = 5  # untimed calls that size the slow injection's GPU work
 
 
 def phase_calls(phase, fn, x, kwargs, device):
@@ -63,11 +63,14 @@ def measure_case(benchmark, phase, fn, inputs, ref, softcap, injected, device) -
     x = _Leaves(inputs, grad=phase != "fwd")
     setup, run = phase_calls(phase, fn, x, kwargs, device)
 
-    def plain(state):
-        run(state)
-        sync(device)
+    def timed_with(work):
+        def call(state):
+            run(state)
+            work()
+            sync(device)
+        return wall_ms(setup, call, CALIBRATION_REPS)
 
-    extra = injected.extra_work(lambda: wall_ms(setup, plain, CALIBRATION_REPS), device)
+    extra = injected.extra_work(timed_with, device)
 
     def target(state):
         run(state)
