@@ -52,7 +52,11 @@ def reproduce(session):
 
 @nox.session
 def gate(session):
-    _install(session)
+    """Regression gates (GPU): ``pytest suite/gates`` on pytest-benchmark against this GPU
+    model's baseline results/baselines/<gpu-slug>.json (``-- --save`` writes it), through
+    ``python -m suite gate``, which prints the pytest command it runs. No network on the GPU
+    box: ``nox --no-venv -s gate``."""
+    _install(session, "test")
     session.run("python", "-m", "suite", "gate", *session.posargs)
 
 

@@ -1,380 +1,367 @@
-"""CPU tests of the regression gate (suite/gate.py): the comparison on hand-built results rows,
-the refusal of a missing or foreign baseline, ``--save`` writing the baseline folder, the CLI on
-run folders built here, the measurement through the runner at tiny shapes, and the degraded
-variants (suite/degrade.py). Nothing is written to results/.
+"""The regression gate's plugin and injections, on the CPU.
+
+The plugin runs for real, in a nested pytest session (pytester) on pytest-benchmark, with the
+gate's own flags (suite.gates.spec.gate_command), against a synthetic baseline file
+(tests/fixtures/gates/: handcrafted, not a measurement): a stand-in benchmark sleeps and
+reports extra_info values chosen by each test, so each check can be made to pass or fail.
 """
 from __future__ import annotations
 
-import gc
 import json
 import math
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
 
-from suite import catalog, cli, degrade, gate, registry
-from suite.results import CSV_NAME, ENV_NAME, ResultsWriter, read_rows
+from suite import cli
+from suite.gates import checks, inject, plugin, spec
 
-H100 = "NVIDIA H100 80GB HBM3"
-H200 = "NVIDIA H200"
-FWD = "gemma2-2b/own/fwd"
-BWD = "gemma2-2b/own/loss+grad"
+pytest_plugins = ["pytester"]
 
+FIXTURE = Path(__file__).parent / "fixtures" / "gates" / "synthetic-h100-baseline.json"
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+FWD, BWD = "gemma2-2b-own-fwd", "gemma2-2b-own-loss+grad"
+BASE = {b["param"]: b for b in json.loads(FIXTURE.read_text())["benchmarks"]}
+BASE_MEDIAN_S = BASE[FWD]["stats"]["median"]
 
-def row(name, ms, mib=None, de=None, dc=None, status="ok", error=None, run_id="r1"):
-    """A results row (schema names) of the gate's cell for benchmark ``name``."""
-    shape, provider, phase = name.split("/")
-    cell = gate.gate_cells()[shape]
-    return {**cell.fields(), "provider": provider, "phase": phase, "status": status,
-            "error": error, "ms": ms, "peak_extra_mib": mib, "de_rel_err": de,
-            "dc_rel_err": dc, "device": H100, "run_id": run_id,
-            "timestamp": "2026-11-24T00:00:00+00:00"}
+# A stand-in for suite/gates/test_gates.py: times a sleep, reports the extra_info it is given.
+STANDIN = '''
+import json, os, time, pytest
+NOW = json.loads(os.environ["GATE_STANDIN"])
 
-
-def by_name(*rows):
-    return gate.rows_by_benchmark(list(rows))
-
-
-def baseline_rows():
-    return by_name(row(FWD, 20.0, mib=0.1), row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3))
+@pytest.mark.parametrize("case", sorted(NOW))
+def test_gate(benchmark, case):
+    if "skip" in NOW[case]:
+        pytest.skip(NOW[case]["skip"])
+    benchmark.pedantic(time.sleep, args=(NOW[case]["sleep_s"],), rounds=3, iterations=1)
+    benchmark.extra_info.update(NOW[case]["extra_info"])
+'''
 
 
-def verdicts(rows):
-    return {(r["benchmark"], r["metric"]): r["verdict"] for r in rows}
+def within_limits() -> dict:
+    """Values of the current run just inside every limit of the baseline."""
+    fwd, bwd = BASE[FWD]["extra_info"], BASE[BWD]["extra_info"]
+    mem = bwd["peak_extra_mib"] * (1 + spec.MEM_FAIL_FRACTION) + spec.MEM_SLACK_MIB * 0.9
+    return {
+        FWD: {"sleep_s": 0.0, "extra_info": dict(fwd)},
+        BWD: {"sleep_s": 0.0, "extra_info": {
+            **bwd, "peak_extra_mib": mem, "de_rel_err": bwd["de_rel_err"] * spec.ERR_FAIL_FACTOR,
+            "dc_rel_err": bwd["dc_rel_err"] * 1.01}},
+    }
 
-
-def failing(rows):
-    return [(r["benchmark"], r["metric"]) for r in gate.failed_rows(rows)]
-
-
-# ---- selection --------------------------------------------------------------------------
-
-def test_gpu_slug():
-    assert gate.gpu_slug(H100) == "nvidia-h100-80gb-hbm3"
-    assert gate.gpu_slug(H200) == "nvidia-h200"
-    with pytest.raises(ValueError, match="GPU name"):
-        gate.gpu_slug("  ")
-
-
-def test_keyword_selection():
-    assert gate.keyword_matches("own", "small/own_filter/fwd")
-    assert not gate.keyword_matches("own and not filter", "small/own_filter/fwd")
-    assert gate.keyword_matches("(liger or own) and fwd", "gemma2-2b/own/fwd")
-    assert not gate.keyword_matches("liger", "gemma2-2b/own/fwd")
-    assert gate.keyword_matches(None, "anything")
-    with pytest.raises(gate.GateError, match="-k"):
-        gate.keyword_matches("own and", "gemma2-2b/own/fwd")
-
-
-def test_plan_runs_peers_at_gemma_only_unless_all_shapes():
-    names = {b.name for b in gate.plan(["own", "own_filter", "liger"])}
-    assert "llama3-8b/own/fwd" in names and "small/own_filter/loss+grad" in names
-    assert "gemma2-2b/liger/loss+grad" in names and "llama3-8b/liger/fwd" not in names
-    assert len(names) == 2 * 3 * 2 + 2  # own kernel: 2 providers x 3 shapes x 2 phases
-    every = {b.name for b in gate.plan(["liger"], all_shapes=True)}
-    assert "small/liger/fwd" in every
-    assert {b.name for b in gate.plan(["own", "liger"], keyword="own and fwd")} == {
-        "gemma2-2b/own/fwd", "llama3-8b/own/fwd", "small/own/fwd"}
-
-
-def test_rows_map_to_benchmarks_and_degraded_variants_to_their_provider():
-    r = row(FWD, 1.0)
-    other = dict(row(FWD, 1.0), cell_id="uniform-n64-d32-v257-fp32-scnone-ig0-b0-s0")
-    slow = dict(row(FWD, 1.0), provider="own_slow")
-    assert list(gate.rows_by_benchmark([r, other])) == [FWD]
-    assert list(gate.rows_by_benchmark([slow])) == [FWD]
-    assert gate.rows_by_benchmark([r], selected={BWD}) == {}
-
-
-# ---- comparison -------------------------------------------------------------------------
-
-def test_compare_passes_within_thresholds():
-    now = by_name(row(FWD, 21.0, mib=0.6), row(BWD, 54.0, mib=1200.0, de=5e-3, dc=2e-3))
-    rows = gate.compare(baseline_rows(), now)
-    assert gate.failed_rows(rows) == []
-    v = verdicts(rows)
-    assert v[(FWD, "ms")] == "ok" and v[(BWD, "peak_extra_mib")] == "ok"
-    assert v[(BWD, "de_rel_err")] == "ok" and v[(BWD, "dc_rel_err")] == "ok"
-    assert (FWD, "de_rel_err") not in v  # the forward has no gradient
-
-
-def test_time_regression():
-    now = by_name(row(FWD, 23.0, mib=0.1), row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3))
-    rows = gate.compare(baseline_rows(), now, gate.Thresholds(time=0.10))
-    assert failing(rows) == [(FWD, "ms")]
-    change = next(r["change"] for r in rows if r["benchmark"] == FWD and r["metric"] == "ms")
-    assert math.isclose(change, 0.15)
-    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(time=0.20))) == []
-
-
-def test_memory_regression_and_slack():
-    now = by_name(row(FWD, 20.0, mib=0.1), row(BWD, 50.0, mib=1300.0, de=4e-3, dc=2e-3))
-    assert failing(gate.compare(baseline_rows(), now)) == [(BWD, "peak_extra_mib")]
-    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(mem=0.2))) == []
-    # 1 MiB of slack keeps a near-zero forward from failing; a real buffer does not hide in it.
-    assert gate.failed_rows(gate.compare(baseline_rows(), by_name(row(FWD, 20.0, mib=0.9)))) == []
-    buffer = by_name(row(FWD, 20.0, mib=64.1))
-    assert failing(gate.compare(baseline_rows(), buffer)) == [(FWD, "peak_extra_mib")]
-
-
-def test_gradient_error_regression():
-    now = by_name(row(BWD, 50.0, mib=1164.0, de=1e-2, dc=2e-3))
-    assert failing(gate.compare(baseline_rows(), now)) == [(BWD, "de_rel_err")]
-    nan = by_name(row(BWD, 50.0, mib=1164.0, de=4e-3, dc=float("nan")))
-    assert failing(gate.compare(baseline_rows(), nan)) == [(BWD, "dc_rel_err")]
-    assert gate.failed_rows(gate.compare(baseline_rows(), now, gate.Thresholds(err=2.0))) == []
-
-
-def test_failing_status_not_run_missing_and_new():
-    new = "small/own/fwd"
-    now = by_name(row(BWD, None, status="oom", error="OutOfMemoryError: CUDA out of memory"),
-                  row(new, 3.0, mib=0.1))
-    rows = gate.compare(baseline_rows(), now, selected={FWD, BWD, new})
-    v = verdicts(rows)
-    assert v[(BWD, "status")] == "FAILED"
-    assert v[(FWD, "status")] == "FAILED"  # selected, in the baseline, no row now
-    assert v[(new, "ms")] == "new"
-    assert sorted(failing(rows)) == sorted([(BWD, "status"), (FWD, "status")])
-    # Not selected: a baseline benchmark without a row is not this run's business.
-    assert (FWD, "status") not in verdicts(gate.compare(baseline_rows(), now, selected={BWD}))
-    # A provider that cannot run here says why and does not fail.
-    absent = by_name(row(FWD, None, status="unavailable", error="liger-kernel is not installed"))
-    assert verdicts(gate.compare(baseline_rows(), absent, selected={FWD})) == {
-        (FWD, "status"): "not run"}
-
-
-def test_thresholds_are_validated_by_name():
-    with pytest.raises(gate.GateError, match="--mem-threshold"):
-        gate.Thresholds(mem=-0.1)
-    with pytest.raises(gate.GateError, match="--time-threshold"):
-        gate.Thresholds(time=float("nan"))
-
-
-def test_table_has_one_line_per_row():
-    rows = gate.compare(baseline_rows(), by_name(row(FWD, 30.0, mib=0.1)))
-    lines = gate.format_table(rows).splitlines()
-    assert lines[0].split() == ["benchmark", "metric", "baseline", "now", "change", "verdict"]
-    assert len(lines) == 2 + len(rows)
-    assert "+50.0%" in lines[2] and "REGRESSED" in lines[2]
-
-
-# ---- baseline folders -------------------------------------------------------------------
-
-def write_run(folder, gpu, rows):
-    env = {"gpu_name": gpu, "date": "2026-11-24T00:00:00+00:00", "git_commit": "abc"}
-    ResultsWriter(folder, env, rows[0]["run_id"]).write(rows)
-    return folder
-
-
-def test_missing_baseline_says_how_to_create_it(tmp_path):
-    write_run(tmp_path / "nvidia-h200", H200, [row(FWD, 1.0)])
-    with pytest.raises(gate.GateError) as err:
-        gate.load_baseline(gate.baseline_folder(tmp_path, H100), H100)
-    assert "python -m suite gate --save" in str(err.value)
-    assert "nvidia-h200" in str(err.value)
-
-
-def test_foreign_or_anonymous_baseline_refused(tmp_path):
-    folder = write_run(tmp_path / "b", H200, [row(FWD, 1.0)])
-    with pytest.raises(gate.GateError, match="refusing to compare.*H200"):
-        gate.load_baseline(folder, H100)
-    (folder / ENV_NAME).write_text(json.dumps({"gpu_name": None}))
-    with pytest.raises(gate.GateError, match="records no GPU"):
-        gate.load_baseline(folder, H100)
-
-
-def test_save_writes_the_folder_and_merges(tmp_path):
-    run = write_run(tmp_path / "run", H100, [row(FWD, 20.0, mib=0.1),
-                                            row(BWD, None, status="error", error="boom")])
-    folder = tmp_path / "base"
-    now = gate.rows_by_benchmark(read_rows(run))
-    assert gate.save_baseline(folder, run, now, merge=False) == (1, 1)
-    assert json.loads((folder / ENV_NAME).read_text())["gpu_name"] == H100
-    assert list(gate.rows_by_benchmark(read_rows(folder))) == [FWD]  # the failure left out
-    # Merging a later run of another benchmark keeps FWD; a full save replaces everything.
-    later = write_run(tmp_path / "later", H100, [row(BWD, 50.0, mib=9.0, run_id="r2")])
-    now2 = gate.rows_by_benchmark(read_rows(later))
-    assert gate.save_baseline(folder, later, now2, merge=True) == (2, 0)
-    assert sorted(gate.rows_by_benchmark(read_rows(folder))) == sorted([FWD, BWD])
-    gate.save_baseline(folder, later, now2, merge=False)
-    assert list(gate.rows_by_benchmark(read_rows(folder))) == [BWD]
-    assert sorted(p.name for p in folder.iterdir()) == sorted([CSV_NAME, ENV_NAME])
-
-
-# ---- the CLI ----------------------------------------------------------------------------
-
-def gate_cli(*args):
-    return cli.main(["gate", *map(str, args)])
-
-
-def test_cli_save_pass_fail_and_refuse(tmp_path, capsys):
-    base_dir = tmp_path / "baselines"
-    good = write_run(tmp_path / "good", H100, [row(FWD, 20.0, mib=0.1),
-                                              row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
-    common = ["--baseline-dir", base_dir, "-k", "gemma2-2b and own and not filter"]
-    assert gate_cli("--run", good, *common) == 2  # no baseline yet
-    assert "python -m suite gate --save" in capsys.readouterr().err
-    assert gate_cli("--save", "--run", good, *common) == 0
-    assert (base_dir / "nvidia-h100-80gb-hbm3" / CSV_NAME).is_file()
-    assert gate_cli("--run", good, *common) == 0
-    assert "gate: PASS" in capsys.readouterr().out
-    slow = write_run(tmp_path / "slow", H100, [row(FWD, 30.0, mib=0.1),
-                                              row(BWD, 50.0, mib=1164.0, de=4e-3, dc=2e-3)])
-    assert gate_cli("--run", slow, *common) == 1
-    out = capsys.readouterr().out
-    assert "gate: FAIL" in out and "REGRESSED" in out
-    assert gate_cli("--run", slow, *common, "--time-threshold", "0.6") == 0
-    foreign = write_run(tmp_path / "h200", H200, [row(FWD, 20.0, mib=0.1)])
-    assert gate_cli("--run", foreign, "--baseline", base_dir / "nvidia-h100-80gb-hbm3") == 2
-    assert "refusing to compare" in capsys.readouterr().err
-
-
-def test_cli_bad_input_names_the_argument(tmp_path, capsys):
-    run = write_run(tmp_path / "run", H100, [row(FWD, 20.0)])
-    assert gate_cli("--run", run, "--providers", "nope") == 2
-    assert "--providers" in capsys.readouterr().err
-    assert gate_cli("--run", run, "-k", "nothing-matches-this") == 2
-    assert "no benchmark selected" in capsys.readouterr().err
-    assert gate_cli("--run", run, "--err-threshold", "-1") == 2
-    assert "--err-threshold" in capsys.readouterr().err
-    assert gate_cli("--save", "--degrade", "slow") == 2
-    assert "degraded baseline" in capsys.readouterr().err
-    assert gate_cli("--run", tmp_path / "none") == 2
-    assert "--run" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a CUDA device")
-def test_cli_without_cuda_refuses(tmp_path, capsys):
-    assert gate_cli("--baseline-dir", tmp_path) == 2
-    assert "no CUDA device" in capsys.readouterr().err
-
-
-# ---- measuring through the runner, degraded variants ----------------------------------------
 
 @pytest.fixture
-def tiny_gate(monkeypatch):
-    """The gate's cells at a tiny shape, in fp32 (the CPU's interpreter refuses bf16: its bf16
-    arithmetic is wrong), and the degraded providers removed afterwards."""
-    tiny = gate.Shape("gemma2-2b", "tiny", n=64, d=32, v=257, softcap=30.0)
-    monkeypatch.setattr(gate, "GATE_SHAPES", {"gemma2-2b": tiny})
-    monkeypatch.setattr(gate, "DTYPE", "fp32")
-    yield
-    for name in list(registry.PROVIDERS):
-        if degrade.base_provider(name) != name:
-            registry.PROVIDERS.pop(name)
+def run_gate(pytester, monkeypatch):
+    """run_gate(now, gpu=H100, save=None, baseline=FIXTURE) -> (exit code, output): the gate's
+    pytest arguments on the stand-in benchmarks reporting ``now``, on a machine with ``gpu``."""
+    pytester.makepyfile(test_synthetic=STANDIN)
+    # pytest-benchmark's CPU description runs a subprocess (~1 s a run); not what is tested.
+    monkeypatch.setattr("pytest_benchmark.plugin.get_cpu_info", lambda: {})
+    # Under pytest-xdist the nested session would see a worker's variable and disable benchmarks.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+
+    def run(now, gpu=H100, save=None, baseline=FIXTURE):
+        monkeypatch.setattr(plugin, "gate_environment",
+                            lambda: {"gpu_name": gpu, "torch": "t", "git_commit": "c"})
+        monkeypatch.setenv("GATE_STANDIN", json.dumps(now))
+        target = Path(save) if save else baseline
+        args = spec.gate_command(target, save=save is not None)
+        assert args[3] == "suite/gates"
+        result = pytester.runpytest("-p", "suite.gates.plugin", *args[4:])
+        return int(result.ret), result.stdout.str() + result.stderr.str()
+
+    return run
 
 
-def test_measure_goes_through_the_runner(tiny_gate, tmp_path):
-    benchmarks = gate.plan(["own", "naive"], keyword="fwd or naive")
-    out = gate.measure(benchmarks, tmp_path / "run", degrade="slow", reps=1, warmup=0,
-                       device="cpu")
-    rows = read_rows(out)
-    # The runner measures the union of the selected phases; the gate keeps the selected ones.
-    assert sorted((r["provider"], r["phase"]) for r in rows) == [
-        ("naive", "fwd"), ("naive", "loss+grad"), ("own_slow", "fwd"), ("own_slow", "loss+grad")]
-    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows)
-    selected = {b.name for b in benchmarks}
-    assert sorted(gate.rows_by_benchmark(rows, selected)) == [
-        "gemma2-2b/naive/fwd", "gemma2-2b/naive/loss+grad", "gemma2-2b/own/fwd"]
+def table_rows(out: str) -> dict:
+    """(benchmark, metric) -> verdict, from the gate's table."""
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in (FWD, BWD):
+            rows[(parts[0], parts[1])] = parts[-1]
+    return rows
 
 
-def counting_provider(calls):
-    def fn(e, c, targets, **kwargs):
-        calls.append(torch.is_grad_enabled())
-        return torch.nn.functional.cross_entropy((e @ c.T).float(), targets)
+# ---- the plugin, end to end -----------------------------------------------------------------
 
-    return fn
-
-
-def test_slow_runs_one_extra_forward_without_autograd():
-    calls = []
-    e, c = torch.randn(8, 4, requires_grad=True), torch.randn(16, 4, requires_grad=True)
-    targets = torch.randint(0, 16, (8,))
-    loss = degrade.slow(counting_provider(calls))(e, c, targets)
-    assert calls == [False, True]
-    ref = counting_provider([])(e, c, targets)
-    assert torch.equal(loss, ref)
+def test_within_every_limit_passes(run_gate):
+    code, out = run_gate(within_limits())
+    assert code == 0, out
+    rows = table_rows(out)
+    assert rows[(FWD, "median_ms")] == "better"
+    assert rows[(BWD, "peak_extra_mib")] == "ok" and rows[(BWD, "de_rel_err")] == "ok"
+    assert "gate: PASS" in out
 
 
-def test_hungry_holds_a_quarter_classifier_buffer_until_the_backward():
-    shape = degrade.hungry_buffer_shape(16, 4)
-    assert shape == (4, 4)
-    seen_in_backward = []
+def test_a_skipped_benchmark_shows_why_and_does_not_fail(run_gate):
+    now = within_limits()
+    now[FWD]["skip"] = "apple_cce: cut-cross-entropy is not installed"
+    code, out = run_gate(now)
+    assert code == 0, out
+    assert table_rows(out)[(FWD, "median_ms")] == "run"  # the last word of 'not run'
+    assert "cut-cross-entropy is not installed" in out
 
-    def fn(e, c, targets, **kwargs):
-        class Spy(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.view_as(x)
 
-            @staticmethod
-            def backward(ctx, grad):
-                gc.collect()
-                seen_in_backward.append(sum(
-                    1 for o in gc.get_objects()
-                    if type(o) is torch.Tensor and tuple(o.shape) == shape))
-                return grad
+def test_slower_median_fails(run_gate):
+    now = within_limits()
+    now[FWD]["sleep_s"] = BASE_MEDIAN_S * 3  # a sleep only lengthens: robust on a busy CPU
+    code, out = run_gate(now)
+    assert code == 1, out
+    assert table_rows(out)[(FWD, "median_ms")] == "REGRESSED"
+    assert "Performance has regressed" in out and "gate: FAIL" in out
 
+
+def test_more_memory_fails(run_gate):
+    now = within_limits()
+    now[BWD]["extra_info"]["peak_extra_mib"] += 100.0
+    now[FWD]["extra_info"]["peak_extra_mib"] += 100.0
+    code, out = run_gate(now)
+    assert code == 1, out
+    rows = table_rows(out)
+    assert rows[(FWD, "peak_extra_mib")] == rows[(BWD, "peak_extra_mib")] == "REGRESSED"
+    assert rows[(BWD, "de_rel_err")] == "ok" and "peak_extra_mib x2" in out
+
+
+@pytest.mark.parametrize("error", [2.2, math.nan, math.inf])
+def test_doubled_or_non_finite_error_fails(run_gate, error):
+    now = within_limits()
+    now[BWD]["extra_info"]["de_rel_err"] = BASE[BWD]["extra_info"]["de_rel_err"] * error
+    code, out = run_gate(now)
+    assert code == 1, out
+    rows = table_rows(out)
+    assert rows[(BWD, "de_rel_err")] == ("REGRESSED" if math.isfinite(error) else "FAILED")
+    assert rows[(BWD, "dc_rel_err")] == "ok"
+
+
+def test_another_gpu_models_baseline_is_refused(run_gate):
+    code, out = run_gate(within_limits(), gpu=H200)
+    assert code == pytest.ExitCode.USAGE_ERROR, out
+    assert f"refusing to compare: baseline {FIXTURE} was measured on {H100}, this is {H200}" in out
+    code, out = run_gate(within_limits(), gpu=None)
+    assert code == pytest.ExitCode.USAGE_ERROR and "no CUDA device" in out
+
+
+def test_baseline_saved_with_an_injection_is_refused(run_gate, tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    doc["machine_info"]["cce_gate_inject"] = "slow:0.15"
+    injected = tmp_path / "injected.json"
+    injected.write_text(json.dumps(doc))
+    code, out = run_gate(within_limits(), baseline=injected)
+    assert code == pytest.ExitCode.USAGE_ERROR and "it is no baseline" in out
+
+
+def test_save_records_the_gpu_and_versions_and_refuses_an_injection(run_gate, tmp_path,
+                                                                    monkeypatch):
+    saved = tmp_path / "nvidia-h100-80gb-hbm3.json"
+    code, out = run_gate(within_limits(), save=saved)
+    assert code == 0, out
+    doc = json.loads(saved.read_text())
+    assert doc["machine_info"]["gpu"] == {"name": H100, "slug": "nvidia-h100-80gb-hbm3"}
+    assert doc["machine_info"]["versions"]["git_commit"] == "c"
+    assert doc["machine_info"]["cce_gate_inject"] is None
+    assert {b["param"]: b["extra_info"] for b in doc["benchmarks"]}[BWD]["de_rel_err"] == \
+        within_limits()[BWD]["extra_info"]["de_rel_err"]
+    saved.unlink()
+    monkeypatch.setenv(spec.INJECT_ENV, "mem:100")
+    code, out = run_gate(within_limits(), save=saved)
+    assert code == pytest.ExitCode.USAGE_ERROR and "refusing to save a baseline" in out
+    assert not saved.exists()
+
+
+# ---- the pure parts -------------------------------------------------------------------
+
+def test_checks_are_relative_to_the_baseline():
+    base = {"peak_extra_mib": 100.0, "de_rel_err": 1e-3}
+    limit = 100.0 * (1 + spec.MEM_FAIL_FRACTION) + spec.MEM_SLACK_MIB
+    assert checks.memory_check("b", base, {"peak_extra_mib": limit}).verdict == "ok"
+    assert checks.memory_check("b", base, {"peak_extra_mib": limit + 0.01}).verdict == "REGRESSED"
+    assert checks.memory_check("b", {}, {"peak_extra_mib": 5.0}).verdict == "new"
+    (err,) = checks.error_checks("b", base, {"de_rel_err": 2.1e-3})
+    assert err.verdict == "REGRESSED" and err.change == pytest.approx(1.1)
+    (new,) = checks.error_checks("b", {}, {"de_rel_err": math.nan})
+    assert new.verdict == "FAILED"
+
+
+def test_injection_parsing_names_the_variable():
+    assert spec.parse_injection(None) is None and spec.parse_injection(" ") is None
+    assert spec.parse_injection("slow:0.15") == spec.Injection("slow", 0.15)
+    assert spec.parse_injection("err:2").text == "err:2"
+    for bad in ("fast:1", "mem", "mem:-5", "err:1", "slow:nan"):
+        with pytest.raises(ValueError, match=spec.INJECT_ENV):
+            spec.parse_injection(bad)
+
+
+def test_gate_cases_cover_the_default_and_gate_peers_at_one_shape():
+    by_provider = {}
+    for case in spec.cases():
+        by_provider.setdefault(case.provider, set()).add(case.shape)
+    assert set(by_provider) == set(spec.OWN_PROVIDERS + spec.PEER_PROVIDERS)
+    assert all(by_provider[p] == set(spec.GATE_SHAPES) for p in spec.OWN_PROVIDERS)
+    assert all(by_provider[p] == set(spec.PEER_SHAPES) for p in spec.PEER_PROVIDERS)
+    ids = [c.id for c in spec.cases()]
+    assert len(ids) == len(set(ids))
+
+
+def test_gate_command_and_missing_baseline(tmp_path):
+    path = spec.baseline_path(tmp_path, H100)
+    assert path.name == "nvidia-h100-80gb-hbm3.json"
+    cmd = spec.gate_command(path, save=False, keyword="own", pytest_args=["-x"])
+    assert f"--benchmark-compare={path}" in cmd and cmd[-3:] == ["-k", "own", "-x"]
+    assert f"--benchmark-compare-fail=median:{spec.TIME_FAIL_PERCENT}%" in cmd
+    assert f"--benchmark-json={path}" in spec.gate_command(path, save=True)
+    (tmp_path / "nvidia-h200.json").write_text("{}")
+    msg = spec.missing_baseline_message(path, H100)
+    assert "nox -s gate -- --save" in msg and "nvidia-h200.json" in msg
+
+
+def test_cli_alias_prints_the_pytest_command(capsys, tmp_path):
+    target = tmp_path / "b.json"
+    code = cli.main(["gate", "--save", "--baseline", str(target), "-k", "own", "--print-command",
+                     "--", "-x"])
+    assert code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("gate: ") and line.endswith(f"--benchmark-json={target} -k own -x")
+    assert cli.main(["gate", "--baseline", str(target)]) == 2  # no such baseline
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ---- the injections ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_err_injection_multiplies_every_deviation_at_least_by_its_factor(dtype):
+    from suite.reference import rel_err
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(512, 64, generator=gen)
+    ref[0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30])  # steps from and across zero
+    # A deviation that is all rounding (nearest rounding would undo x2), and one that is not.
+    for grad in (ref.to(dtype), (ref * 1.01).to(dtype)):
+        for factor in (2.0, 3.0):
+            scaled = grad.clone()
+            inject.scale_error(scaled, ref, factor, chunk_elems=4096)
+            assert scaled.dtype == dtype and torch.isfinite(scaled).all()
+            before, after = (grad.float() - ref).abs(), (scaled.float() - ref).abs()
+            assert (after >= factor * before).all()
+            assert rel_err(scaled, ref) >= factor * rel_err(grad, ref)
+
+
+def test_mem_injection_holds_its_buffer_through_the_backward():
+    held_in_backward = []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            import gc
+            gc.collect()
+            held_in_backward.append(sum(1 for o in gc.get_objects() if type(o) is torch.Tensor
+                                        and o.dtype == torch.uint8 and o.numel() == 2 ** 20))
+            return grad
+
+    def provider(e, c, targets, **kwargs):
         return torch.nn.functional.cross_entropy(Spy.apply(e @ c.T), targets)
 
     e, c = torch.randn(8, 4, requires_grad=True), torch.randn(16, 4, requires_grad=True)
     targets = torch.randint(0, 16, (8,))
-    degrade.hungry(fn)(e, c, targets).backward()
-    assert seen_in_backward == [1]
-    grads = (e.grad.clone(), c.grad.clone())
-    e.grad = c.grad = None
-    fn(e, c, targets).backward()
-    assert torch.equal(grads[0], e.grad) and torch.equal(grads[1], c.grad)
+    loss = inject.holding_memory(provider, 1)(e, c, targets)
+    assert torch.equal(loss, provider(e, c, targets))
+    loss.backward()
+    assert held_in_backward == [1]
 
 
-def test_degraded_variants_registered_under_their_own_names(tiny_gate):
-    names = degrade.register_degraded("hungry")
-    assert names == ["own_hungry", "own_filter_hungry"]
-    assert catalog.get("own_hungry").exact and not catalog.get("own_filter_hungry").exact
-    assert degrade.base_provider("own_filter_hungry") == "own_filter"
-    with pytest.raises(ValueError, match="degrade mode"):
-        degrade.degraded_name("own", "fast")
+@pytest.mark.parametrize("added_per_cycle_ms, corrected", [(0.5e-3, True), (2e-3, False)])
+def test_slow_injection_sizes_its_sleep_and_corrects_it_upwards(monkeypatch, added_per_cycle_ms,
+                                                                 corrected):
+    """The sleep is sized from the (stubbed) cycles per ms; when it adds less to the call than
+    wanted (a higher clock inside the call), it grows to the wanted time, never shrinks."""
+    slept = []
+    monkeypatch.setattr(inject, "sleep_cycles_per_ms", lambda device: 1000.0)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    call_ms, fraction = 10.0, 0.15
+
+    def time_call(extra):
+        slept.clear()
+        extra()
+        return call_ms + sum(slept) * added_per_cycle_ms
+
+    work = inject.Injected(spec.Injection("slow", fraction)).extra_work(time_call, "cuda")
+    first = int(fraction * call_ms * 1000.0)
+    slept.clear()
+    work()
+    added_ms = first * added_per_cycle_ms
+    assert slept == [int(first * fraction * call_ms / added_ms) if corrected else first]
+    assert sum(slept) * added_per_cycle_ms >= fraction * call_ms * 0.999
 
 
-def test_cli_measures_saves_passes_and_fails_on_degraded(monkeypatch, tmp_path, capsys):
-    """The measuring entry (no --run) with the GPU and the runner replaced by a fake that
-    writes a run folder: 'save, pass, slow fails, hungry fails' as on the GPU."""
-    def fake_measure(benchmarks, out, *, degrade=None, reps=None, warmup=None, device="cuda"):
-        ms, mib = (2.0, 10.0) if degrade == "slow" else (1.0, 10.0)
-        rows = []
-        for b in benchmarks:
-            provider = degrade and b.provider in gate.OWN_PROVIDERS and f"{b.provider}_{degrade}"
-            hungry = degrade == "hungry" and b.phase == "loss+grad"
-            rows.append(row(b.name, ms, mib=mib + 100 * hungry, de=1e-3, dc=1e-3))
-            rows[-1]["provider"] = provider or b.provider
-        return write_run(out, H100, rows)
+def test_no_injection_leaves_the_call_alone():
+    none = inject.Injected(None)
 
-    monkeypatch.setattr(gate, "current_gpu_name", lambda: H100)
-    monkeypatch.setattr(gate, "measure", fake_measure)
-    common = ["--baseline-dir", tmp_path / "b", "--providers", "own,own_filter"]
-    assert gate_cli(*common, "--save", "--out", tmp_path / "1") == 0
-    assert gate_cli(*common, "--out", tmp_path / "2") == 0
-    assert gate_cli(*common, "--degrade", "slow", "--out", tmp_path / "3") == 1
-    slow = capsys.readouterr().out
-    assert "DEGRADED" in slow and "small/own_filter/fwd" in slow
-    assert gate_cli(*common, "--degrade", "hungry", "--out", tmp_path / "4") == 1
-    hungry = capsys.readouterr().out.splitlines()
-    regressed = [line.split()[:2] for line in hungry if line.endswith("REGRESSED")]
-    assert {metric for _, metric in regressed} == {"peak_extra_mib"}
-    assert len(regressed) == 2 * 3  # own, own_filter x 3 shapes, loss+grad only
+    def fn(*a, **k):
+        return None
+
+    assert none.provider(fn) is fn
+    asked = []
+    none.extra_work(lambda work: asked.append(work) or 1.0, "cpu")()
+    assert asked == []
 
 
-def test_prove_gate_script_steps_parse():
-    """tests/bench/prove_gate.sh's steps are valid gate arguments, expecting the right exits."""
-    from pathlib import Path
-
-    script = Path(__file__).parent / "bench" / "prove_gate.sh"
-    steps = [line.split()[1:] for line in script.read_text().splitlines()
-             if line.startswith("step ")]
-    assert [s[:2] for s in steps] == [["1_save", "0"], ["2_pass", "0"], ["3_slow", "1"],
-                                      ["4_hungry", "1"]]
+def test_prove_script_runs_the_gate_with_each_injection():
+    script = (Path(spec.__file__).parent / "prove.sh").read_text()
+    steps = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("step ")]
+    assert [(s[0], s[1]) for s in steps] == [("1_save", "0"), ("2_pass", "0"), ("3_pass", "0"),
+                                            ("4_slow", "1"), ("5_mem", "1"), ("6_err", "1")]
+    injections = [s[2] for s in steps]
+    assert [None if i == "-" else spec.parse_injection(i).kind for i in injections] == \
+        [None, None, None, "slow", "mem", "err"]
     parser = cli.build_parser("gate")
-    for _, _, *args in steps:
-        parsed = parser.parse_args(["gate", "--out", "x", *args])
-        assert parsed.save == (args == ["--save"])
-    assert {parser.parse_args(["gate", *s[2:]]).degrade for s in steps} == {None, "slow", "hungry"}
+    for name, _, _, *args in steps:
+        parsed = parser.parse_args(["gate", *args])
+        assert parsed.save == (name == "1_save")
+
+
+class OneRound:
+    """benchmark.pedantic's calling convention, one round: setup's (args, kwargs) to target."""
+
+    def __init__(self):
+        self.extra_info, self.rounds = {}, 0
+
+    def pedantic(self, target, *, setup, rounds, warmup_rounds, iterations):
+        assert rounds == spec.ROUNDS and warmup_rounds == spec.WARMUP_ROUNDS and iterations == 1
+        args, kwargs = setup()
+        target(*args, **kwargs)
+        self.rounds += 1
+
+
+def test_measure_case_wires_the_suites_protocol_and_the_injection():
+    """suite/gates/test_gates.py's measuring path on the CPU (no memory numbers there): the
+    suite's phase calls, the reference errors in extra_info, the err injection's scaled ones."""
+    from suite import catalog
+    from suite.gates import test_gates
+    from suite.inputs import make_inputs
+    from suite.reference import reference
+
+    inputs = make_inputs("lm", 64, 32, 257, "bf16", seed=0, softcap=30.0)
+    ref = reference(inputs["e"], inputs["c"], inputs["targets"], softcap=30.0)
+
+    def extra_info(phase, injection=None):
+        bench = OneRound()
+        bad = test_gates.measure_case(bench, phase, catalog.get("naive").fn, inputs, ref, 30.0,
+                                      inject.Injected(spec.parse_injection(injection)),
+                                      torch.device("cpu"))
+        assert bad == [] and bench.rounds == 1
+        return bench.extra_info
+
+    assert set(extra_info("fwd")) == {"peak_extra_mib", "peak_abs_mib", "loss_rel_err"}
+    plain = extra_info("loss+grad")
+    assert 0 < plain["de_rel_err"] < 0.1 and 0 < plain["dc_rel_err"] < 0.1
+    doubled = extra_info("loss+grad", "err:2")
+    for key in ("de_rel_err", "dc_rel_err"):
+        assert doubled[key] >= 2 * plain[key]
+    held = extra_info("loss+grad", "mem:1")  # memory is not measured on the CPU; errors unchanged
+    assert held["de_rel_err"] == plain["de_rel_err"]

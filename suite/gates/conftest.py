@@ -1,0 +1,62 @@
+"""Fixtures of the gates: the CUDA device (else a skip that says why), each shape's inputs and
+reference built once, the injection; and the gate's plugin (suite/gates/plugin.py)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from suite.gates.plugin import PLUGIN_NAME, pytest_configure  # noqa: F401  (registers it)
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("the gates measure on a CUDA GPU (baselines are per GPU model); this machine "
+                    "has no CUDA device")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class ShapeInputs:
+    """Inputs (suite.inputs) and fp32 reference (suite.reference) of one gate shape at a time:
+    the tests come grouped by shape, so each shape's are built once and dropped after."""
+
+    def __init__(self, device):
+        self.device = device
+        self.shape = None
+        self.inputs = self.ref = None
+
+    def get(self, shape):
+        import torch
+
+        from suite.gates.spec import DIST, DTYPE, SEED
+        from suite.inputs import make_inputs
+        from suite.measure import free_memory
+        from suite.reference import reference
+
+        if shape.name != self.shape:
+            self.shape, self.inputs, self.ref = None, None, None
+            if "torch._dynamo" in sys.modules:  # fresh compile caches per shape, as the suite
+                torch._dynamo.reset()
+            free_memory(self.device)
+            self.inputs = make_inputs(DIST, shape.n, shape.d, shape.v, DTYPE, seed=SEED,
+                                      device=self.device, softcap=shape.softcap)
+            self.ref = reference(self.inputs["e"], self.inputs["c"], self.inputs["targets"],
+                                 bias=self.inputs["bias"], softcap=shape.softcap)
+            self.shape = shape.name
+            free_memory(self.device)
+        return self.inputs, self.ref
+
+
+@pytest.fixture(scope="session")
+def gate_inputs(cuda_device):
+    return ShapeInputs(cuda_device)
+
+
+@pytest.fixture(scope="session")
+def injected(request):
+    from suite.gates.inject import Injected
+
+    return Injected(request.config.pluginmanager.get_plugin(PLUGIN_NAME).injection)

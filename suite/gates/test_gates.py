@@ -1,0 +1,117 @@
+"""The gated benchmarks: one per (shape, provider, phase) of suite.gates.spec.cases().
+
+Each is ``benchmark.pedantic`` with the suite's protocol (suite/measure.py's phase calls):
+inputs and reference built once per shape; before every round, untimed, the gradients cleared,
+the L2 cache flushed and CUDA synchronised; the timed call ends with a synchronisation; warm-up
+rounds untimed. One more call after the timed rounds gives ``peak_extra_mib`` and the errors
+against the fp32 reference (suite.measure's memory run and accuracy), kept in ``extra_info``.
+
+Run them with ``nox -s gate`` or ``python -m suite gate`` (pytest-benchmark compares them with
+this GPU's baseline); the default ``pytest`` never collects them.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+from suite.gates import spec
+
+CASES = spec.cases()
+CALIBRATION_REPS = 5  # untimed calls that size the slow injection's GPU work
+
+
+def phase_calls(phase, fn, x, kwargs, device):
+    """(setup, run) for benchmark.pedantic: setup prepares the phase (untimed), flushes the L2
+    cache and synchronises; run(state) is the phase's call, not synchronised."""
+    import torch
+
+    from suite.measure import L2_FLUSH_BYTES, _phase_calls, sync
+
+    prepare, run = _phase_calls(phase, fn, x, kwargs)
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def setup():
+        state = prepare()
+        flush.zero_()
+        sync(device)
+        return (state,), {}
+
+    return setup, run
+
+
+def wall_ms(setup, target, reps: int) -> float:
+    """Median milliseconds of ``target`` timed as pytest-benchmark times it (after one
+    untimed call)."""
+    times = []
+    for _ in range(reps + 1):
+        args, kwargs = setup()
+        t0 = time.perf_counter()
+        target(*args, **kwargs)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[1:])
+
+
+def measure_case(benchmark, phase, fn, inputs, ref, softcap, injected, device) -> list[str]:
+    """Time ``fn``'s phase with ``benchmark``, then its memory and errors into extra_info;
+    returns what came out non-finite."""
+    from suite.measure import _Leaves, _memory_run, accuracy, sync
+
+    fn = injected.provider(fn)
+    kwargs = {"softcap": softcap, "ignore_index": -100}
+    x = _Leaves(inputs, grad=phase != "fwd")
+    setup, run = phase_calls(phase, fn, x, kwargs, device)
+
+    def timed_with(work):
+        def call(state):
+            run(state)
+            work()
+            sync(device)
+        return wall_ms(setup, call, CALIBRATION_REPS)
+
+    extra = injected.extra_work(timed_with, device)
+
+    def target(state):
+        run(state)
+        extra()  # nothing unless CCE_GATE_INJECT=slow:F
+        sync(device)
+
+    benchmark.pedantic(target, setup=setup, rounds=spec.ROUNDS,
+                       warmup_rounds=spec.WARMUP_ROUNDS, iterations=1)
+    loss, peak_extra, peak_abs = _memory_run(phase, fn, x, kwargs, device)
+    injected.gradients(x, ref)  # nothing unless CCE_GATE_INJECT=err:F
+    errors, bad = accuracy(phase, loss, x, ref)
+    x.clear_grads()
+    benchmark.extra_info.update(peak_extra_mib=peak_extra, peak_abs_mib=peak_abs, **errors)
+    return bad
+
+
+@pytest.mark.benchmark(disable_gc=True)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gate(benchmark, case, gate_inputs, injected):
+    from suite import catalog
+    from suite.measure import free_memory
+
+    shape = spec.GATE_SHAPES[case.shape]
+    provider = catalog.get(case.provider)
+    reason = (provider.unavailable_reason(gate_inputs.device)
+              or provider.unsupported_reason(bias=False, softcap=shape.softcap))
+    if reason:
+        pytest.skip(f"{case.provider}: {reason}")
+    inputs, ref = gate_inputs.get(shape)
+    benchmark.extra_info.update(
+        shape=shape.name, provider=case.provider, phase=case.phase, n=shape.n, d=shape.d,
+        v=shape.v, softcap=shape.softcap, dtype=spec.DTYPE, dist=spec.DIST, seed=spec.SEED,
+        exact=provider.exact, rounds=spec.ROUNDS, warmup_rounds=spec.WARMUP_ROUNDS,
+        inject=injected.text)
+    try:
+        bad = measure_case(benchmark, case.phase, provider.fn, inputs, ref, shape.softcap,
+                           injected, gate_inputs.device)
+    except BaseException:
+        free_memory(gate_inputs.device)
+        raise
+    # As the suite does: the cycle collector (~0.3 s with torch.compile loaded) only after a
+    # failure; refcounting has freed this benchmark's tensors.
+    free_memory(gate_inputs.device, collect=False)
+    assert not bad, f"{case.id}: non-finite {', '.join(bad)}"
