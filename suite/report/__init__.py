@@ -23,7 +23,7 @@ from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
                                  update_readme)
 from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
                                        train_headline)
-from suite.results import read_rows
+from suite.report.curated import read_run_rows as read_rows
 
 __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline", "read_envs",
            "render", "render_train", "liger_selective_comparison", "summary", "targets_table",
