@@ -54,10 +54,14 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("fused-n32768-h100-4", "three-matmul path, N 32768, H100"),
     CuratedRun("fused-qwen-h100-3", "three-matmul path, Qwen 2.5 (7B) shape, H100"),
     CuratedRun("fused-budget-h100", "three-matmul path at 4 and 6 GiB budgets, H100"),
-    CuratedRun("train-h200", "training step, GPT, V 50257, H200"),
-    CuratedRun("train-h200-v151936", "training step, GPT, V 151936, H200"),
-    CuratedRun("train-hf-llama-h100", "training step, Llama architecture, H100"),
-    CuratedRun("train-hf-gemma2-h100", "training step, Gemma 2 architecture, H100"),
+    CuratedRun("train-h200", "training step, GPT, V 32000, H200",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-h200-v151936", "training step, GPT, V 151936, H200",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-hf-llama-h100", "training step, Llama architecture, H100",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-hf-gemma2-h100", "training step, Gemma 2 architecture, H100",
+               OWN_WAS_RECOMPUTE),
 )
 
 
@@ -97,3 +101,15 @@ def stray_folders(root=RESULTS) -> list[str]:
     """Folders under ``root`` that are neither curated runs nor NOT_RUNS (they do not belong)."""
     known = set(_by_folder()) | set(NOT_RUNS)
     return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and p.name not in known)
+
+
+def rename_train_rows(rows: list[dict]) -> list[dict]:
+    """Training rows (suite.results.train_*_rows: each names its folder in ``source``) with their
+    run's provider renames applied to the backend and the run name."""
+    out = []
+    for r in rows:
+        aliases = aliases_of(r["source"]) if r.get("source") else {}
+        if aliases:
+            r = dict(r, **{k: aliases.get(r[k], r[k]) for k in ("backend", "run") if k in r})
+        out.append(r)
+    return out
