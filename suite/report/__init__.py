@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite.report.claims import grads_bytes, targets_table
+from suite.report.document import render_document
 from suite.report.envs import env_line, read_envs
 from suite.report.kernel_tables import (aggregate_table, cell_table, render, summary,
                                         versus_table)
@@ -145,6 +146,21 @@ def compute(args) -> tuple[str, str]:
     return _run_folder_text(args, train)
 
 
+def table_text(arguments: str) -> str:
+    """What `python -m suite report <arguments>` prints (nothing written)."""
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="python -m suite report")
+    add_arguments(parser)
+    return compute(parser.parse_args(shlex.split(arguments)))[0]
+
+
+def results_doc_text() -> str:
+    """results/RESULTS.md as `--results-doc` writes it (suite/report/document.py)."""
+    return render_document(table_text)
+
+
 def main(args) -> int:
     try:
         if args.results_doc:
@@ -152,9 +168,7 @@ def main(args) -> int:
                 raise ValueError("--results-doc writes results/RESULTS.md whole from the curated "
                                  "runs (suite/report/document.py): give no folders and no "
                                  "--update-readme")
-            from suite.report.document import write_document
-
-            write_document(RESULTS_DOC)
+            RESULTS_DOC.write_text(results_doc_text())
             print(f"report: {RESULTS_DOC} written")
             return 0
         text, section = compute(args)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shlex
-from pathlib import Path
 
 from suite.report.readme import RESULTS_DOC, rebase_links
 from suite.report.verdict import RULE_TEXT
@@ -102,26 +100,12 @@ def _anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
-def table_text(arguments: str) -> str:
-    """What `python -m suite report <arguments>` prints (its text, nothing written)."""
-    import argparse
-
-    from suite import report
-
-    parser = argparse.ArgumentParser(prog="python -m suite report")
-    report.add_arguments(parser)
-    args = parser.parse_args(shlex.split(arguments))
-    return report.compute(args)[0]
-
-
-def render_document() -> str:
+def render_document(table_text) -> str:
+    """The whole document; ``table_text(arguments)``: what `python -m suite report <arguments>`
+    prints (suite.report.results_doc_text passes it, so this module needs no parser)."""
     toc = "\n".join(f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS)
     parts = [HEAD, toc]
     for s in SECTIONS:
         parts.append(f"## {s.title}\n\n{s.intro}")
         parts += [table_text(t) for t in s.tables]
     return rebase_links("\n\n".join(parts) + "\n", RESULTS_DOC)
-
-
-def write_document(path=RESULTS_DOC) -> None:
-    Path(path).write_text(render_document())
