@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import os
 import re
@@ -76,10 +77,10 @@ def _wheel_version(folder: Path) -> str:
     return found[1]
 
 
-def _load_module(path: Path, name: str, namespaced: bool):
+def _load_module(path: Path, name: str, op_namespace: str | None):
     source = path.read_text()
-    if namespaced:
-        source = source.replace('"torch_nn::', f'"{LOADED_NAMESPACE}::')
+    if op_namespace:
+        source = source.replace('"torch_nn::', f'"{op_namespace}::')
     spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
     module = importlib.util.module_from_spec(spec)
     module.__file__ = str(path)
@@ -99,9 +100,19 @@ def load_from(folder) -> LinearCrossEntropy:
     if _version_tuple(version) < MIN_VERSION:
         raise ValueError(f"{ENV_VAR}={folder}: its files are torch {version}; "
                          f"F.linear_cross_entropy's options need torch >= 2.13")
-    options = _load_module(folder / MODULE_FILES[0], f"{LOADED_NAMESPACE}.options", False)
-    ops = _load_module(folder / MODULE_FILES[1], f"{LOADED_NAMESPACE}.ops", True)
+    digest = hashlib.sha256(b"".join((folder / f).read_bytes() for f in MODULE_FILES)).hexdigest()
+    options, ops = _modules(digest, folder)
     return LinearCrossEntropy("loaded", version, folder.as_posix(), options, ops)
+
+
+@functools.cache
+def _modules(digest: str, folder: Path):
+    """The two modules, loaded once per content: their ops register under a namespace of their
+    own, and torch refuses to register one op twice."""
+    name = f"{LOADED_NAMESPACE}_{digest[:12]}"
+    options = _load_module(folder / MODULE_FILES[0], f"{name}.options", None)
+    ops = _load_module(folder / MODULE_FILES[1], f"{name}.ops", name)
+    return options, ops
 
 
 @functools.cache
