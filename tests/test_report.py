@@ -504,3 +504,14 @@ def test_readme_blocks_regenerate_byte_identical():
         text, section = report.compute(args)
         assert (args.section or section) == name
         assert rebase_links(text, README) == block, name
+
+
+def test_versus_marks_comparisons_across_sessions_of_a_resumed_run():
+    rows = [dict(_lg_row((8, 100), "own_filter", 5.0, 10.0, 1e-3), run_id="later"),
+            dict(_lg_row((8, 100), "torch_compile", 10.0, 5.0, 1e-3), run_id="first"),
+            dict(_lg_row((8, 50), "own_filter", 5.0, 10.0, 1e-3), run_id="first"),
+            dict(_lg_row((8, 50), "torch_compile", 10.0, 5.0, 1e-3), run_id="first")]
+    lines = report.versus_table(rows, "own_filter", ["torch_compile"]).splitlines()
+    assert "| 0.50 faster † |" in next(line for line in lines if "| 100 |" in line)
+    assert "| 0.50 faster |" in next(line for line in lines if "| 50 |" in line)
+    assert any(line.startswith("- †: the two rows come from different sessions") for line in lines)

@@ -212,6 +212,9 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
               for p, t in tallies.items()]
     lines.append(f"- {provider} loss+grad memory within {GRADS_RATIO:.2f}× the gradients in "
                  f"{near_grads[0]} of {near_grads[1]} cells")
+    if any(f" {OTHER_SESSION} |" in line for line in lines):
+        lines.append(f"- {OTHER_SESSION}: the two rows come from different sessions of this run "
+                     f"(it was resumed), each with its own floor")
     return "\n".join(lines)
 
 
@@ -224,7 +227,15 @@ def _time_cell(me, other, tally: Tally) -> str:
             return other["status"]
         return "–"
     tally.add(verdict)
-    return f"{_num(me['ms']) / _num(other['ms']):.2f} {verdict}"
+    return f"{_num(me['ms']) / _num(other['ms']):.2f} {verdict}" + _other_session(me, other)
+
+
+OTHER_SESSION = "†"
+
+
+def _other_session(me, other) -> str:
+    """A mark on a comparison of rows from two sessions of a resumed run."""
+    return "" if me.get("run_id") == other.get("run_id") else f" {OTHER_SESSION}"
 
 
 def render(run_dir, command: str | None = None) -> str:
