@@ -16,10 +16,10 @@ from suite import presets
 # Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
 EXTERNAL = {
     "reproduce": ("suite.reproduce", "reproduce the paper's Table 1 (Gemma 2 2B shape)"),
-    "plots": ("suite.plots", "draw every figure from results/**/results.csv and results/train*/"),
+    "plots": ("suite.plots", "draw every figure from the curated runs into plots/"),
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
     "gate": ("suite.gate", "regression gates (pytest-benchmark) against this GPU's baseline"),
-    "report": ("suite.report", "markdown tables from run folders; --update-readme / --results-doc"),
+    "report": ("suite.report", "markdown tables from run folders; --update-readme; --results-doc"),
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
 }
 DTYPES = ("bf16", "fp16", "fp32")

@@ -1,7 +1,10 @@
-"""Every figure of cce-bench, drawn from ``results/**/results.csv`` (columns: suite.schema) and
-the training-step CSVs of ``results/train*/`` (suite.train).
+"""Every figure of cce-bench, drawn from the curated runs (suite/report/curated.py): their
+``results.csv`` (columns: suite.schema) and training-step CSVs (suite.train).
 
-    python -m suite plots [--results results/] [--out plots/]
+    python -m suite plots [--results DIR] [--out plots/]
+
+Writes only under ``--out``, with MANIFEST.json: the hashes of the inputs and of this generator,
+which a test compares with the committed runs (a stale figure fails it).
 
 Writes PNG and PDF into ``--out``; no GPU needed. Output is deterministic: fixed rcParams and
 fonts (DejaVu, shipped with matplotlib), the Agg backend, no timestamps in the files.
@@ -13,8 +16,7 @@ Figures:
 3. ``pareto_*``: memory vs time at loss+grad, one panel per shape, Pareto front of the providers.
 4. ``grad_error_*``: relative error of dE and dC vs an fp32 reference, per provider and inputs.
 5. ``memory_breakdown``: training memory of five LMs, paper Figure 1 style (suite.model_configs).
-6. ``train_bench``: the training-step benchmark (suite.train) of every ``results/train*/``
-   folder: whole-step peak memory by component and tokens/s per backend, a row per vocabulary.
+6. ``train_bench``: the training-step benchmark (suite.train) of the curated training folders: whole-step peak memory by component and tokens/s per backend, a row per vocabulary.
 7. ``train_convergence``: loss curves per backend and their deviation from naive CE's.
 
 A cell that did not run (status != ok) is drawn as an ``x`` at the top of its panel, labelled
@@ -23,7 +25,10 @@ with its status, never silently dropped.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from suite import model_configs, results  # noqa: E402
+from suite.report import curated  # noqa: E402
 from suite.schema import PHASE_MATMULS, PHASES, ROW_FIELD_DEFAULTS, ROW_FIELDS  # noqa: E402
 
 # ---- one style ------------------------------------------------------------------------------
@@ -148,27 +154,44 @@ def provider_order(names) -> list[str]:
 
 # ---- reading results ------------------------------------------------------------------------
 
-def load_results(results_dir: str | Path) -> pd.DataFrame:
-    """All rows of every ``results.csv`` under ``results_dir`` (torn lines dropped, last row
-    per (cell, provider, phase) of a run); a (device, cell, provider, phase) measured by several
-    runs keeps the latest row."""
-    from suite.results import read_rows
-
+def kernel_run_dirs(results_dir=None) -> list[Path]:
+    """The run folders (holding a results.csv) the figures read: the curated runs
+    (suite/report/curated.py) by default, else every one under ``results_dir``."""
+    if results_dir is None:
+        return [d for d in curated.curated_dirs() if (d / results.CSV_NAME).is_file()]
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"--results: {root} is not a directory")
-    paths = sorted(root.glob("**/results.csv"))
-    if not paths:
+    found = sorted(p.parent for p in root.glob(f"**/{results.CSV_NAME}"))
+    if not found:
         raise FileNotFoundError(f"--results: no results.csv under {root}")
+    return found
+
+
+def train_dirs(results_dir=None) -> list[Path]:
+    """The training-step folders the figures read: the curated ones by default."""
+    if results_dir is None:
+        return [d for d in curated.curated_dirs()
+                if (d / results.TRAIN_BENCH_CSV).exists()
+                or (d / results.TRAIN_CONVERGENCE_CSV).exists()]
+    return results.train_run_dirs(results_dir) if Path(results_dir).is_dir() else []
+
+
+def load_results(results_dir=None) -> pd.DataFrame:
+    """All rows of the run folders (kernel_run_dirs: torn lines dropped, last row per
+    (cell, provider, phase) of a run, a curated run's provider renames applied); a (device, cell,
+    provider, phase) measured by several runs keeps the latest row."""
     frames = []
-    for path in paths:
+    for run_dir in kernel_run_dirs(results_dir):
+        path = run_dir / results.CSV_NAME
         with open(path, newline="") as f:
             header = next(csv.reader(f), [])
         missing = [c for c in ROW_FIELDS if c not in header and c not in ROW_FIELD_DEFAULTS]
         if missing:
             raise ValueError(f"{path}: not in the suite.schema layout, missing columns {missing}")
-        frame = pd.DataFrame(read_rows(path.parent), columns=ROW_FIELDS)
-        frame["run"] = path.parent.relative_to(root).as_posix()
+        frame = pd.DataFrame(curated.read_run_rows(run_dir), columns=ROW_FIELDS)
+        frame["run"] = run_dir.name if results_dir is None else \
+            run_dir.relative_to(results_dir).as_posix()
         frames.append(frame)
     df = pd.concat(frames, ignore_index=True)
     for col in NUMERIC:
@@ -667,7 +690,7 @@ def plot_train_bench(rows: list[dict], out_dir: Path) -> list[Path]:
     if not settings:
         return []
     several_devices = len({r["device"] for r in rows}) > 1
-    fig, axes = plt.subplots(len(settings), 2, figsize=(7.2, 2.5 * len(settings) + 0.9),
+    fig, axes = plt.subplots(len(settings), 2, figsize=(7.2, 2.9 * len(settings) + 1.0),
                              squeeze=False)
     for (ax_m, ax_t), group in zip(axes, settings):
         by_backend = {r["backend"]: r for r in group}
@@ -706,13 +729,18 @@ def plot_train_bench(rows: list[dict], out_dir: Path) -> list[Path]:
                          key=_float)
         batch = batches[0] if len(batches) == 1 else "/".join(batches) or "?"
         where = f"{first['device']}, " if several_devices else ""
+        model = first.get("model") or "gpt"
         ax_m.set_ylabel("GiB")
         ax_m.set_ylim(0, ax_m.get_ylim()[1] * 1.12)
-        ax_m.set_title(f"{where}V={first['vocab']}: whole-step peak, batch {batch} x "
-                       f"{first['seq_len']}")
+        # The setting once, over both panels of its row; each panel says what it shows.
+        ax_m.annotate(f"{where}{model}, V={first['vocab']}, batch {batch} x {first['seq_len']}",
+                      (0, 1), xycoords="axes fraction", xytext=(0, 16),
+                      textcoords="offset points", ha="left", va="bottom", fontsize=7,
+                      fontweight="bold")
+        ax_m.set_title("whole-step peak", loc="left")
         ax_t.set_ylabel("k tokens/s")
         ax_t.set_ylim(0, ax_t.get_ylim()[1] * 1.6)  # room for the rotated batch labels
-        ax_t.set_title(f"{where}V={first['vocab']}: throughput (text: largest batch)")
+        ax_t.set_title("throughput (text: largest batch)", loc="left")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COMPONENT_COLOR[c], label=c)
                for _, c in TRAIN_COMPONENTS]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
@@ -720,13 +748,11 @@ def plot_train_bench(rows: list[dict], out_dir: Path) -> list[Path]:
     devices = ", ".join(sorted({r["device"] for r in rows}))
     dtypes = sorted({r["dtype"] for r in rows})
     dtype = "bf16 autocast" if dtypes == ["bf16"] else ", ".join(dtypes)
-    sources = ", ".join(sorted({r["source"] for r in rows}))
-    fig.suptitle(f"Training step per loss backend ({devices}, {dtype}, AdamW); loss measured, "
-                 f"activations = the rest\nper backend: the latest complete row of {sources}",
-                 fontsize=7)
+    fig.suptitle(f"Training step per loss backend ({devices}; {dtype}, AdamW)\nloss measured, "
+                 f"activations = the rest; per backend the latest complete row", fontsize=7)
     fig_h = fig.get_figheight()
-    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.55 / fig_h, bottom=0.95 / fig_h,
-                        hspace=0.9, wspace=0.25)
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.9 / fig_h, bottom=1.3 / fig_h,
+                        hspace=1.25, wspace=0.25)
     return save(fig, out_dir, "train_bench")
 
 
@@ -783,12 +809,14 @@ def plot_training(run_dirs, out_dir) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     with plt.rc_context(PAPER_RC):
-        bench, _ = results.train_bench_rows(run_dirs)
+        bench = curated.rename_train_rows(results.train_bench_rows(run_dirs)[0])
         written += plot_train_bench(bench, out_dir)
-        summary, _ = results.train_convergence_rows(run_dirs)
+        summary = curated.rename_train_rows(results.train_convergence_rows(run_dirs)[0])
         curves: dict[tuple[str, str], list[float]] = {}
         for source in dict.fromkeys(r["source"] for r in summary):
-            for c in results.read_train_csv(source, results.TRAIN_CURVES_CSV):
+            rows = [dict(c, source=source)
+                    for c in results.read_train_csv(source, results.TRAIN_CURVES_CSV)]
+            for c in curated.rename_train_rows(rows):
                 curves.setdefault((source, c["run"]), []).append(_float(c["loss"]))
         written += plot_train_convergence(summary, curves, out_dir)
     return written
@@ -812,17 +840,23 @@ def _kernel_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     return written
 
 
-def build_all(results_dir: str | Path, out_dir: str | Path, device: str | None = None) -> list[Path]:
-    """Draw every figure; returns the files written. The kernel figures of one device (``device``,
-    default :func:`main_device`) go to ``out_dir``; every other device's rows are drawn per run
-    folder into ``<run>/plots/``, so a CPU or second-GPU run never writes beside the committed
-    figures. Raises FileNotFoundError when there is no results.csv under ``results_dir`` (after
-    drawing the breakdown and the training figures, which need none)."""
+def device_folder(device: str) -> str:
+    """The folder under --out of a device's figures, other than the main device's."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+
+
+def build_all(results_dir=None, out_dir="plots", device: str | None = None) -> list[Path]:
+    """Draw every figure from the curated runs (or every run under ``results_dir``) into
+    ``out_dir`` and nowhere else; returns the files written, and writes MANIFEST.json there (the
+    inputs' hashes and the figures). The kernel figures of one device (``device``, default
+    :func:`main_device`) go to ``out_dir``, every other device's to ``out_dir/<device>/``.
+    Raises FileNotFoundError when there is no results.csv (after drawing the breakdown and the
+    training figures, which need none)."""
     out_dir = Path(out_dir)
     with plt.rc_context(PAPER_RC):
         written = plot_memory_breakdown(out_dir)
-        if Path(results_dir).is_dir():
-            written += plot_training(results.train_run_dirs(results_dir), out_dir)
+        trains = train_dirs(results_dir)
+        written += plot_training(trains, out_dir)
         df = load_results(results_dir)
         main = device or main_device(df)
         if device is not None and device not in set(df["device"]):
@@ -830,19 +864,60 @@ def build_all(results_dir: str | Path, out_dir: str | Path, device: str | None =
                              f"{', '.join(sorted(set(df['device'])))}")
         if main is not None:
             written += _kernel_figures(df[df["device"] == main], out_dir)
-        for run, rows in df[df["device"] != main].groupby("run", sort=True):
-            written += _kernel_figures(rows, Path(results_dir) / run / "plots")
+        for other, rows in df[df["device"] != main].groupby("device", sort=True):
+            written += _kernel_figures(rows, out_dir / device_folder(other))
+    write_manifest(out_dir, kernel_run_dirs(results_dir), trains, written)
     return written
 
 
+# ---- the manifest: which inputs the committed figures were drawn from ---------------------
+
+MANIFEST = "MANIFEST.json"
+TRAIN_CSVS = (results.TRAIN_BENCH_CSV, results.TRAIN_CONVERGENCE_CSV, results.TRAIN_CURVES_CSV)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _repo_path(path: Path) -> str:
+    path = Path(path).resolve()
+    return path.relative_to(curated.ROOT).as_posix() if path.is_relative_to(curated.ROOT) \
+        else path.as_posix()
+
+
+def manifest(run_dirs, train_run_dirs, figures, out_dir) -> dict:
+    """What the figures in ``out_dir`` were drawn from: this module's hash (the generator), each
+    input CSV's hash, and the figures (relative to ``out_dir``). Equal manifests: the figures
+    are in step with their inputs."""
+    inputs = [Path(d) / results.CSV_NAME for d in run_dirs]
+    inputs += [Path(d) / name for d in train_run_dirs for name in TRAIN_CSVS
+               if (Path(d) / name).exists()]
+    # The generator: this module, the curated list (and its renames) and the providers' styles.
+    styles = json.dumps([PROVIDER_STYLE, PROVIDER_LABEL], sort_keys=True)
+    generator = hashlib.sha256((_sha256(Path(__file__)) + _sha256(Path(curated.__file__))
+                                + styles).encode())
+    return {"generator": generator.hexdigest(),
+            "inputs": {_repo_path(p): _sha256(p) for p in sorted(inputs, key=_repo_path)},
+            "figures": sorted(Path(f).relative_to(out_dir).as_posix() for f in figures)}
+
+
+def write_manifest(out_dir, run_dirs, train_run_dirs, figures) -> Path:
+    path = Path(out_dir) / MANIFEST
+    data = manifest(run_dirs, train_run_dirs, figures, Path(out_dir))
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--results", default="results",
-                        help="folder searched for **/results.csv and train*/ (default: results)")
+    parser.add_argument("--results", default=None,
+                        help="folder searched for **/results.csv and train*/ (default: the "
+                             "curated runs of suite/report/curated.py)")
     parser.add_argument("--out", default="plots", help="folder for PNG and PDF (default: plots)")
     parser.add_argument("--device", default=None,
                         help="whose rows the figures in --out show, as results.csv names it "
-                             "(default: the GPU with the most rows); other devices' runs are "
-                             "drawn into their own run folder's plots/")
+                             "(default: the GPU with the most rows); other devices' figures "
+                             "go to --out/<device>/")
 
 
 def main(args) -> int:

@@ -137,7 +137,7 @@ def test_cli_rebuild_is_byte_identical(built, tmp_path, capsys):
     rc = plots.main(parser.parse_args(["--results", str(tmp_path / "results"),
                                        "--out", str(tmp_path / "again")]))
     assert rc == 0
-    again = sorted((tmp_path / "again").iterdir())
+    again = sorted(p for p in (tmp_path / "again").iterdir() if p.suffix in (".png", ".pdf"))
     assert {p.stem for p in again} == {"memory_breakdown", "memory_vs_v_fp32_d2304",
                                        "time_vs_v_fp32_uniform_d2304", "pareto_fp32_uniform_d2304",
                                        "grad_error_fp32"}
@@ -145,10 +145,11 @@ def test_cli_rebuild_is_byte_identical(built, tmp_path, capsys):
         assert path.read_bytes() == (out / path.name).read_bytes(), path.name
 
 
-def test_other_devices_plot_into_their_own_run_folder(built, tmp_path):
+def test_other_devices_plot_into_their_own_folder_under_out(built, tmp_path):
     """A CPU run (and a second GPU's) beside the committed GPU's rows: --out gets the main
-    GPU's figures only, byte for byte, and no device-prefixed copies; each other run's figures
-    go to its own folder's plots/, its pareto panels saying memory was not measured."""
+    GPU's figures, byte for byte, and no device-prefixed copies; each other device's figures go
+    to --out/<device>/, its pareto panels saying memory was not measured; nothing is written
+    into the run folders."""
     out, _, _ = built
     results_dir = tmp_path / "results"
     _fp32_subset(results_dir)
@@ -172,13 +173,15 @@ def test_other_devices_plot_into_their_own_run_folder(built, tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plots.plt.Axes, "text", recording)
         written = plots.build_all(results_dir, tmp_path / "out")
-    in_out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    in_out = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_file()
+                    and p.name != plots.MANIFEST)
     assert in_out == sorted(p.name for p in written if p.parent == tmp_path / "out")
     assert all(not name.startswith(("cpu_", "other")) for name in in_out)
     for name in in_out:
         assert (tmp_path / "out" / name).read_bytes() == (out / name).read_bytes(), name
-    for run in ("smoke-cpu", "other-gpu"):
-        assert (results_dir / run / "plots" / "pareto_fp32_uniform_d2304.png").exists()
+    for device in ("cpu", "other-gpu"):
+        assert (tmp_path / "out" / device / "pareto_fp32_uniform_d2304.png").exists()
+    assert not any(p.is_dir() and p.name == "plots" for p in results_dir.rglob("*"))
     assert "memory not measured" in texts and "nothing ran" not in texts
     with pytest.raises(ValueError, match="no rows measured on 'H100'"):
         plots.build_all(results_dir, tmp_path / "out2", device="H100")
@@ -292,3 +295,22 @@ def test_convergence_deviation_is_against_the_reference_row(monkeypatch, tmp_pat
     plots.plot_train_convergence(summary, curves, tmp_path)
     deviation_axes = figures[0].axes[1]
     assert len(deviation_axes.get_lines()) == 1  # own against hf_loss
+
+
+def test_committed_figures_are_in_step_with_the_curated_runs():
+    """plots/MANIFEST.json names the hashes of the CSVs and of the generator the committed
+    figures were drawn from: a changed run, curated list or suite/plots.py without
+    `python -m suite plots` fails here, as does a figure on disk the build did not write."""
+    import json
+
+    committed = json.loads((plots.curated.ROOT / "plots" / plots.MANIFEST).read_text())
+    out = plots.curated.ROOT / "plots"
+    now = plots.manifest(plots.kernel_run_dirs(), plots.train_dirs(),
+                         [out / f for f in committed["figures"]], out)
+    assert now["generator"] == committed["generator"], "suite/plots.py changed: run python -m suite plots"
+    assert now["inputs"] == committed["inputs"], "the curated runs changed: run python -m suite plots"
+    on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
+                     if p.suffix in (".png", ".pdf"))
+    assert on_disk == committed["figures"]
+    # the manifest is written as the build writes it: regenerating it is a no-op
+    assert (out / plots.MANIFEST).read_text() == json.dumps(now, indent=1, sort_keys=True) + "\n"

@@ -9,6 +9,7 @@ import pytest
 
 from suite import report, results
 from suite.train import BENCH_FIELDS
+from suite.report.verdict import RULE_TEXT
 
 FIXTURE = Path(__file__).parent / "fixtures"
 RUN_A, RUN_B = FIXTURE / "train-fixture-a", FIXTURE / "train-fixture-b"
@@ -131,11 +132,14 @@ def test_update_readme_rewrites_only_the_train_section(tmp_path):
     assert "| naive | 40.0 | 30.0 | 500 | 3 |" in doc
 
 
-def _lg_row(cell, provider, ms, mib, de, *, status="ok", ts="2026-01-01T00:00:00", floor=1.0):
+def _lg_row(cell, provider, ms, mib, de, *, status="ok", ts="2026-01-01T00:00:00", floor=1.0,
+            spread=0.02):
+    """A loss+grad row whose timed calls' p20 and p80 lie ``spread`` below and above ``ms``."""
     n, v = cell
     return {"cell_id": f"lm-n{n}-v{v}", "dtype": "bf16", "dist": "lm", "n": str(n), "d": "64",
             "v": str(v), "provider": provider, "phase": "loss+grad", "status": status,
-            "ms": str(ms), "floor_ratio": str(ms / floor), "peak_extra_mib": str(mib),
+            "ms": str(ms), "ms_p20": str(ms * (1 - spread)), "ms_p80": str(ms * (1 + spread)),
+            "floor_ratio": str(ms / floor), "peak_extra_mib": str(mib),
             "de_rel_err": str(de), "timestamp": ts}
 
 
@@ -152,8 +156,10 @@ def test_versus_table_ratios_statuses_and_latest_rows():
     lines = [line for line in text.splitlines() if line.startswith("| bf16")]
     # sorted by V; the failed peer shows its status, no ratio
     assert lines == ["| bf16 | lm | 8 | 64 | 50 | 3.00 | 1.059 | error | – | 2.0e-03 | – |",
-                     "| bf16 | lm | 8 | 64 | 100 | 4.00 | 758.519 | 0.50 | 2.00 | 1.0e-03 | 5.0e-01 |"]
-    assert text.endswith("- own_filter faster than apple_cce (loss+grad) in 1 of 1 cells\n"
+                     "| bf16 | lm | 8 | 64 | 100 | 4.00 | 758.519 | 0.50 faster | 2.00 | 1.0e-03 "
+                     "| 5.0e-01 |"]
+    assert text.endswith(f"- own_filter against apple_cce (loss+grad; {RULE_TEXT}): faster in 1, "
+                         f"level in 0, slower in 0 of 1 cells\n"
                          "- own_filter loss+grad memory within 1.10× the gradients in 1 of 2 cells")
     with pytest.raises(ValueError, match="no loss\\+grad rows of provider 'missing'"):
         report.versus_table(rows, "missing", ["apple_cce"])
@@ -167,8 +173,8 @@ def test_versus_table_shows_ignored_fraction_where_any_cell_has_one():
     lines = [line for line in report.versus_table(rows + masked, "own", ["apple_cce"]).splitlines()
              if line.startswith("| ")]
     assert lines[0].startswith("| dtype | dist | N | D | V | ignored | own ×floor |")
-    assert lines[1].startswith("| bf16 | lm | 8 | 64 | 100 | 0 | 2.00 | 758.519 | 0.50 |")
-    assert lines[2].startswith("| bf16 | lm | 8 | 64 | 100 | 0.6 | 2.00 | 758.519 | 0.50 |")
+    assert lines[1].startswith("| bf16 | lm | 8 | 64 | 100 | 0 | 2.00 | 758.519 | 0.50 faster |")
+    assert lines[2].startswith("| bf16 | lm | 8 | 64 | 100 | 0.6 | 2.00 | 758.519 | 0.50 faster |")
 
 
 def test_versus_command_over_a_run_folder(capsys):
@@ -180,7 +186,7 @@ def test_versus_command_over_a_run_folder(capsys):
     assert "--versus own_filter --peers apple_cce,torch_compile" in out
     assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--section", "x"])) == 0
     assert "--versus own_filter --peers apple_cce,torch_compile --section x`" in capsys.readouterr().out
-    assert "own_filter faster than torch_compile (loss+grad) in" in out
+    assert f"own_filter against torch_compile (loss+grad; {RULE_TEXT}): faster in" in out
     assert report.main(parser.parse_args([str(run), "--versus", "own_filter", "--peers", ""])) == 1
     assert "--peers: expected comma-separated provider names" in capsys.readouterr().out
 
@@ -189,7 +195,8 @@ def _target_row(dist, n, v, provider, phase, *, ratio=1.0, mib=1.0, de=1e-3, dc=
                 softcap="", status="ok"):
     return {"cell_id": f"{dist}-n{n}-v{v}-s{softcap}", "dtype": "bf16", "dist": dist,
             "n": str(n), "d": "2304", "v": str(v), "softcap": softcap, "provider": provider,
-            "phase": phase, "status": status, "ms": str(ratio), "floor_ratio": str(ratio),
+            "phase": phase, "status": status, "ms": str(ratio), "ms_p20": str(0.98 * ratio),
+            "ms_p80": str(1.02 * ratio), "floor_ratio": str(ratio),
             "peak_extra_mib": str(mib), "de_rel_err": str(de), "dc_rel_err": str(dc),
             "timestamp": "2026-01-01T00:00:00"}
 
@@ -197,9 +204,9 @@ def _target_row(dist, n, v, provider, phase, *, ratio=1.0, mib=1.0, de=1e-3, dc=
 def test_targets_table_marks_each_miss_and_counts_cells():
     gemma = dict(dist="lm", n=8192, v=256000, softcap="30.0")
     grads_mib = (8192 + 256000) * 2304 * 2 / 2**20
-    rows = [_target_row(**gemma, provider="own", phase="fwd", ratio=1.05),
-            _target_row(**gemma, provider="own", phase="loss", mib=0.4),
-            _target_row(**gemma, provider="own", phase="loss+grad", ratio=4.7,
+    rows = [_target_row(**gemma, provider="own_recompute", phase="fwd", ratio=1.05),
+            _target_row(**gemma, provider="own_recompute", phase="loss", mib=0.4),
+            _target_row(**gemma, provider="own_recompute", phase="loss+grad", ratio=4.7,
                         mib=1.2 * grads_mib, de=2e-3, dc=1e-3),
             _target_row(**gemma, provider="own_low_memory", phase="loss+grad", ratio=5.5,
                         mib=1.05 * grads_mib, de=2e-3, dc=1e-3),
@@ -210,8 +217,8 @@ def test_targets_table_marks_each_miss_and_counts_cells():
                         mib=6 * grads_mib),
             _target_row(**gemma, provider="naive", phase="loss+grad", de=1e-3, dc=1e-3),
             # uniform, no softcap: the loss memory target does not apply, nor the torch.compile one
-            _target_row("uniform", 2048, 32000, "own", "fwd", ratio=2.0),
-            _target_row("uniform", 2048, 32000, "own", "loss", mib=2.0),
+            _target_row("uniform", 2048, 32000, "own_recompute", "fwd", ratio=2.0),
+            _target_row("uniform", 2048, 32000, "own_recompute", "loss", mib=2.0),
             _target_row("uniform", 2048, 32000, "own_filter", "loss+grad", ratio=5.0),
             _target_row("uniform", 2048, 32000, "apple_cce", "loss+grad", status="oom"),
             _target_row("uniform", 2048, 32000, "torch_compile", "loss+grad", ratio=1.0)]
@@ -219,20 +226,22 @@ def test_targets_table_marks_each_miss_and_counts_cells():
     text = report.targets_table(rows)
     lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(lines) == 3
-    assert lines[1] == ("| lm | 8192 | 2304 | 256000 | 30 | 1.05 | 4.70 ✗ | 0.75 | 0.86 / 0.20 | "
+    assert lines[1] == ("| lm | 8192 | 2304 | 256000 | 30 | 1.05 | 4.70 ✗ | 0.75 faster "
+                        "| 0.86 faster / 0.20 | "
                         "1.200 ✗ / 1.050 | 2.00 ✗ / 5.00 ✗ / 2.00 ✗ | 0.40 |")
     assert lines[2] == ("| uniform | 2048 | 2304 | 32000 | – | 2.00 ✗ | – | – | – | – / – | "
                         "– / – / – | 2.00 |")
-    assert text.endswith("- forward ≤ 1.10× floor (own): 1 of 2 cells\n"
-                         "- loss+grad, exact, ≤ 4.60 floors (own): 0 of 1 cells\n"
-                         "- own_filter ≤ torch_compile's time at ≤ 0.25× its memory (lm inputs): 1 of 1 cells\n"
+    assert text.endswith("- forward ≤ 1.10× floor (own_recompute): 1 of 2 cells\n"
+                         "- loss+grad, exact, ≤ 4.60 floors (own_recompute): 0 of 1 cells\n"
+                         "- own_filter no slower than torch_compile (faster or level) at ≤ 0.25× "
+                         "its memory (lm inputs): 1 of 1 cells\n"
                          "- own_filter faster than apple_cce: 1 of 1 cells\n"
-                         "- loss+grad memory ≤ 1.10× the gradients (own): 0 of 1 cells\n"
+                         "- loss+grad memory ≤ 1.10× the gradients (own_recompute): 0 of 1 cells\n"
                          "- loss+grad memory ≤ 1.10× the gradients (own_low_memory): 1 of 1 cells\n"
-                         "- dE and dC errors ≤ 1.5× naive's (own): 0 of 1 cells\n"
+                         "- dE and dC errors ≤ 1.5× naive's (own_recompute): 0 of 1 cells\n"
                          "- dE and dC errors ≤ 3× naive's (own_filter): 0 of 1 cells\n"
                          "- dE and dC errors ≤ 1.5× naive's (own_low_memory): 0 of 1 cells\n"
-                         "- loss memory ≤ 1 MiB (own, Gemma 2 (2B) shape): 1 of 1 cells")
+                         "- loss memory ≤ 1 MiB (own_recompute, Gemma 2 (2B) shape): 1 of 1 cells")
 
 
 def test_targets_command_and_its_errors(capsys):
@@ -297,7 +306,7 @@ def test_headline_is_one_compact_table_per_run_folder(tmp_path):
     assert lines[2] == ("Peers measured: liger-kernel 0.0.0+synthetic, cut-cross-entropy "
                         "0.0.0+synthetic.")  # a run from before env.json named each peer
     assert lines[4] == ("| provider | loss MiB | loss+grad MiB | loss+grad ms, uniform "
-                        "| loss+grad ms, lm | ×floor, lm | dE err, lm |")
+                        "| loss+grad ms, lm | vs torch_compile, lm | ×floor, lm | dE err, lm |")
     assert any(r.startswith("| `naive` | ") for r in rows)
     assert all(" – | – | – |" not in r for r in rows)  # providers that ran show numbers
     cpu = headline_table(_cpu_copy(run, tmp_path))
@@ -381,3 +390,128 @@ def test_train_headline_gives_each_backends_saving_over_the_reference():
     assert "| `own` | 8.50 | 11.5 | >= 64 (cap) x 128 |" in next(r for r in v1000 if "`own`" in r)
     assert not any("`apple_cce`" in r for r in v1000)  # oom there: named below, not a row
     assert "Not run: " in text and "apple_cce (oom)" in text
+
+
+# ---- one verdict rule, one run per table, the curated runs and the generated documents ------
+
+def test_verdict_needs_the_p20_p80_ranges_apart():
+    from suite.report.verdict import FASTER, LEVEL, SLOWER, time_verdict
+
+    cell = (8, 100)
+    base = _lg_row(cell, "torch_compile", 10.0, 1.0, 0.0, spread=0.02)  # 9.8 .. 10.2
+    assert time_verdict(_lg_row(cell, "own", 9.0, 1.0, 0.0, spread=0.02), base) == FASTER
+    assert time_verdict(_lg_row(cell, "own", 11.0, 1.0, 0.0, spread=0.02), base) == SLOWER
+    # a lower median whose range overlaps the other's is level, however close to 1 the ratio
+    assert time_verdict(_lg_row(cell, "own", 9.999, 1.0, 0.0, spread=0.02), base) == LEVEL
+    assert time_verdict(_lg_row(cell, "own", 9.7, 1.0, 0.0, spread=0.02), base) == LEVEL
+    assert time_verdict(dict(base, ms_p20=""), base) is None  # no range: not compared
+    assert time_verdict(_lg_row(cell, "own", 9.0, 1.0, 0.0, status="oom"), base) is None
+
+
+def test_versus_counts_a_ratio_below_1_within_the_noise_as_level():
+    rows = [_lg_row((8, 100), "own_filter", 9.999, 10.0, 1e-3),
+            _lg_row((8, 100), "torch_compile", 10.0, 5.0, 1e-3),
+            _lg_row((8, 50), "own_filter", 5.0, 10.0, 1e-3),
+            _lg_row((8, 50), "torch_compile", 10.0, 5.0, 1e-3)]
+    text = report.versus_table(rows, "own_filter", ["torch_compile"])
+    assert "| 1.00 level |" in text and "| 0.50 faster |" in text
+    assert "faster in 1, level in 1, slower in 0 of 2 cells" in text
+
+
+def test_speed_claim_passes_level_and_fails_slower():
+    from suite.report.claims import CLAIM_SPEED, claim_checks
+
+    def row(provider, ms):
+        return dict(_lg_row((8192, 256000), provider, ms, 1.0, 1e-3), dist="lm")
+
+    rows = [row("torch_compile", 10.0), row("apple_cce", 10.05), row("own_filter", 13.0)]
+    verdicts = {c.method: c.verdict for c in claim_checks(rows, methods=("apple_cce", "own_filter"),
+                                                          dists=("lm",))
+                if c.claim == CLAIM_SPEED}
+    assert verdicts == {"apple_cce": "PASS", "own_filter": "FAIL"}
+
+
+def test_headline_takes_one_run_per_gpu(tmp_path):
+    from suite.report.readme import headline, headline_table
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE / "synthetic_run", run)
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # a later session re-measured one provider: the floor of its rows is another run's
+    rows = [dict(r, run_id="LATER") if r["provider"] == "own_filter" else r for r in rows]
+    with open(run / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(ValueError, match="rows from 2 runs .*LATER"):
+        headline_table(run)
+    same_gpu = FIXTURE / "synthetic_run"
+    with pytest.raises(ValueError, match="give one run folder per GPU"):
+        headline([same_gpu, same_gpu], "python -m suite report x --headline")
+
+
+def test_results_holds_the_curated_runs_and_nothing_else():
+    from suite.report import curated
+
+    assert curated.stray_folders() == []
+    missing = [d.name for d in curated.curated_dirs() if not d.is_dir()]
+    assert missing == []
+
+
+def test_curated_runs_name_providers_as_the_suite_does_now():
+    from suite.report import curated
+
+    peers = curated.read_run_rows(curated.RESULTS / "peers-h100")
+    recorded = results.read_rows(curated.RESULTS / "peers-h100")
+    assert any(r["provider"] == "own" for r in recorded)
+    assert not any(r["provider"] == "own" for r in peers)
+    assert sum(r["provider"] == "own_recompute" for r in peers) == \
+        sum(r["provider"] == "own" for r in recorded)
+    # a run folder outside results/ is read as recorded
+    fixture = curated.read_run_rows(FIXTURE / "synthetic_run")
+    assert fixture == results.read_rows(FIXTURE / "synthetic_run")
+
+
+def test_results_doc_regenerates_byte_identical():
+    """results/RESULTS.md is what `python -m suite report --results-doc` writes from the
+    curated runs: a stale or hand-edited table fails here."""
+    from suite.report.document import SECTIONS
+    from suite.report.readme import RESULTS_DOC
+
+    text = RESULTS_DOC.read_text()
+    assert report.results_doc_text() == text
+    for s in SECTIONS:  # the table of contents lists every section
+        assert f"\n## {s.title}\n" in text and f"- [{s.title}](#" in text
+
+
+def test_readme_blocks_regenerate_byte_identical():
+    """Each generated README block is what its own `Generated by` command prints now."""
+    import re
+
+    from suite.report.readme import README, rebase_links
+
+    doc = README.read_text()
+    blocks = re.findall(r"<!-- results:([\w-]+):start -->\n(.*?)\n<!-- results:\1:end -->", doc,
+                        re.S)
+    assert {name for name, _ in blocks} >= {"headline", "train-headline"}
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    for name, block in blocks:
+        command = re.match(r"Generated by `python -m suite report ([^`]+)`", block)
+        assert command, name
+        args = parser.parse_args(command[1].split())
+        text, section = report.compute(args)
+        assert (args.section or section) == name
+        assert rebase_links(text, README) == block, name
+
+
+def test_versus_marks_comparisons_across_sessions_of_a_resumed_run():
+    rows = [dict(_lg_row((8, 100), "own_filter", 5.0, 10.0, 1e-3), run_id="later"),
+            dict(_lg_row((8, 100), "torch_compile", 10.0, 5.0, 1e-3), run_id="first"),
+            dict(_lg_row((8, 50), "own_filter", 5.0, 10.0, 1e-3), run_id="first"),
+            dict(_lg_row((8, 50), "torch_compile", 10.0, 5.0, 1e-3), run_id="first")]
+    lines = report.versus_table(rows, "own_filter", ["torch_compile"]).splitlines()
+    assert "| 0.50 faster † |" in next(line for line in lines if "| 100 |" in line)
+    assert "| 0.50 faster |" in next(line for line in lines if "| 50 |" in line)
+    assert any(line.startswith("- †: the two rows come from different sessions") for line in lines)

@@ -2,28 +2,35 @@
 (``--update-readme``) or results/RESULTS.md (``--results-doc``) between
 ``<!-- results:<section>:start -->`` and ``<!-- results:<section>:end -->`` markers.
 
-    python -m suite report results/gemma2-2b-h200 --results-doc        # section gemma2-2b
-    python -m suite report results/gemma2-2b-h200 --headline --update-readme   # one per GPU
-    python -m suite report results/grid-h200* --versus own_filter --results-doc
-    python -m suite report results/grid-h200* --targets --results-doc
-    python -m suite report results/train-h200 --results-doc             # section train
+    python -m suite report results/gemma2-2b-h200                 # print a run's tables
+    python -m suite report results/peers-h100 --headline --update-readme   # one run per GPU
+    python -m suite report results/grid-h200* --versus own_filter  # a table per run folder
+    python -m suite report results/grid-h200* --targets
+    python -m suite report results/train-h200
+    python -m suite report --results-doc    # results/RESULTS.md, whole, from the curated runs
+
+Every table that compares providers takes its rows from one run folder (several folders: a
+table each); "faster" / "slower" follow suite.report.verdict's one rule.
 
 The tables live in their modules: kernel_tables (a run folder), train_tables (training-step
-folders), claims (the own kernel's targets and the paper's claims), readme (the writers).
+folders), claims (the own kernel's targets and the paper's claims), readme (the README's
+headline and the writers), document (results/RESULTS.md), curated (the runs they read).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from suite.report.claims import grads_bytes, targets_table
+from suite.report.document import render_document
 from suite.report.envs import env_line, read_envs
 from suite.report.kernel_tables import (aggregate_table, cell_table, render, summary,
                                         versus_table)
 from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
                                  update_readme)
+from suite.report.verdict import RULE_TEXT
 from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
                                        train_headline)
-from suite.results import read_rows
+from suite.report.curated import read_run_rows as read_rows
 
 __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline", "read_envs",
            "render", "render_train", "liger_selective_comparison", "summary", "targets_table",
@@ -32,37 +39,35 @@ __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("results", nargs="+",
+    parser.add_argument("results", nargs="*",
                         help="a run folder holding results.csv (e.g. results/gemma2-2b-...), or "
                              "one or more training-step folders (train_bench.csv, "
                              "train_convergence.csv; e.g. results/train-h200 ...)")
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README.md between the results:<section> markers")
     parser.add_argument("--results-doc", action="store_true",
-                        help="rewrite results/RESULTS.md between the results:<section> markers")
+                        help="rewrite results/RESULTS.md whole from the curated runs "
+                             "(suite/report/document.py); give no folders")
     parser.add_argument("--headline", action="store_true",
-                        help="one compact table per run folder (one per GPU) of its Gemma 2 "
-                             "(2B) cells (section headline)")
+                        help="one compact table per run folder (one folder per GPU, its Gemma 2 "
+                             "(2B) rows from one run) (section headline)")
     parser.add_argument("--versus", default=None, metavar="PROVIDER",
-                        help="one comparison row per cell of PROVIDER against --peers, over "
-                             "any number of run folders (e.g. results/grid-h200*)")
+                        help="one comparison row per cell of PROVIDER against --peers; a table "
+                             "per run folder (e.g. results/grid-h200*)")
     parser.add_argument("--targets", action="store_true",
-                        help="the own kernel's targets, one row per bf16 cell, over any number "
-                             "of run folders (section targets)")
+                        help="the own kernel's targets, one row per bf16 cell; a table per run "
+                             "folder (section targets)")
     parser.add_argument("--peers", default="apple_cce,torch_compile",
                         help="comma-separated providers for --versus (default: %(default)s)")
     parser.add_argument("--section", default=None,
-                        help="marker name (default: gemma2-2b; train for training runs; "
-                             "versus, targets, headline for those tables)")
+                        help="README marker name for --update-readme (default: headline, "
+                             "train-headline)")
 
 
-def _rows_of(folders) -> list[dict]:
-    rows = []
-    for d in folders:
-        got = read_rows(d)
-        if not got:
-            raise ValueError(f"no results in {d}/results.csv")
-        rows += got
+def _rows_of(folder) -> list[dict]:
+    rows = read_rows(folder)
+    if not rows:
+        raise ValueError(f"no results in {Path(folder).as_posix()}/results.csv")
     return rows
 
 
@@ -71,24 +76,21 @@ def _command(args, options: str) -> str:
     folders = " ".join(Path(d).as_posix() for d in args.results)
     return (f"python -m suite report {folders}{options}"
             f"{f' --section {args.section}' if args.section else ''}"
-            f"{' --update-readme' if args.update_readme else ''}"
-            f"{' --results-doc' if args.results_doc else ''}")
+            f"{' --update-readme' if args.update_readme else ''}")
 
 
 def _generated_by(args, options: str) -> str:
-    folders = ", ".join(f"`{Path(d).as_posix()}`" for d in args.results)
-    return f"Generated by `{_command(args, options)}` from {folders}."
+    return f"Generated by `{_command(args, options)}`."
 
 
-def _print_and_update(args, text: str, default_section: str) -> int:
-    section = args.section or default_section
-    targets = ([README] if args.update_readme else []) + ([RESULTS_DOC] if args.results_doc else [])
-    for path in targets:
-        update_markers(text, section, path)
-    print(text)
-    for path in targets:
-        print(f"\nreport: {path.name} section '{section}' updated")
-    return 0
+def _per_run(args, table) -> str:
+    """``table(rows)`` of each run folder, under the folder's name and where it was measured."""
+    parts = []
+    for d in args.results:
+        path = Path(d).as_posix()
+        parts.append(f"From [`{path}`]({path}/results.csv): {env_line(d)}\n\n"
+                     + table(_rows_of(d)))
+    return "\n\n".join(parts)
 
 
 def _versus_text(args) -> str:
@@ -96,18 +98,20 @@ def _versus_text(args) -> str:
     if not peers:
         raise ValueError("--peers: expected comma-separated provider names, got nothing")
     return (_generated_by(args, f" --versus {args.versus} --peers {','.join(peers)}")
-            + f" Loss+gradient phase; a ratio below 1 means {args.versus} is faster / smaller.\n\n"
-            + versus_table(_rows_of(args.results), args.versus, peers))
+            + f" Loss+gradient phase; a ratio below 1 means {args.versus} is faster / smaller; "
+              f"{RULE_TEXT}.\n\n"
+            + _per_run(args, lambda rows: versus_table(rows, args.versus, peers)))
 
 
 def _targets_text(args) -> str:
     return (_generated_by(args, " --targets")
             + " bf16 cells; times over the floor (one cuBLAS E @ C.T of the cell's shape, timed in "
-              "the same run); ratios are own_filter's loss+grad time or memory over the peer's; "
+              "the same run); ratios are own_filter's loss+grad time or memory over the peer's, "
+              f"with the verdict ({RULE_TEXT}); "
               "MiB ÷ grads is the loss+grad peak over dE + dC (+ dbias); err ÷ naive is the larger "
               "of the dE and dC errors over the naive baseline's; ✗ marks a value that misses its "
               "bound, – one not measured.\n\n"
-            + targets_table(_rows_of(args.results)))
+            + _per_run(args, targets_table))
 
 
 def _run_folder_text(args, train: list) -> tuple[str, str]:
@@ -121,27 +125,59 @@ def _run_folder_text(args, train: list) -> tuple[str, str]:
     if len(args.results) > 1:
         raise ValueError("give one run folder holding results.csv (several folders: only "
                          "training-step runs, --versus, --targets or --headline)")
-    return render(args.results[0], command=_command(args, "")), "gemma2-2b"
+    return render(args.results[0], command=_command(args, "")), "run"
+
+
+def compute(args) -> tuple[str, str]:
+    """(text, default README section) of the parsed arguments; writes nothing."""
+    if not args.results:
+        raise ValueError("give one or more run folders (or --results-doc alone)")
+    train = [d for d in args.results if is_train_run(d)]
+    if sum(map(bool, (args.versus, args.targets, args.headline))) > 1:
+        raise ValueError("give one of --versus, --targets, --headline")
+    if args.versus:
+        return _versus_text(args), "versus"
+    if args.targets:
+        return _targets_text(args), "targets"
+    if args.headline and train:
+        return train_headline(train, _command(args, " --headline")), "train-headline"
+    if args.headline:
+        return headline(args.results, _command(args, " --headline")), "headline"
+    return _run_folder_text(args, train)
+
+
+def table_text(arguments: str) -> str:
+    """What `python -m suite report <arguments>` prints (nothing written)."""
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="python -m suite report")
+    add_arguments(parser)
+    return compute(parser.parse_args(shlex.split(arguments)))[0]
+
+
+def results_doc_text() -> str:
+    """results/RESULTS.md as `--results-doc` writes it (suite/report/document.py)."""
+    return render_document(table_text)
 
 
 def main(args) -> int:
-    train = [d for d in args.results if is_train_run(d)]
     try:
-        if sum(map(bool, (args.versus, args.targets, args.headline))) > 1:
-            raise ValueError("give one of --versus, --targets, --headline")
-        if args.versus:
-            text, section = _versus_text(args), "versus"
-        elif args.targets:
-            text, section = _targets_text(args), "targets"
-        elif args.headline:
-            if train:
-                text = train_headline(train, _command(args, " --headline"))
-                section = "train-headline"
-            else:
-                text, section = headline(args.results, _command(args, " --headline")), "headline"
-        else:
-            text, section = _run_folder_text(args, train)
-        return _print_and_update(args, text, section)
+        if args.results_doc:
+            if args.results or args.update_readme:
+                raise ValueError("--results-doc writes results/RESULTS.md whole from the curated "
+                                 "runs (suite/report/document.py): give no folders and no "
+                                 "--update-readme")
+            RESULTS_DOC.write_text(results_doc_text())
+            print(f"report: {RESULTS_DOC} written")
+            return 0
+        text, section = compute(args)
+        section = args.section or section
+        print(text)
+        if args.update_readme:
+            update_markers(text, section, README)
+            print(f"\nreport: {README.name} section '{section}' updated")
+        return 0
     except (ValueError, FileNotFoundError) as err:
         print(f"report: {err}")
         return 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from suite.results import ENV_NAME, read_rows
+from suite.report.curated import read_run_rows as read_rows
+from suite.results import ENV_NAME
 
 
 def read_envs(results_dir) -> list[dict]:
@@ -88,8 +89,12 @@ def peer_versions(run_dir) -> str:
         except ValueError:  # a provider this checkout no longer registers
             package = provider
         commit = info.get("commit")
-        key = (package, info.get("version"), commit[:7] if commit else None)
+        route = info.get("route")  # torch_native: the installed torch's, or a wheel's files
+        key = (package, info.get("version"), commit[:7] if commit else None,
+               None if route in (None, "native") else route)
         groups.setdefault(key, []).append(provider)
     return "; ".join(
-        f"{package} {version}{f' ({commit})' if commit else ''}: {', '.join(sorted(ps))}"
-        for (package, version, commit), ps in sorted(groups.items(), key=lambda kv: kv[0][:2]))
+        f"{package} {version}{f' ({commit})' if commit else ''}{f' ({route})' if route else ''}: "
+        f"{', '.join(sorted(ps))}"
+        for (package, version, commit, route), ps in sorted(groups.items(),
+                                                            key=lambda kv: kv[0][:2]))

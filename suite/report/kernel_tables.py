@@ -10,14 +10,15 @@ from suite.report.claims import GRADS_RATIO, grads_bytes
 from suite.report.envs import env_line
 from suite.report.formatting import (NOT_MEASURED, fmt_err, fmt_mib, fmt_ms, latest_rows,
                                      num as _num)
-from suite.results import read_rows
+from suite.report.curated import read_run_rows as read_rows
+from suite.report.verdict import RULE_TEXT, Tally, time_verdict
 from suite.schema import PHASES
 
 MAX_CELL_TABLES = 6
 # Baseline first, then the peers from most to least memory, then this project's kernel.
 ORDER = ("naive", "torch_compile", "chunked", "selective", "liger_ce", "liger_flce",
-         "torch_native", "apple_torch_compile", "apple_cce", "apple_cce_nofilter", "own",
-         "own_low_memory", "own_filter", "own_fused", "own_fused_4g", "own_fused_6g",
+         "torch_native", "torch_native_accurate", "apple_torch_compile", "apple_cce",
+         "apple_cce_nofilter", "own", "own_recompute", "own_low_memory", "own_filter", "own_fused", "own_fused_4g", "own_fused_6g",
          "own_fused_filter", "own_portable",
          "own_portable_filter", "own_portable_fused")
 
@@ -59,13 +60,24 @@ def provider_order(rows, providers=None) -> list[str]:
     return sorted(wanted, key=lambda p: ORDER.index(p) if p in ORDER else len(ORDER))
 
 
+def _floor_text(rows) -> str:
+    """The cell's floor; where its rows come from several sessions of the run (a resumed run),
+    each session's floor, since each row's ×floor is over its own session's."""
+    floors = dict.fromkeys((r.get("run_id"), r["floor_ms"]) for r in rows if r["floor_ms"])
+    if not floors:
+        return ""
+    if len(floors) == 1:
+        return f"; floor (one E@Cᵀ) {fmt_ms(next(iter(floors))[1])} ms"
+    return (f"; rows from {len(floors)} sessions of this run, floors (one E@Cᵀ) "
+            f"{', '.join(fmt_ms(f) for _, f in floors)} ms: ×floor is each row's time over its "
+            f"own session's floor")
+
+
 def cell_table(rows: list[dict], providers=None) -> str:
     """One cell: provider x phase, peak extra MiB / median ms, floor ratio and errors."""
     by = {(r["provider"], r["phase"]): r for r in rows}
     names = provider_order(rows, providers)
-    floor = next((r["floor_ms"] for r in rows if r["floor_ms"]), "")
-    lines = [_cell_title(rows[0]) + (f"; floor (one E@Cᵀ) {fmt_ms(floor)} ms" if floor else ""),
-             "",
+    lines = [_cell_title(rows[0]) + _floor_text(rows), "",
              "| provider | fwd ms | loss MiB / ms | grad MiB / ms | loss+grad MiB / ms "
              "| ×floor | loss err | dE err | dC err |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -145,11 +157,11 @@ def summary(rows: list[dict], cells=None, providers=None) -> str:
 
 
 def versus_table(rows: list[dict], provider: str, peers) -> str:
-    """One row per cell: ``provider``'s loss+grad time over the floor and over each peer's, its
-    memory over the gradients' size (dE + dC (+ dbias) in the cell's dtype) and over each peer's,
-    and the dE errors; then per peer how many cells it was faster, and in how many cells its
-    memory was within 1.10x the gradients.
-    Rows from several folders: the latest (timestamp) of each (cell, provider, phase) wins."""
+    """One row per cell: ``provider``'s loss+grad time over the floor and over each peer's (with
+    the verdict of suite.report.verdict: faster, level or slower), its memory over the gradients'
+    size (dE + dC (+ dbias) in the cell's dtype) and over each peer's, and the dE errors; then
+    per peer the verdicts' counts, and in how many cells its memory was within 1.10x the
+    gradients. ``rows``: one run's; the latest (timestamp) of each (cell, provider, phase) wins."""
     latest = {k: r for k, r in latest_rows(rows).items() if k[2] == "loss+grad"}
 
     def shape(cell):
@@ -168,7 +180,7 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
     head += [f"time / {p}" for p in peers] + [f"MiB / {p}" for p in peers]
     head += [f"dE err {provider}"] + [f"dE err {p}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    faster = {p: [0, 0] for p in peers}  # cells faster, cells compared
+    tallies = {p: Tally() for p in peers}
     near_grads = [0, 0]  # cells with memory <= GRADS_RATIO x the gradients, cells measured
 
     def ok(r):
@@ -188,13 +200,7 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
             near_grads[0] += over_grads <= GRADS_RATIO
             near_grads[1] += 1
         for p, r in zip(peers, others):
-            if mine_ok and ok(r):
-                ratio = _num(me["ms"]) / _num(r["ms"])
-                faster[p][0] += ratio < 1
-                faster[p][1] += 1
-                cols.append(f"{ratio:.2f}")
-            else:
-                cols.append("–" if r is None else (r["status"] if not ok(r) else "–"))
+            cols.append(_time_cell(me, r, tallies[p]))
         for r in others:
             cols.append(f"{_num(me['peak_extra_mib']) / _num(r['peak_extra_mib']):.2f}"
                         if mine_ok and ok(r) and _num(r["peak_extra_mib"]) > 0 else "–")
@@ -202,10 +208,34 @@ def versus_table(rows: list[dict], provider: str, peers) -> str:
         cols += [fmt_err(r["de_rel_err"]) if ok(r) else "–" for r in others]
         lines.append("| " + " | ".join(cols) + " |")
     lines.append("")
-    lines += [f"- {provider} faster than {p} (loss+grad) in {n} of {m} cells" for p, (n, m) in faster.items()]
+    lines += [f"- {provider} against {p} (loss+grad; {RULE_TEXT}): {t.text()}"
+              for p, t in tallies.items()]
     lines.append(f"- {provider} loss+grad memory within {GRADS_RATIO:.2f}× the gradients in "
                  f"{near_grads[0]} of {near_grads[1]} cells")
+    if any(f" {OTHER_SESSION} |" in line for line in lines):
+        lines.append(f"- {OTHER_SESSION}: the two rows come from different sessions of this run "
+                     f"(it was resumed), each with its own floor")
     return "\n".join(lines)
+
+
+def _time_cell(me, other, tally: Tally) -> str:
+    """'0.93 faster' (time ratio and verdict), counted in ``tally``; the peer's status where it
+    did not run."""
+    verdict = time_verdict(me, other)
+    if verdict is None:
+        if other is not None and other["status"] != "ok":
+            return other["status"]
+        return "–"
+    tally.add(verdict)
+    return f"{_num(me['ms']) / _num(other['ms']):.2f} {verdict}" + _other_session(me, other)
+
+
+OTHER_SESSION = "†"
+
+
+def _other_session(me, other) -> str:
+    """A mark on a comparison of rows from two sessions of a resumed run."""
+    return "" if me.get("run_id") == other.get("run_id") else f" {OTHER_SESSION}"
 
 
 def render(run_dir, command: str | None = None) -> str:

@@ -1,0 +1,115 @@
+"""The curated runs: the run folders under results/ that the tables (results/RESULTS.md, the
+README's generated blocks) and the figures (plots/) read, and nothing else.
+
+A run folder not listed here does not belong in results/ (a test checks); superseded runs leave
+the tree and git keeps them (results/PROVENANCE.md names the commit). A run recorded before a
+provider was renamed lists the rename in ``provider_aliases``: readers apply it, so every table
+and figure names a provider as the suite names it now.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from suite.results import read_rows
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+RESULTS = ROOT / "results"
+# Folders under results/ that are not run folders: measurement notes, and the gate's baselines
+# and its proof (kept by the gate, read by no table or figure).
+NOT_RUNS = ("notes", "baselines", "gate-proof-h200")
+
+# `own` named the exact recompute path (workspace 0) until the API's default call took the name:
+# rows recorded before then are own_recompute's.
+OWN_WAS_RECOMPUTE = {"own": "own_recompute"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CuratedRun:
+    folder: str                  # under results/
+    what: str                    # what it measured, in a few words
+    provider_aliases: dict = dataclasses.field(default_factory=dict)  # recorded -> current name
+
+    def __post_init__(self):
+        if "/" in self.folder or not self.folder:
+            raise ValueError(f"folder: a folder name directly under results/, got {self.folder!r}")
+
+
+CURATED: tuple[CuratedRun, ...] = (
+    CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
+    CuratedRun("gemma2-2b-h200", "every provider at the Gemma 2 (2B) shape, H200",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200", "bf16 grid, N 8192, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200-vsweep", "bf16 vocabulary sweep, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200-n2048", "bf16 grid, N 2048, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200-n32768", "bf16 grid, N 32768, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200-fp16", "fp16 grid, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("grid-h200-fp32", "fp32 grid, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("ignored-h200", "ignored targets, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("d512-h200", "ignored targets at D 512, H200", OWN_WAS_RECOMPUTE),
+    CuratedRun("portable-h100-2", "the portable path forced on the H100", OWN_WAS_RECOMPUTE),
+    CuratedRun("fused-grid-h100-3-lm", "three-matmul path, N 8192 grid, lm inputs, H100"),
+    CuratedRun("fused-grid-h100-3-uniform", "three-matmul path, N 8192 grid, uniform inputs, H100"),
+    CuratedRun("fused-3gib-h100", "three-matmul path at 3 GiB, Gemma 2 (2B) and Qwen 2.5 (7B), H100"),
+    CuratedRun("fused-n32768-h100-4", "three-matmul path, N 32768, H100"),
+    CuratedRun("fused-qwen-h100-3", "three-matmul path, Qwen 2.5 (7B) shape, H100"),
+    CuratedRun("fused-budget-h100", "three-matmul path at 4 and 6 GiB budgets, H100"),
+    CuratedRun("train-h200", "training step, GPT, V 32000, H200",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-h200-v151936", "training step, GPT, V 151936, H200",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-hf-llama-h100", "training step, Llama architecture, H100",
+               OWN_WAS_RECOMPUTE),
+    CuratedRun("train-hf-gemma2-h100", "training step, Gemma 2 architecture, H100",
+               OWN_WAS_RECOMPUTE),
+)
+
+
+def _by_folder() -> dict[str, CuratedRun]:
+    return {r.folder: r for r in CURATED}
+
+
+def curated_dirs(root=RESULTS) -> list[Path]:
+    """The curated run folders under ``root``, in CURATED's order."""
+    return [Path(root) / r.folder for r in CURATED]
+
+
+def find(run_dir) -> CuratedRun | None:
+    """The curated entry of ``run_dir`` (a folder directly under the repository's results/),
+    or None: a run folder elsewhere is read as recorded."""
+    path = Path(run_dir).resolve()
+    if path.parent != RESULTS.resolve():
+        return None
+    return _by_folder().get(path.name)
+
+
+def aliases_of(run_dir) -> dict:
+    run = find(run_dir)
+    return dict(run.provider_aliases) if run else {}
+
+
+def read_run_rows(run_dir) -> list[dict]:
+    """results.csv's rows (suite.results.read_rows) with the run's provider renames applied."""
+    aliases = aliases_of(run_dir)
+    rows = read_rows(run_dir)
+    if aliases:
+        rows = [dict(r, provider=aliases.get(r["provider"], r["provider"])) for r in rows]
+    return rows
+
+
+def stray_folders(root=RESULTS) -> list[str]:
+    """Folders under ``root`` that are neither curated runs nor NOT_RUNS (they do not belong)."""
+    known = set(_by_folder()) | set(NOT_RUNS)
+    return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and p.name not in known)
+
+
+def rename_train_rows(rows: list[dict]) -> list[dict]:
+    """Training rows (suite.results.train_*_rows: each names its folder in ``source``) with their
+    run's provider renames applied to the backend and the run name."""
+    out = []
+    for r in rows:
+        aliases = aliases_of(r["source"]) if r.get("source") else {}
+        if aliases:
+            r = dict(r, **{k: aliases.get(r[k], r[k]) for k in ("backend", "run") if k in r})
+        out.append(r)
+    return out

@@ -1,0 +1,111 @@
+"""results/RESULTS.md, generated whole from the curated runs (suite/report/curated.py): a short
+section per question a user asks, each table under the command that prints it again.
+
+    python -m suite report --results-doc
+
+Nothing in it is typed by hand but the prose below, which names no measured number.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from suite.report.readme import RESULTS_DOC, rebase_links
+from suite.report.verdict import RULE_TEXT
+
+H200_GRIDS = ("results/grid-h200 results/grid-h200-vsweep results/grid-h200-n2048 "
+              "results/grid-h200-n32768")
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    title: str
+    intro: str
+    tables: tuple[str, ...]  # `python -m suite report` arguments, one table (or set) each
+
+
+HEAD = f"""# Results
+
+Every table below is printed by the `python -m suite report ...` command above it, from the run
+folders in this directory (the curated runs: `suite/report/curated.py`; older runs are in git,
+see [PROVENANCE.md](PROVENANCE.md)); this file is rewritten whole by
+`python -m suite report --results-doc`, and a test checks that doing so changes nothing. The
+[README](../README.md) shows one compact table per GPU; the measurement notes behind the
+kernel's tuned values are in [notes/](notes/README.md); the figures in [plots/](../plots/) come
+from the same runs (`python -m suite plots`).
+
+How to read them: memory is the peak over what was allocated just before the call (MiB); time
+is the median of the timed calls (CUDA events, L2 flushed); ×floor is the time over one cuBLAS
+`E @ Cᵀ` of the same shape measured in the same run (an exact loss+grad needs at least three);
+errors are relative to an fp32 reference on the same inputs. Faster, slower and level: {RULE_TEXT}
+(the p20 and p80 of each row are in its results.csv). `uniform` inputs give a nearly flat softmax
+(the best case for gradient filtering); `lm` inputs are built like a trained LM head (a peaked
+softmax). A provider that did not run shows its status (`oom`, `error`, `unavailable`,
+`unsupported`) and why. Each table takes its rows from one run folder; a folder resumed over
+several sessions says so where a cell's rows come from more than one.
+"""
+
+SECTIONS = (
+    Section(
+        "Which is fastest at my shape?",
+        "Every peer at three model shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 "
+        "(7B)); every provider at the Gemma 2 (2B) shape on the H200; the three-matmul path "
+        "(`own_fused`: loss and gradients in the forward, a row chunk at a time in a workspace) "
+        "against torch.compile over a grid of shapes on the H100; `own_filter` against Apple's "
+        "CCE and torch.compile over the H200 grids.",
+        ("results/peers-h100",
+         "results/gemma2-2b-h200",
+         "results/fused-grid-h100-3-lm results/fused-grid-h100-3-uniform "
+         "results/fused-n32768-h100-4 results/fused-qwen-h100-3 --versus own_fused "
+         "--peers torch_compile,naive",
+         f"{H200_GRIDS} results/grid-h200-fp16 results/grid-h200-fp32 --versus own_filter "
+         "--peers apple_cce,torch_compile")),
+    Section(
+        "Which fits my memory budget?",
+        "The gradients dE + dC are the least a loss+grad call can hold (`MiB ÷ grads` 1.0). "
+        "`own_fused` holds at most its budget beyond them (3 GiB by default; `own_fused_4g`, "
+        "`own_fused_6g`: 4 and 6 GiB); `own_low_memory` holds close to the gradients alone, "
+        "against the exact recompute path `own_recompute`.",
+        ("results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
+         "results/fused-budget-h100 --versus own_fused_4g --peers torch_compile,own_fused",
+         "results/fused-budget-h100 --versus own_fused_6g --peers torch_compile,own_fused",
+         f"{H200_GRIDS} --versus own_low_memory --peers own_recompute")),
+    Section(
+        "How accurate is each?",
+        "Every table gives the dE error of each provider; here the own kernel's targets per "
+        "bf16 cell (its errors over the naive baseline's among them), then the cells with "
+        "ignored targets (`ignore_index`), where filtering and compaction change what is "
+        "computed.",
+        (f"{H200_GRIDS} --targets",
+         "results/ignored-h200 results/d512-h200 --versus own_filter "
+         "--peers own_recompute,apple_cce,naive")),
+    Section(
+        "Without a Hopper GPU?",
+        "The portable path (`own_portable*`: no TMA, no Hopper-only instructions) forced on the "
+        "H100, beside the Hopper path and the peers.",
+        ("results/portable-h100-2",)),
+    Section(
+        "Does it train the same?",
+        "Whole training steps: the GPT bench at two vocabularies on the H200 (peak memory by "
+        "component, tokens/s, the largest batch that fits, and loss curves against naive CE), "
+        "then Hugging Face architectures on the H100 against the model's own loss.",
+        ("results/train-h200",
+         "results/train-h200-v151936",
+         "results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline")),
+)
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def render_document(table_text) -> str:
+    """The whole document; ``table_text(arguments)``: what `python -m suite report <arguments>`
+    prints (suite.report.results_doc_text passes it, so this module needs no parser)."""
+    toc = "\n".join(f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS)
+    parts = [HEAD, toc]
+    for s in SECTIONS:
+        parts.append(f"## {s.title}\n\n{s.intro}")
+        parts += [table_text(t) for t in s.tables]
+    return rebase_links("\n\n".join(parts) + "\n", RESULTS_DOC)
