@@ -373,3 +373,75 @@ def test_two_rank_training_equals_the_single_rank_run_of_the_same_global_batch(t
         worst = max(abs(a - b) / b for a, b in zip(curves[name], curves["own@1"]))
         assert worst <= TOL, (name, curves[name], curves["own@1"])
     assert (out / "env.json").exists() and (out / "nccl_allreduce.csv").exists()
+
+
+# ---- the scaling note and the vocab-parallel tables (suite/report), on synthetic inputs ---------
+
+def _bench_folder(path, rows):
+    import csv
+    from suite.schema import ROW_FIELDS
+    path.mkdir(parents=True)
+    with open(path / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**dict.fromkeys(ROW_FIELDS, ""), "cell_id": "c0", "dist": "lm",
+                        "n": 8192, "d": 2304, "v": 256000, "dtype": "bf16", "provider": "own",
+                        "status": "ok", "timestamp": "t", "run_id": "r", **r})
+
+
+def _two_gpu_run(tmp_path, t1_ms=40.0, t2_ms=26.0, p1=3000.0, p2=1900.0):
+    """A run folder of the layout the GPU commands write, with made-up inputs."""
+    import csv
+    run = tmp_path / "run-2xh100"
+    _bench_folder(run / "vp" / "shape-single", [
+        {"phase": "loss+grad", "ms": t1_ms, "peak_extra_mib": p1, "world_size": 1},
+        {"phase": "fwd", "ms": t1_ms / 3, "peak_extra_mib": 10, "world_size": 1}])
+    _bench_folder(run / "vp" / "shape-vp2", [
+        {"phase": "loss+grad", "ms": t2_ms, "peak_extra_mib": p2, "world_size": 2,
+         "loss_rel_err": 1e-7, "dc_rel_err": 2e-3},
+        {"phase": "fwd", "ms": t1_ms / 5, "peak_extra_mib": 8, "world_size": 2}])
+    (run / "train-2gpu").mkdir(parents=True)
+    with open(run / "train-2gpu" / "nccl_allreduce.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"])
+        for k, bw in ((20, 50.0), (25, 200.0), (29, 300.0)):
+            w.writerow([2, "bfloat16", 2 ** k, 1.0, bw, bw])
+    return run
+
+
+def test_scaling_model_reproduces_its_two_gpu_inputs(tmp_path):
+    from suite.report import scaling
+    run = _two_gpu_run(tmp_path)
+    x = scaling.shape_inputs(run / "vp" / "shape-single", run / "vp" / "shape-vp2")
+    nccl = scaling.read_nccl(run / "train-2gpu" / "nccl_allreduce.csv")
+    p = scaling.predict(x, nccl, internode_gbs=50.0)
+    assert p[1]["total"] == pytest.approx(x["t1"]) and p[2]["total"] == pytest.approx(x["t2"])
+    assert p[1]["mib"] == pytest.approx(x["p1"]) and p[2]["mib"] == pytest.approx(x["p2"])
+    assert p[1]["bwd"] == 0 and p[2]["bwd"] < p[4]["bwd"] < p[8]["bwd"]
+    # N x D bf16 = 37.7 MB: nearest measured size 2^25, 200 GB/s: 2 (K-1)/K x S / B.
+    s_de = 8192 * 2304 * 2
+    assert p[8]["bwd"] == pytest.approx(2 * 7 / 8 * s_de / 200e9)
+    k = p["k_star"]  # dE's all-reduce equals the compute share there
+    assert x["t1"] / k == pytest.approx(2 * (k - 1) / k * s_de / 200e9)
+    assert p["multi"]["total"] > p[8]["total"]
+
+
+def test_scaling_note_is_generated_from_the_run(tmp_path):
+    from suite.report import scaling
+    run = _two_gpu_run(tmp_path)
+    note = tmp_path / "scaling.md"
+    assert scaling.main([str(run), "--out", str(note)]) == 0
+    text = note.read_text()
+    assert "## shape: N 8192, D 2304, V 256000, bf16" in text
+    assert "one GPU 40.00 ms" in text and "two ranks 26.00 ms" in text  # the inputs, read
+    assert "| 64 (8 nodes x 8" in text and "K* = " in text
+
+
+def test_vocab_parallel_tables_pair_single_and_sharded_rows(tmp_path):
+    from suite.report.vocab_parallel_tables import vocab_parallel_section
+    run = _two_gpu_run(tmp_path)
+    text = vocab_parallel_section(run)
+    assert "#### shape, 2 ranks" in text
+    assert "| own | loss+grad | 40 | 26 | 0.65x | 3000 | 1900 | 0.63x | 1.0e-07 | 2.0e-03 |" in text
+    assert vocab_parallel_section(tmp_path / "nothing") == ""
