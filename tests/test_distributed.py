@@ -125,7 +125,8 @@ def _refusals(mesh):
         "bias_plain": lambda: linear_cross_entropy(e, c_vocab, t, bias=bias),
         "vocab_parallel_too": lambda: linear_cross_entropy(
             e, c_vocab, t, vocab_parallel=VocabParallel(None, 0, 5)),
-        "targets_differ": lambda: linear_cross_entropy(e, c_vocab, (t.clamp_min(0) + mesh.get_local_rank()) % V),
+        "targets_differ": lambda: linear_cross_entropy(
+            e, c_vocab, (t.clamp_min(0) + mesh.get_local_rank()) % V),
     }
     out = {}
     for name, call in calls.items():
@@ -137,7 +138,7 @@ def _refusals(mesh):
     return out
 
 
-# ---- the Hugging Face patch under FSDP2 and tensor parallelism ------------------------------------
+# ---- the Hugging Face patch under FSDP2 and tensor parallelism ---------------------------------
 
 def _tiny_llama():
     import transformers
@@ -294,8 +295,9 @@ def test_dtensor_in_dtensor_out_with_the_inputs_placements(ranks):
 def test_unsupported_placements_are_refused_naming_the_argument(ranks):
     for res in ranks:
         r = res["refusals"]
-        assert r["e_hidden_dim"].startswith("ValueError: e: ") and "Shard(dim=1)" in r["e_hidden_dim"]
-        assert r["c_hidden_dim"].startswith("ValueError: c: ") and "Shard(dim=1)" in r["c_hidden_dim"]
+        for arg in ("e", "c"):
+            text = r[f"{arg}_hidden_dim"]
+            assert text.startswith(f"ValueError: {arg}: ") and "Shard(dim=1)" in text
         assert r["c_partial"].startswith("ValueError: c: ") and "Partial" in r["c_partial"]
         assert r["bias_plain"].startswith("ValueError: bias: ")
         assert r["vocab_parallel_too"].startswith("ValueError: vocab_parallel: ")

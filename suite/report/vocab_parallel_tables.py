@@ -45,7 +45,8 @@ def _line(one: dict | None, many: dict) -> list[str]:
         return [many["provider"], many["phase"], status, "", "", "", "", "", "", ""]
     return [many["provider"], many["phase"], fmt_ms(one["ms"]), fmt_ms(many["ms"]),
             fmt_ratio(many["ms"], one["ms"]), fmt_mib(one["peak_extra_mib"]),
-            fmt_mib(many["peak_extra_mib"]), fmt_ratio(many["peak_extra_mib"], one["peak_extra_mib"]),
+            fmt_mib(many["peak_extra_mib"]),
+            fmt_ratio(many["peak_extra_mib"], one["peak_extra_mib"]),
             fmt_err(many.get("loss_rel_err")), fmt_err(many.get("dc_rel_err"))]
 
 

@@ -22,7 +22,7 @@ NVLink multicast off in every rank (``MULTICAST_OFF``):
 
 Backends: ``own`` (own_kernel.transformers.patch), ``hf_loss`` (the model's own logits and
 loss), ``liger_flce`` (Liger's fused linear cross entropy; suite.train.hf.apply_backend).
-AdamW (fused on CUDA), linear warm-up then cosine decay, gradient clipping at 1.0 over the
+AdamW (foreach), linear warm-up then cosine decay, gradient clipping at 1.0 over the
 sharded gradients. Every step is timed (CUDA events); steps after ``--warmup`` give the median
 step time and tokens/s (global tokens per step over it). Peak memory: each rank's
 max_memory_allocated over the whole run (model, optimizer states, steps).
@@ -171,7 +171,7 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
     cuda = device.type == "cuda"
     idx, labels = hf.corpus(model.config.vocab_size, s.steps * s.global_seqs, s.seq_len,
                             prompt_frac=(0.5, 0.7), seed=s.seed + 1, device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.1, fused=cuda)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.1)  # foreach: DTensor-safe
     losses, times = [], []
     for step in range(s.steps):
         for group in opt.param_groups:
