@@ -15,8 +15,10 @@ NVLink multicast off in every rank (``MULTICAST_OFF``):
   is each rank's sum over its used targets divided by (the global count / W)
   (``num_items_in_batch``): FSDP's gradient average is then the gradient of the global batch's
   mean, the single-GPU run's. ``W = 1`` is the single-GPU run of the same global batch.
-- ``backend+tp@W``: lm_head tensor-parallel (ColwiseParallel, vocabulary-sharded over the W
-  ranks: the own kernel's vocab-parallel path via its DTensor weight), the trunk (model.model)
+- ``backend+tp@W``: lm_head tensor-parallel (ColwiseParallel with the output gathered,
+  transformers' ``colwise_rep``: vocabulary-sharded over the W ranks; ``own`` takes the
+  DTensor weight's vocab-parallel path and builds no logits, ``hf_loss`` computes its logits'
+  shards and gathers them), the trunk (model.model)
   under FSDP2; the data replicated (every rank trains on the whole global batch), so the trunk's
   work is repeated on each rank: the configuration shows the head's memory and time.
 
@@ -55,7 +57,8 @@ import torch.distributed as dist
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 BACKENDS = ("own", "hf_loss", "liger_flce")
-DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2"
+TP_BACKENDS = ("own", "hf_loss")  # +tp: lm_head ColwiseParallel (Liger needs a plain weight)
+DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2,hf_loss+tp@2"
 RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error", "model", "vocab",
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
@@ -87,6 +90,9 @@ def parse_configs(text: str) -> list[RunConfig]:
                              f"{', '.join(BACKENDS)}")
         if int(world) < 1 or (tp and int(world) < 2):
             raise ValueError(f"--configs: {item!r}: world >= 1 (>= 2 with +tp)")
+        if tp and backend not in TP_BACKENDS:
+            raise ValueError(f"--configs: {item!r}: +tp with {', '.join(TP_BACKENDS)} only "
+                             f"({backend} reads lm_head.weight as a plain tensor)")
         configs.append(RunConfig(backend, int(world), bool(tp)))
     if not configs:
         raise ValueError("--configs: empty")
@@ -129,8 +135,12 @@ def _build(cfg: RunConfig, s: Settings, device, mesh):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     if cfg.tp_head:
+        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
-        parallelize_module(model, mesh, {"lm_head": ColwiseParallel()})
+        # transformers' "colwise_rep": the logits gathered for the model's own loss (hf_loss);
+        # the own kernel's patch builds no logits and takes the sharded weight.
+        head = ColwiseParallel(output_layouts=Replicate())
+        parallelize_module(model, mesh, {"lm_head": head})
         fully_shard(model.model, mesh=mesh, mp_policy=policy)
     else:
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -307,19 +317,20 @@ def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
 
 
 def _parity(rows: list[dict], curves: dict, tol: float, window: int) -> None:
-    """Each configuration's curve against the single-GPU run of its backend (of hf_loss for the
-    single-GPU runs themselves and where there is none)."""
+    """Each configuration's curve against a single-GPU run: its backend's, else hf_loss's, else
+    own's (the first measured; hf_loss@1 is the reference, compared with none)."""
     from suite.train.convergence import parity_verdict
 
     for row in rows:
         if row["status"] != "ok":
             continue
-        same = f"{row['backend']}@1"
-        ref = same if row["world_size"] > 1 and same in curves else "hf_loss@1"
-        if ref == row["config"] or ref not in curves:
-            row["verdict"] = "reference" if ref == row["config"] else "no reference"
+        name = row["config"]
+        order = ([f"{row['backend']}@1"] if row["world_size"] > 1 else []) + ["hf_loss@1", "own@1"]
+        ref = next((r for r in order if r in curves and r != name), None)
+        if ref is None or name == "hf_loss@1":
+            row["verdict"] = "reference" if name == "hf_loss@1" else "no reference"
             continue
-        loss = curves[row["config"]]
+        loss = curves[name]
         v = parity_verdict(loss, curves[ref], tol=tol, warmup=min(len(loss) // 10, 10),
                            window=min(window, len(loss)), shift=2)
         row.update(parity_ref=ref, max_rel_dev=v["max_rel_dev"],
