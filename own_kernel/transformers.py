@@ -23,6 +23,11 @@ reads logits for its metrics. Patching a patched model raises (``unpatch`` first
 options); ``unpatch`` removes the instance attribute, so ``model.forward`` is the class's again.
 Patch before anything wraps the model's forward (accelerate, ``Trainer``) or compiles it.
 
+Under torch.distributed: with FSDP2 (``fully_shard``) ``lm_head.weight`` is the unsharded tensor
+during the model's forward; an lm_head given its own ``fully_shard`` computes the loss inside its
+own call (its hooks unshard the weight); a tensor-parallel lm_head (ColwiseParallel, a tp_plan)
+holds a vocabulary-sharded DTensor weight, which the kernel takes as it is (distributed.py).
+
 transformers is imported inside the functions: ``own_kernel`` needs only torch and triton.
 """
 from __future__ import annotations
