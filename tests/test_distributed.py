@@ -397,26 +397,37 @@ def _two_gpu_run(tmp_path, t1_ms=40.0, t2_ms=26.0, p1=3000.0, p2=1900.0):
     with open(run / "train-2gpu" / "nccl_allreduce.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"])
-        for k, bw in ((20, 50.0), (25, 200.0), (29, 300.0)):
-            w.writerow([2, "bfloat16", 2 ** k, 1.0, bw, bw])
+        for dtype, scale in (("bfloat16", 1.0), ("float32", 1.25)):
+            for k, bw in ((12, 0.2), (20, 50.0), (25, 200.0), (26, 220.0), (29, 300.0)):
+                w.writerow([2, dtype, 2 ** k, 2 ** k / (bw * scale * 1e9) * 1e3, bw * scale,
+                            bw * scale])
     return run
 
 
-def test_scaling_model_reproduces_its_two_gpu_inputs(tmp_path):
+@pytest.mark.parametrize("de_allreduce, de_bytes, busbw", [("input", 2, 200e9),
+                                                           ("fp32", 4, 1.25 * 220e9)])
+def test_scaling_model_reproduces_its_two_gpu_inputs(tmp_path, de_allreduce, de_bytes, busbw):
     from suite.report import scaling
     run = _two_gpu_run(tmp_path)
     x = scaling.shape_inputs(run / "vp" / "shape-single", run / "vp" / "shape-vp2")
-    nccl = scaling.read_nccl(run / "train-2gpu" / "nccl_allreduce.csv")
-    p = scaling.predict(x, nccl, internode_gbs=50.0)
+    path = run / "train-2gpu" / "nccl_allreduce.csv"
+    nccl = {d: scaling.read_nccl(path, d) for d in ("float32", "bfloat16")}
+    p = scaling.predict(x, nccl, scaling.ScalingOptions(50.0, de_allreduce))
     assert p[1]["total"] == pytest.approx(x["t1"]) and p[2]["total"] == pytest.approx(x["t2"])
     assert p[1]["mib"] == pytest.approx(x["p1"]) and p[2]["mib"] == pytest.approx(x["p2"])
     assert p[1]["bwd"] == 0 and p[2]["bwd"] < p[4]["bwd"] < p[8]["bwd"]
-    # N x D bf16 = 37.7 MB: nearest measured size 2^25, 200 GB/s: 2 (K-1)/K x S / B.
-    s_de = 8192 * 2304 * 2
-    assert p[8]["bwd"] == pytest.approx(2 * 7 / 8 * s_de / 200e9)
+    # N x D: 37.7 MB in bf16 (nearest measured 2^25), 75.5 MB in fp32 (2^26): 2 (K-1)/K S / B.
+    s_de = 8192 * 2304 * de_bytes
+    assert p[8]["bwd"] == pytest.approx(2 * 7 / 8 * s_de / busbw)
     k = p["k_star"]  # dE's all-reduce equals the compute share there
-    assert x["t1"] / k == pytest.approx(2 * (k - 1) / k * s_de / 200e9)
+    assert x["t1"] / k == pytest.approx(2 * (k - 1) / k * s_de / busbw)
     assert p["multi"]["total"] > p[8]["total"]
+    # The forward's N-vectors (64 KiB, 128 KiB) sit below 1 MiB: latency-bound, at least the
+    # smallest fp32 message's time (4 KiB at 0.25 GB/s) per ring step pair.
+    floor = 2 ** 12 / (0.2e9 * 1.25)
+    assert p[2]["fwd"] >= 2 * floor * 0.999 and p[8]["fwd"] >= 2 * 7 * floor * 0.999
+    with pytest.raises(ValueError, match="--internode-gbs"):
+        scaling.ScalingOptions(0.0, "fp32")
 
 
 def test_scaling_note_is_generated_from_the_run(tmp_path):

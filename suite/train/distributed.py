@@ -65,7 +65,7 @@ RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error"
                  "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
                  "final_rel_diff", "verdict", "device", "run_id"]
 NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
-NCCL_SIZES = [2 ** k for k in range(20, 30, 1)]  # 1 MiB .. 512 MiB
+NCCL_SIZES = [2 ** k for k in range(12, 30, 2)] + [2 ** 29]  # 4 KiB .. 512 MiB
 
 
 @dataclass(frozen=True)
