@@ -8,12 +8,13 @@ from torch import Tensor, nn
 
 from own_kernel.check_targets import check_and_count_targets, raise_on_bad_targets
 from own_kernel.config import Config, config_for
+from own_kernel.distributed import accepts_dtensors
 from own_kernel.fused import FusedLce
 from own_kernel.gemm import HostScalar
 from own_kernel.ops import LceRowsEager, lce_rows
 from own_kernel.options import FilterOptions, Options
 from own_kernel.plan import FusedPlan, compaction_pays, fused_plan
-from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel, refuse_dtensor,
+from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel,
                                        vocab_parallel_rows)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -196,6 +197,7 @@ def _eager_rows(e2, c, t2, bias, opts: Options, check):
     return loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used), None
 
 
+@accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): distributed.py
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
@@ -227,7 +229,6 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
     the chunks would not fit or be too small to pay (plan.fused_plan), the recompute path runs.
     """
-    refuse_dtensor(e=e, c=c, targets=targets, bias=bias)
     if torch.is_autocast_enabled(e.device.type):
         dtype = torch.get_autocast_dtype(e.device.type)
         e, c = e.to(dtype), c.to(dtype)

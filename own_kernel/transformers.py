@@ -23,6 +23,11 @@ reads logits for its metrics. Patching a patched model raises (``unpatch`` first
 options); ``unpatch`` removes the instance attribute, so ``model.forward`` is the class's again.
 Patch before anything wraps the model's forward (accelerate, ``Trainer``) or compiles it.
 
+Under torch.distributed: with FSDP2 (``fully_shard``) ``lm_head.weight`` is the unsharded tensor
+during the model's forward; an lm_head given its own ``fully_shard`` computes the loss inside its
+own call (its hooks unshard the weight); a tensor-parallel lm_head (ColwiseParallel, a tp_plan)
+holds a vocabulary-sharded DTensor weight, which the kernel takes as it is (distributed.py).
+
 transformers is imported inside the functions: ``own_kernel`` needs only torch and triton.
 """
 from __future__ import annotations
@@ -162,7 +167,7 @@ def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = Fa
     if "forward" in model.__dict__:
         raise ValueError("model: its forward was replaced on the instance (by a wrapper such as "
                          "accelerate's); patch the model before wrapping it")
-    if type(getattr(model, "lm_head", None)) is not nn.Linear:
+    if not _is_plain_linear(getattr(model, "lm_head", None)):
         raise ValueError(f"model: lm_head must be a plain torch.nn.Linear (the kernel reads its "
                          f"weight and bias); got {type(getattr(model, 'lm_head', None)).__name__}")
     _check_options(filter_eps, low_memory, logits_in_eval)
@@ -261,16 +266,54 @@ def _causal_lm_loss(model, hidden: Tensor, labels: Tensor, head: _Head, options:
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     targets = shift_labels.to(hidden.device)
     scale, softcap = head.logit_transform(model)
-    weight, bias = model.lm_head.weight, model.lm_head.bias
     if scale != 1.0:
         hidden = hidden * scale
-        bias = bias * scale if bias is not None else None
     reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = linear_cross_entropy(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
-                                softcap=softcap, reduction=reduction,
-                                filter_eps=options.filter_eps, low_memory=options.low_memory)
+
+    def loss_of(hidden, weight, bias):
+        if scale != 1.0 and bias is not None:
+            bias = bias * scale
+        return linear_cross_entropy(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
+                                    softcap=softcap, reduction=reduction,
+                                    filter_eps=options.filter_eps, low_memory=options.low_memory)
+
+    loss = _through_head(model.lm_head, hidden, loss_of)
     if num_items_in_batch is not None:
         if isinstance(num_items_in_batch, Tensor):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+# ---- lm_head under torch.distributed ---------------------------------------------------------
+# A tensor-parallel lm_head (ColwiseParallel, transformers' tp_plan) holds its weight as a
+# DTensor sharded by vocabulary: the kernel takes it as it is (own_kernel/distributed.py), and
+# the logits the plan would gather are never built. Under FSDP2, lm_head.weight is the unsharded
+# plain tensor during the wrapping module's forward; an lm_head given its own fully_shard is
+# unsharded only during its own call, so the loss runs inside one.
+
+def _is_fsdp_module(module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without distributed
+        return False
+    return isinstance(module, FSDPModule)
+
+
+def _is_plain_linear(module) -> bool:
+    """nn.Linear, or the subclass fully_shard makes of it (its forward unchanged)."""
+    return type(module) is nn.Linear or (isinstance(module, nn.Linear) and _is_fsdp_module(module)
+                                         and type(module).forward is nn.Linear.forward)
+
+
+def _through_head(head: nn.Module, hidden: Tensor, loss_of: Callable) -> Tensor:
+    """loss_of(hidden, head.weight, head.bias): inside a call of ``head`` when FSDP2 manages it
+    (its hooks unshard the weight for the call, reduce-scatter its gradient after the
+    backward), directly otherwise."""
+    if type(head) is nn.Linear or not _is_fsdp_module(head):
+        return loss_of(hidden, head.weight, head.bias)
+    head.forward = lambda h: loss_of(h, head.weight, head.bias)  # this call only
+    try:
+        return head(hidden)
+    finally:
+        del head.forward

@@ -71,9 +71,7 @@ over its columns), and label smoothing's target term is added to rounded rows: o
 fp16 (tests/test_vocab_parallel.py) dE's error is 1.3-1.6x the single-process kernel's, dC's
 1.0-1.2x; bf16 is for the GPU run to measure.
 
-DTensors (FSDP2): refuse_dtensor raises on a DTensor argument with what to pass instead. Inside
-a module wrapped with fully_shard, lm_head.weight is already the unsharded plain tensor during
-the forward, so the kernel is called with it as usual and FSDP reduce-scatters dC.
+DTensors (a c sharded by vocabulary under ColwiseParallel, FSDP2): distributed.py.
 """
 from __future__ import annotations
 
@@ -156,21 +154,11 @@ def check_vocab_parallel(vp, c: Tensor) -> None:
                          f"rows, but c has {c.shape[0]}")
 
 
-def refuse_dtensor(**tensors) -> None:
-    """Raise on a DTensor argument, saying what to pass: the kernels read plain tensors."""
-    for name, t in tensors.items():
-        if t is None or type(t) in (Tensor, nn.Parameter):
-            continue  # no import here (host time); an FSDP2 Parameter of a DTensor is a DTensor
-        if dist.is_available():
-            from torch.distributed.tensor import DTensor
-            if isinstance(t, DTensor):
-                raise TypeError(
-                    f"{name}: a DTensor (placements {tuple(t.placements)}) is not supported; "
-                    f"pass {name}.full_tensor() (the gathered tensor: autograd reduce-scatters "
-                    f"its gradient back), or, for c sharded by vocabulary rows (Shard(0)), "
-                    f"c.to_local() with vocab_parallel=VocabParallel(group, start, stop). "
-                    f"Inside a module wrapped with FSDP2's fully_shard, lm_head.weight is the "
-                    f"unsharded plain tensor during the forward: pass it there")
+def with_known_vocab_size(vp: VocabParallel, v_total: int) -> VocabParallel:
+    """vp with V given (a DTensor's global shape, whose shards tile [0, V) by construction):
+    its calls skip the all_gather of the ranks' bounds."""
+    vp.__dict__["_vocab_size"] = v_total  # frozen: the fields, not this cache
+    return vp
 
 
 # ---- the call ------------------------------------------------------------------------------

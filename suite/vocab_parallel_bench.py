@@ -48,7 +48,8 @@ from suite.schema import PHASE_MATMULS
 # Providers with a sharded path: the own kernel's options that take vocab_parallel.
 SHARDED_OPTIONS = {"own": dict(filter_eps=None), "own_filter": dict(filter_eps="auto"),
                    "own_low_memory": dict(filter_eps=None, low_memory=True)}
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
 INFLIGHT = ".inflight"
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this (then: crashed)
 FAILURE_ORDER = ("crashed", "oom", "nan", "error", "unavailable", "unsupported")

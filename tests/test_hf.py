@@ -436,6 +436,15 @@ def test_unsupported_models_get_a_clear_error():
     model.lm_head = torch.nn.Sequential(model.lm_head)
     with pytest.raises(ValueError, match="lm_head must be a plain"):
         patch(model)
+
+    class ScaledHead(torch.nn.Linear):  # a Linear whose forward is not the weight's product
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = tiny_model("llama")
+    model.lm_head.__class__ = ScaledHead  # FSDP2's subclass of Linear passes (test_distributed)
+    with pytest.raises(ValueError, match="lm_head must be a plain"):
+        patch(model)
     with pytest.raises(ValueError, match="low_memory"):
         patch(tiny_model("llama"), filter_eps="auto", low_memory=True)
     with pytest.raises(ValueError, match="filter_eps"):

@@ -1,0 +1,75 @@
+"""The vocab-parallel tables: per shape, the own kernel's rows on one GPU next to its rows with C
+sharded over K ranks of the same host (``bench --vocab-parallel K``).
+
+    from suite.report.vocab_parallel_tables import vocab_parallel_section
+    text = vocab_parallel_section("results/<run>-2xh100")   # markdown, or "" without rows
+
+The run folder holds ``vp/<shape>-single`` and ``vp/<shape>-vp<K>`` bench folders (the GPU
+commands in results/notes/vocab-parallel.md). Per (cell, provider, phase): time of each, the
+ratio (sharded / single: below 1 is faster), peak memory beyond the inputs (the sharded one per
+rank, the max over ranks) and its ratio, and the sharded rows' errors. A row that failed shows
+its status.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from suite import results
+from suite.report.formatting import fmt_err, fmt_mib, fmt_ms, fmt_ratio, md_table
+
+PROVIDERS = ("own", "own_filter", "own_low_memory")
+
+
+def run_pairs(run_dir) -> list[tuple[str, Path, Path, int]]:
+    """(shape, single folder, sharded folder, K) of each shape with both folders."""
+    vp = Path(run_dir) / "vp"
+    pairs = []
+    for single in sorted(vp.glob("*-single")):
+        shape = single.name[:-len("-single")]
+        for sharded in sorted(vp.glob(f"{shape}-vp*")):
+            k = sharded.name[len(shape) + 3:]
+            if k.isdigit():
+                pairs.append((shape, single, sharded, int(k)))
+    return pairs
+
+
+def _cell_text(r: dict) -> str:
+    return (f"N {r['n']}, D {r['d']}, V {r['v']}, {r['dtype']}, {r['dist']}"
+            + (f", softcap {r['softcap']}" if r.get("softcap") not in ("", "none", None) else ""))
+
+
+def _line(one: dict | None, many: dict) -> list[str]:
+    if many["status"] != "ok" or one is None or one["status"] != "ok":
+        bad = many if many["status"] != "ok" else one
+        status = bad["status"] if bad else "no single-GPU row"
+        return [many["provider"], many["phase"], status, "", "", "", "", "", "", ""]
+    return [many["provider"], many["phase"], fmt_ms(one["ms"]), fmt_ms(many["ms"]),
+            fmt_ratio(many["ms"], one["ms"]), fmt_mib(one["peak_extra_mib"]),
+            fmt_mib(many["peak_extra_mib"]),
+            fmt_ratio(many["peak_extra_mib"], one["peak_extra_mib"]),
+            fmt_err(many.get("loss_rel_err")), fmt_err(many.get("dc_rel_err"))]
+
+
+def shape_table(single: Path, sharded: Path, k: int) -> str:
+    ones = {(r["cell_id"], r["provider"], r["phase"]): r for r in results.read_rows(single)}
+    manys = [r for r in results.read_rows(sharded) if r["provider"] in PROVIDERS]
+    header = ["provider", "phase", "ms, 1 GPU", f"ms, {k} ranks", "ratio",
+              "peak extra, 1 GPU", f"per rank, {k} ranks", "ratio", "loss rel err",
+              "dC rel err"]
+    blocks = []
+    for cell_id in dict.fromkeys(r["cell_id"] for r in manys):
+        rows = [r for r in manys if r["cell_id"] == cell_id]
+        body = [_line(ones.get((cell_id, r["provider"], r["phase"])), r) for r in rows]
+        blocks.append(f"{_cell_text(rows[0])}\n\n{md_table(header, body)}")
+    return "\n\n".join(blocks)
+
+
+def vocab_parallel_section(run_dir) -> str:
+    """Markdown: a table per shape of ``run_dir``'s vocab-parallel rows; "" when it has none."""
+    pairs = run_pairs(run_dir)
+    if not pairs:
+        return ""
+    parts = [f"### Vocabulary sharded over GPUs ({Path(run_dir).name})", ""]
+    for shape, single, sharded, k in pairs:
+        parts += [f"#### {shape}, {k} ranks", "", shape_table(single, sharded, k), ""]
+    return "\n".join(parts)

@@ -1,0 +1,441 @@
+"""A real multi-GPU training step: a Hugging Face causal LM under FSDP2, per loss backend.
+
+    python -m suite.train.distributed --out results/train-2gpu        # two GPUs, ~5 minutes
+
+Each configuration ``backend[+tp]@world`` trains the same model (``suite.train.hf``'s Llama
+from its config: ~1B parameters, Llama 3's vocabulary 128256, random init, seeded alike on
+every rank) for ``--steps`` steps on the same global batches, in a fresh world of ``world``
+processes (torch.multiprocessing, NCCL, one GPU each; gloo on the CPU) launched here, with
+NVLink multicast off in every rank (``MULTICAST_OFF``):
+
+- ``backend@W``: FSDP2 (fully_shard on every decoder layer, then the root, which holds the
+  embedding, the final norm and lm_head), ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)`` and bf16 autocast (fp32 and no policy with ``--dtype fp32``), data
+  parallel: each rank takes its ``--batch`` sequences of the step's ``W x --batch``. The loss
+  is each rank's sum over its used targets divided by (the global count / W)
+  (``num_items_in_batch``): FSDP's gradient average is then the gradient of the global batch's
+  mean, the single-GPU run's. ``W = 1`` is the single-GPU run of the same global batch.
+- ``backend+tp@W``: lm_head tensor-parallel (ColwiseParallel with the output gathered,
+  transformers' ``colwise_rep``: vocabulary-sharded over the W ranks; ``own`` takes the
+  DTensor weight's vocab-parallel path and builds no logits, ``hf_loss`` computes its logits'
+  shards and gathers them), the trunk (model.model)
+  under FSDP2; the data replicated (every rank trains on the whole global batch), so the trunk's
+  work is repeated on each rank: the configuration shows the head's memory and time.
+
+Backends: ``own`` (own_kernel.transformers.patch), ``hf_loss`` (the model's own logits and
+loss), ``liger_flce`` (Liger's fused linear cross entropy; suite.train.hf.apply_backend).
+AdamW (foreach), linear warm-up then cosine decay, gradient clipping at 1.0 over the
+sharded gradients. Every step is timed (CUDA events); steps after ``--warmup`` give the median
+step time and tokens/s (global tokens per step over it). Peak memory: each rank's
+max_memory_allocated over the whole run (model, optimizer states, steps).
+
+A world of 2 first measures NCCL's all-reduce (``nccl_allreduce.csv``: bytes, dtype, ms,
+algorithm and bus bandwidth) for the scaling note (suite/report/scaling.py).
+
+Files in ``--out``: ``results.csv`` (a row per configuration: time, tokens/s, peak memory per
+rank, final loss, and loss parity against the single-GPU run of the same backend, or of
+hf_loss, over the whole curve: suite.train.convergence.parity_verdict), ``curves.csv`` (the loss
+of every step), ``nccl_allreduce.csv``, ``env.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+BACKENDS = ("own", "hf_loss", "liger_flce")
+TP_BACKENDS = ("own", "hf_loss")  # +tp: lm_head ColwiseParallel (Liger needs a plain weight)
+DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2,hf_loss+tp@2"
+RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error", "model", "vocab",
+                 "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
+                 "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
+                 "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
+                 "final_rel_diff", "verdict", "device", "run_id"]
+NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
+NCCL_SIZES = [2 ** k for k in range(12, 30, 2)] + [2 ** 29]  # 4 KiB .. 512 MiB
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    backend: str
+    world: int
+    tp_head: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}{'+tp' if self.tp_head else ''}@{self.world}"
+
+
+def parse_configs(text: str) -> list[RunConfig]:
+    """'own@1,own+tp@2' -> configs; a clear error naming --configs otherwise."""
+    configs = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        head, _, world = item.partition("@")
+        backend, _, tp = head.partition("+")
+        if backend not in BACKENDS or tp not in ("", "tp") or not world.isdigit():
+            raise ValueError(f"--configs: {item!r} is not backend[+tp]@world with backend one of "
+                             f"{', '.join(BACKENDS)}")
+        if int(world) < 1 or (tp and int(world) < 2):
+            raise ValueError(f"--configs: {item!r}: world >= 1 (>= 2 with +tp)")
+        if tp and backend not in TP_BACKENDS:
+            raise ValueError(f"--configs: {item!r}: +tp with {', '.join(TP_BACKENDS)} only "
+                             f"({backend} reads lm_head.weight as a plain tensor)")
+        configs.append(RunConfig(backend, int(world), bool(tp)))
+    if not configs:
+        raise ValueError("--configs: empty")
+    return configs
+
+
+@dataclass(frozen=True)
+class Settings:
+    arch: str
+    tiny: bool
+    device: str           # "cuda" or "cpu"
+    dtype: str            # "bf16" (mixed precision) or "fp32"
+    steps: int
+    warmup: int           # steps left out of the timing
+    batch: int            # sequences per rank (data parallel)
+    seq_len: int
+    lr: float
+    lr_warmup: int
+    seed: int
+    max_world: int        # the global batch: max_world * batch sequences
+
+    @property
+    def global_seqs(self) -> int:
+        return self.max_world * self.batch
+
+
+# ---- one rank ----------------------------------------------------------------------------------
+
+def _build(cfg: RunConfig, s: Settings, device, mesh):
+    """The model on ``device``, its backend applied, sharded as the configuration says."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from suite.train import hf
+
+    kwargs = hf.config_kwargs(s.arch, seq_len=s.seq_len, tiny=s.tiny)
+    torch.manual_seed(s.seed)  # the same initial weights on every rank and world
+    model = hf.build_model(s.arch, kwargs, device)
+    hf.apply_backend(model, cfg.backend, s.arch)
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if s.dtype == "bf16" else MixedPrecisionPolicy())
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    if cfg.tp_head:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        # transformers' "colwise_rep": the logits gathered for the model's own loss (hf_loss);
+        # the own kernel's patch builds no logits and takes the sharded weight.
+        head = ColwiseParallel(output_layouts=Replicate())
+        parallelize_module(model, mesh, {"lm_head": head})
+        fully_shard(model.model, mesh=mesh, mp_policy=policy)
+    else:
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model, kwargs
+
+
+def _clip_(params, max_norm: float, world: int) -> None:
+    """Clip the gradients' global norm: each DTensor's local shard squared, summed over the
+    ranks (plain tensors are replicated: each rank adds 1/world of theirs)."""
+    from torch.distributed.tensor import DTensor
+    grads = [p.grad for p in params if p.grad is not None]
+    sq = torch.zeros((), device=grads[0].device, dtype=torch.float32)
+    for g in grads:
+        local = g.to_local() if isinstance(g, DTensor) else g
+        sq += local.float().square().sum() / (1 if isinstance(g, DTensor) else world)
+    dist.all_reduce(sq)
+    scale = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        (g.to_local() if isinstance(g, DTensor) else g).mul_(scale)
+
+
+def _step_batch(cfg: RunConfig, s: Settings, idx, labels, step: int, rank: int):
+    """This rank's (input ids, labels, num_items_in_batch) of ``step``."""
+    rows = slice(step * s.global_seqs, (step + 1) * s.global_seqs)
+    ids, lab = idx[rows], labels[rows]
+    count = (lab[:, 1:] != -100).sum().float()
+    if cfg.tp_head:  # replicated data: every rank the whole batch, its sum over the global count
+        return ids, lab, count
+    per = s.global_seqs // cfg.world
+    mine = slice(rank * per, (rank + 1) * per)
+    return ids[mine], lab[mine], count / cfg.world
+
+
+def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
+    from suite.train import hf
+    from suite.train.convergence import lr_at
+
+    cuda = device.type == "cuda"
+    idx, labels = hf.corpus(model.config.vocab_size, s.steps * s.global_seqs, s.seq_len,
+                            prompt_frac=(0.5, 0.7), seed=s.seed + 1, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.1)  # foreach: DTensor-safe
+    losses, times = [], []
+    for step in range(s.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps=s.steps, lr=s.lr, warmup=s.lr_warmup)
+        ids, lab, items = _step_batch(cfg, s, idx, labels, step, rank)
+        t0 = time.perf_counter()
+        start = torch.cuda.Event(enable_timing=True) if cuda else None
+        end = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            start.record()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.dtype == "bf16"):
+            loss = model(input_ids=ids, labels=lab, num_items_in_batch=items).loss
+        loss.backward()
+        _clip_(list(model.parameters()), 1.0, cfg.world)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            end.record()
+            end.synchronize()
+        times.append(start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3)
+        whole = loss.detach().float().reshape(1)
+        if not cfg.tp_head:  # data parallel: the global mean is the ranks' parts summed / W
+            dist.all_reduce(whole)
+            whole /= cfg.world
+        losses.append(float(whole))
+    return {"losses": losses, "ms": times}
+
+
+def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[dict]:
+    """All-reduce (SUM) time per message size and dtype on this world: algorithm bandwidth
+    bytes / time, bus bandwidth x 2 (W - 1) / W (what each link carries in a ring)."""
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for size in NCCL_SIZES if device.type == "cuda" else NCCL_SIZES[:1]:
+            buf = torch.ones(size // dtype.itemsize, dtype=dtype, device=device)
+            for _ in range(warmup):
+                dist.all_reduce(buf)
+            ms = []
+            for _ in range(reps):
+                dist.barrier()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                ms.append((time.perf_counter() - t0) * 1e3)
+            med = statistics.median(ms)
+            algbw = size / (med / 1e3) / 1e9
+            rows.append({"world_size": world, "dtype": str(dtype).removeprefix("torch."),
+                         "bytes": size, "ms": med, "algbw_gbs": algbw,
+                         "busbw_gbs": algbw * 2 * (world - 1) / world})
+            del buf
+    return rows
+
+
+def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
+               with_nccl: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **MULTICAST_OFF)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cuda = s.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.world))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=cfg.world,
+                            timeout=dt.timedelta(seconds=300), device_id=device if cuda else None)
+    try:
+        mesh = init_device_mesh(device.type, (cfg.world,))
+        result = {"rank": rank}
+        if with_nccl:
+            result["nccl"] = nccl_allreduce(device, cfg.world)
+        model, kwargs = _build(cfg, s, device, mesh)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        result.update(_train(cfg, s, model, device, rank))
+        result["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+        result["n_params"] = sum(p.numel() for p in model.parameters())
+        result["model"] = {k: kwargs[k] for k in ("vocab_size", "hidden_size",
+                                                  "num_hidden_layers")}
+        with open(Path(out_dir) / f"{cfg.name}.rank{rank}.json", "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- the parent --------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool) -> list[dict] | str:
+    """Every rank's result of one configuration (a fresh world), or why it failed."""
+    import torch.multiprocessing as mp
+
+    parts = out / "ranks"
+    parts.mkdir(parents=True, exist_ok=True)
+    try:
+        mp.start_processes(_rank_main, args=(cfg, s, _free_port(), str(parts), with_nccl),
+                           nprocs=cfg.world, start_method="spawn", join=True)
+    except Exception as exc:  # noqa: BLE001 - a failed configuration is a row
+        return " ".join(str(exc).split())[-400:]
+    return [json.loads((parts / f"{cfg.name}.rank{r}.json").read_text())
+            for r in range(cfg.world)]
+
+
+def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
+    row = {**common, "config": cfg.name, "backend": cfg.backend, "world_size": cfg.world,
+           "tp_head": int(cfg.tp_head), "seq_len": s.seq_len, "steps": s.steps,
+           "batch_per_rank": s.global_seqs if cfg.tp_head else s.global_seqs // cfg.world,
+           "global_tokens": s.global_seqs * s.seq_len}
+    if isinstance(ranks, str):
+        return {**row, "status": "error", "error": ranks}
+    first = ranks[0]
+    # A step's time: the slowest rank's; the timed steps are those after the warm-up.
+    ms = [max(r["ms"][i] for r in ranks) for i in range(s.warmup, len(first["ms"]))]
+    ms = ms or [max(r["ms"][-1] for r in ranks)]
+    q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [ms[0]] * 4
+    peaks = [r["peak_mib"] for r in ranks]
+    row.update(status="ok", error="", model=f"hf:{s.arch}", vocab=first["model"]["vocab_size"],
+               hidden=first["model"]["hidden_size"], layers=first["model"]["num_hidden_layers"],
+               n_params=first["n_params"], ms=statistics.median(ms), ms_p20=q[0], ms_p80=q[3],
+               tokens_per_s=s.global_seqs * s.seq_len / (statistics.median(ms) / 1e3),
+               peak_mib_max=max(peaks) if None not in peaks else "",
+               peak_mib_per_rank=";".join(f"{p:.0f}" for p in peaks) if None not in peaks else "",
+               final_loss=statistics.fmean(first["losses"][-10:]))
+    return row
+
+
+def _parity(rows: list[dict], curves: dict, tol: float, window: int) -> None:
+    """Each configuration's curve against a single-GPU run: its backend's, else hf_loss's, else
+    own's (the first measured; hf_loss@1 is the reference, compared with none)."""
+    from suite.train.convergence import parity_verdict
+
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        name = row["config"]
+        order = ([f"{row['backend']}@1"] if row["world_size"] > 1 else []) + ["hf_loss@1", "own@1"]
+        ref = next((r for r in order if r in curves and r != name), None)
+        if ref is None or name == "hf_loss@1":
+            row["verdict"] = "reference" if name == "hf_loss@1" else "no reference"
+            continue
+        loss = curves[name]
+        v = parity_verdict(loss, curves[ref], tol=tol, warmup=min(len(loss) // 10, 10),
+                           window=min(window, len(loss)), shift=2)
+        row.update(parity_ref=ref, max_rel_dev=v["max_rel_dev"],
+                   final_rel_diff=v["final_rel_diff"], verdict=v["verdict"])
+
+
+def _write_csv(path: Path, fields, rows) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, tol: float,
+        window: int) -> list[dict]:
+    """Every configuration in turn (those past ``budget_s`` are ``skipped`` rows); the CSVs and
+    env.json into ``out``."""
+    from suite.results import environment
+
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    env = {**environment(s.device), "settings": asdict(s), "configs": [c.name for c in configs],
+           "multicast_off": MULTICAST_OFF, "run_id": run_id}
+    (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
+    common = {"device": env.get("gpu_name") or s.device, "run_id": run_id}
+    rows, curves, nccl, t0 = [], {}, [], time.monotonic()
+    for cfg in configs:
+        if time.monotonic() - t0 > budget_s:
+            rows.append({**common, "config": cfg.name, "backend": cfg.backend,
+                         "world_size": cfg.world, "status": "skipped",
+                         "error": f"--budget-s {budget_s:.0f} spent"})
+            continue
+        want_nccl = not nccl and cfg.world >= 2
+        ranks = run_config(cfg, s, out, want_nccl)
+        rows.append(_row(cfg, s, ranks, common))
+        if not isinstance(ranks, str):
+            curves[cfg.name] = ranks[0]["losses"]
+            nccl = nccl or ranks[0].get("nccl", [])
+        print(f"train-2gpu: {cfg.name}: {rows[-1]['status']} "
+              f"{rows[-1].get('tokens_per_s', '')} tokens/s, peak "
+              f"{rows[-1].get('peak_mib_per_rank', '')} MiB ({time.monotonic() - t0:.0f} s)",
+              flush=True)
+    _parity(rows, curves, tol, window)
+    _write_csv(out / "results.csv", RESULT_FIELDS, rows)
+    _write_csv(out / "curves.csv", ["config", "step", "loss"],
+               [{"config": c, "step": i, "loss": x} for c, xs in curves.items()
+                for i, x in enumerate(xs)])
+    if nccl:
+        _write_csv(out / "nccl_allreduce.csv", NCCL_FIELDS, nccl)
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--out", required=True, help="output folder")
+    a("--configs", default=DEFAULT_CONFIGS, help=f"backend[+tp]@world, ... (default: "
+      f"{DEFAULT_CONFIGS}); backends: {', '.join(BACKENDS)}")
+    a("--arch", default="llama", help="a suite.train.hf architecture (default: llama, ~1B "
+      "parameters at Llama 3's vocabulary)")
+    a("--tiny", action="store_true", help="the tiny config (CPU checks)")
+    a("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    a("--dtype", default="bf16", choices=("bf16", "fp32"))
+    a("--steps", type=int, default=100)
+    a("--warmup", type=int, default=10, help="steps left out of the timing (default: 10)")
+    a("--batch", type=int, default=2, help="sequences per rank in the largest world (default 2)")
+    a("--seq-len", type=int, default=2048)
+    a("--lr", type=float, default=3e-4)
+    a("--lr-warmup", type=int, default=10)
+    a("--seed", type=int, default=0)
+    a("--tol", type=float, default=0.01, help="parity tolerance, relative (default 0.01)")
+    a("--smooth", type=int, default=10, help="parity's moving-average window (default 10)")
+    a("--budget-s", type=float, default=330,
+      help="configurations starting after this many seconds are skipped (default 330)")
+
+
+def settings_from(args, configs: list[RunConfig]) -> Settings:
+    from suite.train import hf
+    hf.arch_of(f"hf:{args.arch}")
+    for name in ("steps", "batch", "seq_len", "lr_warmup"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.device == "cuda" and max(c.world for c in configs) > torch.cuda.device_count():
+        raise ValueError(f"--configs: a world of {max(c.world for c in configs)} needs as many "
+                         f"GPUs; {torch.cuda.device_count()} visible")
+    if args.device == "cpu" and args.dtype == "bf16":
+        raise ValueError("--dtype bf16: the kernel refuses bf16 on the CPU; pass --dtype fp32")
+    return Settings(args.arch, args.tiny, args.device, args.dtype, args.steps, args.warmup,
+                    args.batch, args.seq_len, args.lr, args.lr_warmup, args.seed,
+                    max(c.world for c in configs))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m suite.train.distributed",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        configs = parse_configs(args.configs)
+        s = settings_from(args, configs)
+    except ValueError as err:
+        parser.error(str(err))
+    rows = run(configs, s, Path(args.out), budget_s=args.budget_s, tol=args.tol,
+               window=args.smooth)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
