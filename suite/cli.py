@@ -21,6 +21,7 @@ EXTERNAL = {
     "gate": ("suite.gate", "regression gates (pytest-benchmark) against this GPU's baseline"),
     "report": ("suite.report", "markdown tables from run folders; --update-readme; --results-doc"),
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
+    "frontier": ("suite.frontier", "time-memory frontier of exact loss+grad per shape"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
 # suite.runner.PRESETS' names, read without importing runner (it imports torch, which this
