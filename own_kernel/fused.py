@@ -4,7 +4,7 @@ logits live briefly in a bounded workspace.
 When the loss's upstream gradient is one scalar (reduction "mean" or "sum"), the backward only
 scales, so the forward can do all the work once per chunk of rows R:
 
-    Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (input dtype)
+    Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (fp32; 16-bit: config.Fused)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
     dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
                                       the filter or V mod 8 splits the K = V reduction)
@@ -30,7 +30,7 @@ import torch
 
 from own_kernel.check_targets import raise_on_bad_targets
 from own_kernel.config import Config
-from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
+from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
 from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
@@ -162,11 +162,16 @@ class _Rows:
             de.index_copy_(0, self.index, self.de)
 
 
-def _logits_and_grad(z, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
+def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
                      columns) -> None:
-    """z = the rows' logits, then (logits_grad.py) their gradient in place and their losses."""
+    """z = the rows' logits (fp32 sums rounded to z's dtype), then (logits_grad.py) their
+    gradient into g (z itself, or a 16-bit view of fp32 z's bytes) and their losses."""
     for a, b in columns:
-        if bias is None:
+        if z.dtype != e_rows.dtype:  # fp32 logits of 16-bit inputs; bias added in fp32
+            mm_fp32(e_rows, c[a:b].t(), z[:, a:b])
+            if bias is not None:
+                z[:, a:b] += bias[a:b]
+        elif bias is None:
             torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
         else:
             torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
@@ -176,7 +181,7 @@ def _logits_and_grad(z, e_rows, c, bias, targets, losses, opts: Options, cfg: Co
     logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
                    label_smoothing=opts.label_smoothing, kept=kept,
                    eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
-                   block=cfg.fused.block, num_warps=cfg.fused.num_warps)
+                   block=cfg.fused.block, num_warps=cfg.fused.num_warps, g=g)
 
 
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
@@ -189,7 +194,11 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     and the rest's rows with a target, gathered when some have none."""
     n, v = e.shape[0], c.shape[0]
     # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
-    ws = torch.empty(plan.rows, plan.row_stride, device=e.device, dtype=e.dtype)[:, :v]
+    # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
+    # written over the first half of each row's bytes (logits_grad.py).
+    logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
+                         dtype=torch.float32 if plan.logits_fp32 else e.dtype)
+    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if opts.filter is not None else None)
@@ -197,11 +206,12 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     every_column = aligned_runs([(0, v)], v)
 
     def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
-        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns z."""
-        z = ws[:r1 - r0]
-        _logits_and_grad(z, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
+        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns the
+        gradient."""
+        g = gs[:r1 - r0]
+        _logits_and_grad(ws[:r1 - r0], g, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
                          losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column)
-        return z
+        return g
 
     head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
     first = head.e.shape[0]
@@ -221,7 +231,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
         z = chunk(rest, r0, r1, first)
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
                        _runs(kept, cfg, v, every_column))
-    del ws, z
+    del logits, ws, gs, z
     sums.de32 = None
     rest.finish(sums.de, first)
     return losses[:first + m].sum() * sums.weight, sums
