@@ -170,3 +170,23 @@ def test_fp32_logits_cost_four_bytes_a_logit_in_the_plan(logits_fp32):
     # fp32 inputs' logits are fp32 either way
     plan32, _ = fused_plan(64, v, 16, 4, 2**30, cfg)
     assert not plan32.logits_fp32 and plan32.extra_bytes == 64 * 104 * 4
+
+
+# ---- the GPU accuracy tool's CPU-checkable parts -------------------------------------------
+
+def test_accuracy_tools_reference_is_the_fp64_gradient():
+    from suite.kernel.accuracy import make_inputs, reference
+    e, c, t = make_inputs("confident", 12, 16, 40, torch.float32, device="cpu")
+    loss, de, dc = reference(e, c, t, rows=5)  # chunks of rows, a short last one
+    ref_loss, (ref_de, ref_dc) = _reference(e, c, t, None)
+    tol = 40 * torch.finfo(torch.float64).eps  # V (40) fp64 roundings, norm-wise
+    assert abs(loss - ref_loss) <= tol * abs(ref_loss)
+    for got, want in ((de, ref_de), (dc, ref_dc)):
+        assert (got - want).norm() <= tol * want.norm()
+
+
+def test_accuracy_tools_large_logits_are_exact_in_fp32():
+    from suite.kernel.accuracy import make_inputs
+    e, c, _ = make_inputs("magnitude", 8, 256, 24, torch.float32, device="cpu")
+    z32, z64 = e @ c.T, e.double() @ c.double().T
+    assert z64.abs().min() > 500 and torch.equal(z32.double(), z64)
