@@ -39,6 +39,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp16, fp32")
     ap.add_argument("--cases", default="confident,magnitude", help="comma-separated")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per route (median)")
+    ap.add_argument("--workspace-mib", type=int, default=4096,
+                    help="the three-matmul routes' budget (default %(default)s)")
 
 
 def make_inputs(case: str, n: int, d: int, v: int, dtype, seed: int = 0, device="cuda"):
@@ -89,12 +91,14 @@ def _naive(e, c, t):
     return F.cross_entropy((e @ c.T).float(), t)
 
 
-def run_route(name, e, c, t, ref, reps):
+def run_route(name, e, c, t, ref, reps, workspace_mib):
     """(loss, loss error, dE error, dC error, median ms) of one route ("naive": torch)."""
     from own_kernel import linear_cross_entropy
     from own_kernel.config import overridden
 
     kwargs, overrides = ROUTES.get(name, ({}, {}))
+    if name.startswith("three_matmul"):
+        kwargs = {**kwargs, "workspace_mib": workspace_mib}
 
     def call():
         ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
@@ -122,7 +126,7 @@ def main(args) -> int:
     require_cuda("accuracy")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "accuracy.csv")
-    fields = ["case", "dtype", "route", "n", "d", "v", "loss", "loss_rel_err", "de_rel_err",
+    fields = ["case", "dtype", "route", "n", "d", "v", "workspace_mib", "loss", "loss_rel_err", "de_rel_err",
               "dc_rel_err", "ms", "device"]
     device = torch.cuda.get_device_name()
     with open(path, "w", newline="") as f:
@@ -133,8 +137,8 @@ def main(args) -> int:
                 e, c, t = make_inputs(case, args.n, args.d, args.v, DTYPES[dname])
                 ref = reference(e, c, t)
                 for route in ["naive", *ROUTES]:
-                    row = run_route(route, e, c, t, ref, args.reps)
-                    out.writerow([case, dname, route, args.n, args.d, args.v,
+                    row = run_route(route, e, c, t, ref, args.reps, args.workspace_mib)
+                    out.writerow([case, dname, route, args.n, args.d, args.v, args.workspace_mib,
                                   *(f"{x:.6e}" for x in row), device])
                     print(f"{case:10s} {dname:5s} {route:22s} loss {row[0]:.6f} "
                           f"loss err {row[1]:.2e} dE {row[2]:.2e} dC {row[3]:.2e} "
