@@ -31,10 +31,10 @@ from own_kernel.tile import (LOG2E, expm1, logits, lse_tile_update, softcap_scal
 
 
 @triton.jit
-def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, V, ignore_index, smooth,
-                           tanh_scale, cap, eps, flat_p_max, HAS_SOFTCAP: tl.constexpr,
-                           SMOOTH: tl.constexpr, FILTER: tl.constexpr, BARRIER: tl.constexpr,
-                           BLOCK: tl.constexpr):
+def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRound, V,
+                           ignore_index, smooth, tanh_scale, cap, eps, flat_p_max,
+                           HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, FILTER: tl.constexpr,
+                           BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     z_row = Z + row.to(tl.int64) * stride_z
     g_row = G + row.to(tl.int64) * stride_g
@@ -64,6 +64,7 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, V, ign
     one = tl.full((1,), 1.0, tl.float32)
     pt_m1 = expm1(-nll)
     flat = tl.exp2(-log2_s) < flat_p_max
+    row_round = tl.zeros((1,), tl.float32)
     for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
@@ -72,22 +73,29 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, V, ign
         g = tl.where(valid, g, 0.0)
         if BARRIER:  # G overlaps Z's bytes: every warp's loads of this block come first
             tl.debug_barrier()
-        tl.store(g_row + v0 + cols[None, :], g.to(G.dtype.element_ty), mask=v_mask[None, :])
+        g_used = g.to(G.dtype.element_ty)
+        tl.store(g_row + v0 + cols[None, :], g_used, mask=v_mask[None, :])
+        if ROW_ROUND:  # what rounding g removed, for dE's correction (fused.py)
+            row_round += tl.sum(tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0), axis=1)
         if FILTER:
             big = tl.max(tl.where(v_mask[None, :], tl.abs(g), 0.0), axis=1)
             keep = ((big >= eps) | flat) & valid_row
             # Every writer stores the same 1: no atomics needed.
             tl.store(Kept + v0 // BLOCK + tl.arange(0, 1), tl.full((1,), 1, tl.int8), mask=keep)
+    if ROW_ROUND:
+        tl.store(RowRound + row + tl.arange(0, 1), row_round)
 
 
 def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *,
                    ignore_index: int, softcap: float | None, label_smoothing: float,
                    kept: torch.Tensor | None, eps: float, flat_p_max: float, block: int,
-                   num_warps: int, g: torch.Tensor | None = None) -> None:
+                   num_warps: int, g: torch.Tensor | None = None,
+                   row_round: torch.Tensor | None = None) -> None:
     """Write the unweighted logit gradient of z (rows x V, unit stride along V) into g (None:
     over z itself; else g may share z's bytes, each row of g starting where z's does and
     taking at most as many bytes per column: fp32 logits, 16-bit gradient) and each row's loss
-    into loss (fp32). kept: None, or one int8 per ``block`` columns, zeroed by
+    into loss (fp32); row_round (fp32, one per row, or None): what rounding each row's gradient
+    to g's dtype removed, summed. kept: None, or one int8 per ``block`` columns, zeroed by
     the caller, set where the filter keeps the block. Rows whose target is ignore_index or not
     a column of z get loss 0 and gradient 0."""
     rows, v = z.shape
@@ -96,7 +104,9 @@ def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *
     tanh_scale, cap = softcap_scalars(softcap)
     g = z if g is None else g
     _logits_to_grad_kernel[(rows,)](
-        z, z.stride(0), g, g.stride(0), targets, loss, kept if kept is not None else loss, v,
-        int(ignore_index), float(label_smoothing), tanh_scale, cap, float(eps), float(flat_p_max),
+        z, z.stride(0), g, g.stride(0), targets, loss, kept if kept is not None else loss,
+        row_round if row_round is not None else loss, v, int(ignore_index),
+        float(label_smoothing), tanh_scale, cap, float(eps), float(flat_p_max),
         HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0,
-        FILTER=kept is not None, BARRIER=g.dtype != z.dtype, BLOCK=block, num_warps=num_warps)
+        FILTER=kept is not None, BARRIER=g.dtype != z.dtype, ROW_ROUND=row_round is not None,
+        BLOCK=block, num_warps=num_warps)
