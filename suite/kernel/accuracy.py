@@ -118,7 +118,8 @@ def run_route(name, e, c, t, ref, reps, workspace_mib):
             times.append(start.elapsed_time(end))
     ref_loss, ref_de, ref_dc = ref
     ms = sorted(times)[len(times) // 2] if times else float("nan")
-    return (float(loss), abs(float(loss) - ref_loss) / abs(ref_loss), _rel(de, ref_de),
+    loss = float(loss.detach())
+    return (loss, abs(loss - ref_loss) / abs(ref_loss), _rel(de, ref_de),
             _rel(dc, ref_dc), ms)
 
 
