@@ -188,11 +188,11 @@ def _eager_rows(e2, c, t2, bias, opts: Options, check):
     rows = (None if opts.ignored_lse or opts.low_memory or check is None or not needs_grad
             else _rows_to_gather(e2, c, t2, opts.ignore_index, check))
     if rows is None:
-        loss_rows, lse, _, _ = LceRowsEager.apply(e2, c, t2, bias, opts, check)
+        loss_rows, lse, *_ = LceRowsEager.apply(e2, c, t2, bias, opts, check)
         return loss_rows, lse
     # Only the used rows, gathered (index_select's backward scatters their dE back). Their lse
     # is not returned, so the others' is not needed.
-    loss_used, _, _, _ = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias, opts,
+    loss_used, *_ = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias, opts,
                                             check)
     return loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used), None
 
@@ -260,7 +260,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if vocab_parallel is not None:
         loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check)
     elif torch.compiler.is_compiling():
-        loss_rows, lse, _, _ = lce_rows(e2, c, t2, bias, *opts.op_args())
+        loss_rows, lse, *_ = lce_rows(e2, c, t2, bias, *opts.op_args())
     else:
         loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, check)
     raise_on_bad_targets(check, targets, v_total, ignore_index)

@@ -160,6 +160,10 @@ class Fused:
     default_workspace_mib_fp32: int = 512
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
     filtered: bool = False         # filtered calls take the path at the default budget too
+    # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
+    # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
+    # give naive 16-bit accuracy on confident rows (own_kernel/README.md, "Accuracy").
+    logits_fp32: bool = True
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)

@@ -29,11 +29,11 @@ from own_kernel.tile import (accumulate, dot_precision, logit_tile, row_terms, s
 
 
 @triton.jit
-def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W,
+def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse, W,
                        RowRound, ColRound, ColSum, Part,
                        N, V, D, v_start, width, stride_wn,
                        stride_en, stride_ed, stride_cv, stride_cd,
-                       tanh_scale, softcap_log2e, smooth,
+                       tanh_scale, cap, smooth,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
                        DETERMINISTIC: tl.constexpr, TILES: tl.constexpr,
@@ -47,8 +47,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W
     nb = pid // num_groups
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n,
-                                        n_mask, HAS_GRAD_LSE)
+    lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets,
+                                            offs_n, n_mask, HAS_GRAD_LSE)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
     # DETERMINISTIC partials (rows.Partials): per vocabulary group, rows (RowRound); then per
     # row block, columns (ColRound, ColSum).
@@ -61,8 +61,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, W
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale,
-                              softcap_log2e, HAS_SOFTCAP)
+        d = softmax_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale,
+                              cap, HAS_SOFTCAP)
         d = tl.where(v_mask[None, :], d, 0.0)
         d_used = d.to(W.dtype.element_ty)
         w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :]
@@ -103,7 +103,7 @@ def _launch(tiles, e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round
     part = Partials(deterministic, groups, n, cdiv(n, tiles.block_n), width, e.device)
     stand_in = sums.col_sum  # for pointers whose flag is off: never read
     cce_dlogits_kernel[(cdiv(n, tiles.block_n) * groups,)](
-        e, c, bias if bias is not None else stand_in, rows.targets, rows.lse, rows.nll,
+        e, c, bias if bias is not None else stand_in, rows.targets, rows.lse, rows.lse_lo_or_zeros(), rows.nll,
         rows.weight, rows.weight_lse if rows.weight_lse is not None else rows.weight, w,
         sums.row_round, sums.col_round, sums.col_sum, part.buffer,
         n, c.shape[0], e.shape[1], v_start, width, w.stride(0),

@@ -29,8 +29,8 @@ from own_kernel.tile import (accumulate, dot_precision, num_sms, row_terms, soft
 
 @triton.jit
 def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                  tanh_scale, softcap_log2e, smooth, col_plane,
+                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                  tanh_scale, cap, smooth, col_plane,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                   COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
@@ -40,7 +40,7 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
     w_mask = offs_w < width
     if HAS_BIAS:
         x += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
-    d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
+    d = softmax_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
                           HAS_SOFTCAP)
     d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
     d_used = d.to(W.dtype)
@@ -53,7 +53,7 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
         accumulate(ColRound + offs_v, part, tl.sum(r, axis=0), w_mask, DETERMINISTIC)
     if HAS_BIAS:
         accumulate(ColSum + offs_v, part + col_plane, tl.sum(d, axis=0), w_mask, DETERMINISTIC)
-    row_wsum = tl.zeros_like(lse2)
+    row_wsum = tl.zeros_like(lse)
     if FILTER:
         # Over the rows that may skip (eps > 0): a column is kept when one of its entries
         # exceeds its row's eps. (backward.py counts the kept columns afterwards: an atomic
@@ -77,29 +77,29 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-               tanh_scale, softcap_log2e, smooth, col_plane,
+               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+               tanh_scale, cap, smooth, col_plane,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
                SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                          n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                          tanh_scale, softcap_log2e, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
+                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                          tanh_scale, cap, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
                           FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
     r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                            n0, w0 + SUB_V, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start,
-                            width, tanh_scale, softcap_log2e, smooth, col_plane,
+                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start,
+                            width, tanh_scale, cap, smooth, col_plane,
                             HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
     return r + r1, ws + ws1
 
 
 @triton.jit
-def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
+def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse, RowEps,
                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum, Part,
                            N, V, v_start, width,
-                           tanh_scale, softcap_log2e, smooth,
+                           tanh_scale, cap, smooth,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                            FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
                            DETERMINISTIC: tl.constexpr,
@@ -132,9 +132,9 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeigh
 
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
-                                     HAS_GRAD_LSE)
-        eps = lse2
+        lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets,
+                                                offs_n, n_mask, HAS_GRAD_LSE)
+        eps = lse
         if FILTER:
             eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
 
@@ -142,26 +142,26 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, Nll, RowWeight, RowWeigh
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
             r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                  n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                                  tanh_scale, softcap_log2e, smooth, col_plane,
+                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                                  tanh_scale, cap, smooth, col_plane,
                                   HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_V)
         elif SUBTILES == 2:
             r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                               tanh_scale, softcap_log2e, smooth, col_plane,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                               tanh_scale, cap, smooth, col_plane,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V, v_start, width,
-                               tanh_scale, softcap_log2e, smooth, col_plane,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                               tanh_scale, cap, smooth, col_plane,
                                HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 4)
             r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse2, w, wp, tgt, pt_m1, eps, V,
-                                 v_start, width, tanh_scale, softcap_log2e, smooth, col_plane,
+                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V,
+                                 v_start, width, tanh_scale, cap, smooth, col_plane,
                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
                                  BLOCK_V // 4)
             r += r1
@@ -205,7 +205,7 @@ class RecomputeTma:
         cce_dlogits_tma_kernel[grid](
             e_desc or self.e_desc, self.c_desc, w_desc,
             self.bias if self.bias is not None else stand_in,
-            rows.targets, rows.lse, rows.nll, rows.weight,
+            rows.targets, rows.lse, rows.lse_lo_or_zeros(), rows.nll, rows.weight,
             rows.weight_lse if rows.weight_lse is not None else rows.weight,
             rows.eps if filters else rows.weight,
             sums.row_round, sums.col_round, sums.row_skip,

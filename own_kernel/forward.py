@@ -1,10 +1,10 @@
 """Forward: per-row log-sum-exp of softcap(E @ C.T + b) without materialising N x V.
 
 Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V tiles
-and keeps an online log-sum-exp in fp32, base 2 (running max m2, running sum s). Row blocks vary
-fastest in the program id, so the programs resident at one time read the same C tiles and share
-them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
-first loads overlap this tile's epilogue). The splits' partial (m2, s) are combined in O(splits*N),
+and keeps an online log-sum-exp in fp32 (running max m of the logits, running sum s of
+exp(z - m); tile.py). Row blocks vary fastest in the program id, so the programs resident at one
+time read the same C tiles and share them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
+first loads overlap this tile's epilogue). The splits' partial (m, s) are combined in O(splits*N),
 with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
 each row's loss (lse_combine.py).
 """
@@ -29,7 +29,7 @@ from own_kernel.tile import (dot_precision, logit_tile, lse_tile_update, num_sms
 def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    N, V, D, v_per_split, plane, splits, group_rows, ignore_index,
                    stride_en, stride_ed, stride_cv, stride_cd,
-                   tanh_scale, softcap_log2e,
+                   tanh_scale, cap,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                    SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -44,19 +44,19 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
     if SKIP_IGNORED:
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
-    m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z2_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         v_mask = offs_v < v_end
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        m2, s, z2_sum = lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+        m, s, z_sum = lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap,
                                         HAS_SOFTCAP, NEED_ZSUM)
 
-    store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, NEED_ZSUM)
+    store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, NEED_ZSUM)
 
 
 def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored):
@@ -75,17 +75,18 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
 
 def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
             skip_ignored=False):
-    """Returns (loss, lse, p_max, nll), each (N,) fp32, natural log units: each row's loss (0
-    where the target is ignore_index), log-sum-exp, largest softmax probability (the gradient
-    filter's flatness test), and -log of the target's probability (the backward's target
-    column; lse_combine.py says why it is kept apart). Rows whose target is outside [0, V) and
+    """Returns (loss, lse, p_max, nll, lse_lo), each (N,) fp32, natural log units: each row's
+    loss (0 where the target is ignore_index), log-sum-exp, largest softmax probability (the
+    gradient filter's flatness test), -log of the target's probability (the backward's target
+    column; lse_combine.py says why it is kept apart), and what rounding lse to fp32 removed
+    (lse + lse_lo is the lse to ~fp32 precision of its small part: the backward's softmax). Rows whose target is outside [0, V) and
     not ignore_index get a loss without the target term (the caller raises on them).
     skip_ignored: rows whose target is ignore_index get lse +inf and p_max 0 (no gradient flows
     through them: the backward's softmax exp(z - lse) is 0 there), and row blocks with only
     such rows compute no logits."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:  # distinct tensors: a custom op's outputs may not alias each other
-        return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(4))
+        return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(5))
     planes = 3 if label_smoothing > 0 else 2
     tma = cfg.forward.tma and v > 0 and tma_ready(e) and tma_ready(c)
     if not tma and cfg.autotune and e.is_cuda:

@@ -5,7 +5,7 @@ hardware zero-fills rows, columns and the D tail past the tensor's edge, so the 
 address arithmetic or masks and the warps' registers go to the accumulator and the epilogue.
 Columns past this program's split (not past V) are masked in the epilogue, as in forward.py.
 
-    x = E[rows] @ C[cols].T (+ bias),  z2 = softcap(x) * log2(e),  (m2, s) <- online LSE of z2
+    x = E[rows] @ C[cols].T (+ bias),  z = softcap(x),  (m, s) <- online LSE of z (tile.py)
 
 Needs 16-byte aligned bases and row strides and unit stride along D (forward.py checks; other
 inputs take the pointer kernel).
@@ -22,7 +22,7 @@ from own_kernel.tile import (dot_precision, lse_tile_update, row_block_and_split
 @triton.jit
 def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
                        N, V, v_per_split, plane, splits, group_rows, ignore_index,
-                       tanh_scale, softcap_log2e,
+                       tanh_scale, cap,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                        SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -37,9 +37,9 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
     if SKIP_IGNORED:
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
-    m2 = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z2_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
         acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
@@ -48,10 +48,10 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
         v_mask = offs_v < v_end
         if HAS_BIAS:
             acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-        m2, s, z2_sum = lse_tile_update(acc, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+        m, s, z_sum = lse_tile_update(acc, m, s, z_sum, v_mask, tanh_scale, cap,
                                         HAS_SOFTCAP, NEED_ZSUM)
 
-    store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, NEED_ZSUM)
+    store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, NEED_ZSUM)
 
 
 def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,

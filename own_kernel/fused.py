@@ -4,7 +4,7 @@ logits live briefly in a bounded workspace.
 When the loss's upstream gradient is one scalar (reduction "mean" or "sum"), the backward only
 scales, so the forward can do all the work once per chunk of rows R:
 
-    Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (input dtype)
+    Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (fp32; 16-bit: config.Fused)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
     dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
                                       the filter or V mod 8 splits the K = V reduction)
@@ -30,7 +30,7 @@ import torch
 
 from own_kernel.check_targets import raise_on_bad_targets
 from own_kernel.config import Config
-from own_kernel.gemm import HostScalar, addmm_fp32, mm_scaled
+from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
 from own_kernel.logits_grad import logits_to_grad
 from own_kernel.options import Options
 from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
@@ -87,20 +87,35 @@ class _Sums:
                         if bias is not None else None)
         self.dtype, self.bias_dtype = c.dtype, None if bias is None else bias.dtype
         self.weight = 1.0  # the reduction's, set once the host has read the targets' count
+        # 16-bit G: what rounding removed from each row goes back into dE through C's mean row
+        # (as finalize_de.py does on the recompute path): where every row of C shares a large
+        # component, dE's true terms along it cancel and the rounding residue would not.
+        self.row_round = self.c_mean = None
+        if c.dtype != torch.float32:
+            self.row_round = torch.empty(plan.rows, device=c.device, dtype=torch.float32)
+            self.c_mean = sampled_mean(c)
 
     def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
         """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
         self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
+        rows = g.shape[0]
         if one_run and self.de32 is None:  # one GEMM: its fp32 sums rounded once, into dE
             (a, b), = runs
-            mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight)
+            if self.row_round is None:
+                mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight)
+            else:  # the correction first, added to the GEMM's fp32 sums before the rounding
+                torch.mul(self.row_round[:rows, None] * self.weight, self.c_mean[None, :],
+                          out=de_rows)
+                mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight, accumulate=True)
         else:  # fp32 rows (or fp32 dE itself) summed over the runs
-            de32 = de_rows if self.de32 is None else self.de32[:g.shape[0]]
+            de32 = de_rows if self.de32 is None else self.de32[:rows]
             if not one_run:
                 de32.zero_()
             for a, b in runs:
                 addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
+            if self.row_round is not None:
+                de32.addr_(self.row_round[:rows], self.c_mean, alpha=self.weight)
             if self.de32 is not None:
                 de_rows.copy_(de32)
         dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
@@ -162,11 +177,17 @@ class _Rows:
             de.index_copy_(0, self.index, self.de)
 
 
-def _logits_and_grad(z, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
-                     columns) -> None:
-    """z = the rows' logits, then (logits_grad.py) their gradient in place and their losses."""
+def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
+                     columns, row_round=None) -> None:
+    """z = the rows' logits (fp32 sums rounded to z's dtype), then (logits_grad.py) their
+    gradient into g (z itself, or a 16-bit view of fp32 z's bytes), their losses, and, into
+    row_round, what rounding the gradient removed."""
     for a, b in columns:
-        if bias is None:
+        if z.dtype != e_rows.dtype:  # fp32 logits of 16-bit inputs; bias added in fp32
+            mm_fp32(e_rows, c[a:b].t(), z[:, a:b])
+            if bias is not None:
+                z[:, a:b] += bias[a:b]
+        elif bias is None:
             torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
         else:
             torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
@@ -176,7 +197,8 @@ def _logits_and_grad(z, e_rows, c, bias, targets, losses, opts: Options, cfg: Co
     logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
                    label_smoothing=opts.label_smoothing, kept=kept,
                    eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
-                   block=cfg.fused.block, num_warps=cfg.fused.num_warps)
+                   block=cfg.fused.block, num_warps=cfg.fused.num_warps, g=g,
+                   row_round=row_round)
 
 
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
@@ -189,7 +211,11 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     and the rest's rows with a target, gathered when some have none."""
     n, v = e.shape[0], c.shape[0]
     # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
-    ws = torch.empty(plan.rows, plan.row_stride, device=e.device, dtype=e.dtype)[:, :v]
+    # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
+    # written over the first half of each row's bytes (logits_grad.py).
+    logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
+                         dtype=torch.float32 if plan.logits_fp32 else e.dtype)
+    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if opts.filter is not None else None)
@@ -197,11 +223,13 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     every_column = aligned_runs([(0, v)], v)
 
     def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
-        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns z."""
-        z = ws[:r1 - r0]
-        _logits_and_grad(z, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
-                         losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column)
-        return z
+        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns the
+        gradient."""
+        g = gs[:r1 - r0]
+        _logits_and_grad(ws[:r1 - r0], g, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
+                         losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column,
+                         None if sums.row_round is None else sums.row_round[:r1 - r0])
+        return g
 
     head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
     first = head.e.shape[0]
@@ -221,7 +249,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
         z = chunk(rest, r0, r1, first)
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
                        _runs(kept, cfg, v, every_column))
-    del ws, z
+    del logits, ws, gs, z
     sums.de32 = None
     rest.finish(sums.de, first)
     return losses[:first + m].sum() * sums.weight, sums

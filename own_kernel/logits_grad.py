@@ -9,9 +9,11 @@ lse = log sum_v exp(z_v), t the target and ls the label smoothing:
 
 One program per row: pass 1 reads the row for its online max and sum (tile.lse_tile_update),
 pass 2 reads it again and overwrites it with g (tile.softmax_grad_tile, unweighted: the
-reduction's weight goes onto the GEMMs' alpha, so fp16 keeps the small entries). Where the target
-is the row's largest logit, lse - z_t is log2 of the running sum exactly (the max is that very
-value), so confident rows lose nothing to cancellation; their p_t - 1 comes from expm1.
+reduction's weight goes onto the GEMMs' alpha, so fp16 keeps the small entries). The row's
+lse stays the pair (max m, ln s): p_v = exp((z_v - m) - ln s) and lse - z_t = (m - z_t) + ln s,
+neither rounded at the logits' magnitude. Where the target is the row's largest logit,
+lse - z_t is ln s exactly (the max is that very value), so confident rows lose nothing to
+cancellation; their p_t - 1 comes from expm1.
 
 A row whose target is ignore_index or outside [0, V) gets loss 0 and a zero gradient row,
 without pass 1 (the path's first chunk is queued before the host has read the targets' check).
@@ -24,70 +26,87 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.tile import (LOG2E, expm1, logits_base2, lse_tile_update, softcap_scalars,
+from own_kernel.tile import (LOG2E, expm1, logits, lse_tile_update, softcap_scalars,
                              softmax_grad_tile)
 
 
 @triton.jit
-def _logits_to_grad_kernel(Z, stride_z, Targets, Loss, Kept, V, ignore_index, smooth, tanh_scale,
-                           softcap_log2e, eps, flat_p_max, HAS_SOFTCAP: tl.constexpr,
-                           SMOOTH: tl.constexpr, FILTER: tl.constexpr, BLOCK: tl.constexpr):
+def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRound, V,
+                           ignore_index, smooth, tanh_scale, cap, eps, flat_p_max,
+                           HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, FILTER: tl.constexpr,
+                           BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     z_row = Z + row.to(tl.int64) * stride_z
+    g_row = G + row.to(tl.int64) * stride_g
     cols = tl.arange(0, BLOCK)
-    m2 = tl.full((1,), float("-inf"), tl.float32)
+    m = tl.full((1,), float("-inf"), tl.float32)
     s = tl.zeros((1,), tl.float32)
-    z2_sum = tl.zeros((1,), tl.float32)
+    z_sum = tl.zeros((1,), tl.float32)
     t64 = tl.load(Targets + row)
     valid = (t64 != ignore_index) & (t64 >= 0) & (t64 < V)
     for v0 in range(0, tl.where(valid, V, 0), BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
-        m2, s, z2_sum = lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
-                                        HAS_SOFTCAP, SMOOTH)
-    m2, s = tl.where(valid, m2, 0.0), tl.where(valid, s, 1.0)  # finite in rows without a target
-    lse2 = m2 + tl.log2(s)
+        m, s, z_sum = lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap, HAS_SOFTCAP,
+                                      SMOOTH)
+    m, s = tl.where(valid, m, 0.0), tl.where(valid, s, 1.0)  # finite in rows without a target
+    log2_s = tl.log2(s)
     # Column 0 stands in for a missing target: nothing is read past the row.
     tgt = tl.where(valid, t64, 0).to(tl.int32) + tl.zeros((1,), tl.int32)
     valid_row = (tl.zeros((1,), tl.int32) + valid.to(tl.int32)) != 0
-    z2_t = logits_base2(tl.load(z_row + tgt).to(tl.float32), tanh_scale, softcap_log2e,
-                        HAS_SOFTCAP)
-    nll = (lse2 - z2_t) / LOG2E
+    z_t = logits(tl.load(z_row + tgt).to(tl.float32), tanh_scale, cap, HAS_SOFTCAP)
+    # lse - z_t as (m - z_t) + ln s: exact where the target is the max (confident rows).
+    nll = (m - z_t) + log2_s / LOG2E
     loss = nll
     if SMOOTH:
-        loss = (1.0 - smooth) * nll + smooth * (lse2 - z2_sum / V) / LOG2E
+        loss = (1.0 - smooth) * nll + smooth * ((m - z_sum / V) + log2_s / LOG2E)
     tl.store(Loss + row + tl.arange(0, 1), tl.where(valid, loss, 0.0))
     one = tl.full((1,), 1.0, tl.float32)
     pt_m1 = expm1(-nll)
-    flat = tl.exp2(m2 - lse2) < flat_p_max
+    flat = tl.exp2(-log2_s) < flat_p_max
+    row_round = tl.zeros((1,), tl.float32)
     for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
-        g = softmax_grad_tile(x, lse2, one, one, tgt, pt_m1, v0 + cols, V, smooth, tanh_scale,
-                              softcap_log2e, HAS_SOFTCAP)
+        g = softmax_grad_tile(x, m, log2_s, one, one, tgt, pt_m1, v0 + cols, V, smooth,
+                              tanh_scale, cap, HAS_SOFTCAP)
         g = tl.where(valid, g, 0.0)
-        tl.store(z_row + v0 + cols[None, :], g.to(Z.dtype.element_ty), mask=v_mask[None, :])
+        if BARRIER:  # G overlaps Z's bytes: every warp's loads of this block come first
+            tl.debug_barrier()
+        g_used = g.to(G.dtype.element_ty)
+        tl.store(g_row + v0 + cols[None, :], g_used, mask=v_mask[None, :])
+        if ROW_ROUND:  # what rounding g removed, for dE's correction (fused.py)
+            row_round += tl.sum(tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0), axis=1)
         if FILTER:
             big = tl.max(tl.where(v_mask[None, :], tl.abs(g), 0.0), axis=1)
             keep = ((big >= eps) | flat) & valid_row
             # Every writer stores the same 1: no atomics needed.
             tl.store(Kept + v0 // BLOCK + tl.arange(0, 1), tl.full((1,), 1, tl.int8), mask=keep)
+    if ROW_ROUND:
+        tl.store(RowRound + row + tl.arange(0, 1), row_round)
 
 
 def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *,
                    ignore_index: int, softcap: float | None, label_smoothing: float,
                    kept: torch.Tensor | None, eps: float, flat_p_max: float, block: int,
-                   num_warps: int) -> None:
-    """Overwrite z (rows x V, unit stride along V) with its unweighted logit gradient and write
-    each row's loss into loss (fp32). kept: None, or one int8 per ``block`` columns, zeroed by
+                   num_warps: int, g: torch.Tensor | None = None,
+                   row_round: torch.Tensor | None = None) -> None:
+    """Write the unweighted logit gradient of z (rows x V, unit stride along V) into g (None:
+    over z itself; else g may share z's bytes, each row of g starting where z's does and
+    taking at most as many bytes per column: fp32 logits, 16-bit gradient) and each row's loss
+    into loss (fp32); row_round (fp32, one per row, or None): what rounding each row's gradient
+    to g's dtype removed, summed. kept: None, or one int8 per ``block`` columns, zeroed by
     the caller, set where the filter keeps the block. Rows whose target is ignore_index or not
     a column of z get loss 0 and gradient 0."""
     rows, v = z.shape
     if rows == 0:
         return
-    tanh_scale, softcap_log2e = softcap_scalars(softcap)
+    tanh_scale, cap = softcap_scalars(softcap)
+    g = z if g is None else g
     _logits_to_grad_kernel[(rows,)](
-        z, z.stride(0), targets, loss, kept if kept is not None else loss, v, int(ignore_index),
-        float(label_smoothing), tanh_scale, softcap_log2e, float(eps), float(flat_p_max),
+        z, z.stride(0), g, g.stride(0), targets, loss, kept if kept is not None else loss,
+        row_round if row_round is not None else loss, v, int(ignore_index),
+        float(label_smoothing), tanh_scale, cap, float(eps), float(flat_p_max),
         HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0,
-        FILTER=kept is not None, BLOCK=block, num_warps=num_warps)
+        FILTER=kept is not None, BARRIER=g.dtype != z.dtype, ROW_ROUND=row_round is not None,
+        BLOCK=block, num_warps=num_warps)

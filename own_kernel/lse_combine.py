@@ -3,11 +3,17 @@ largest probability and its loss, in one pass over the splits x N partials. (As 
 elementwise ops, this step cost more host time than the whole forward's GPU time at small
 shapes.)
 
-    M = max_k m2_k,  S = sum_k s_k 2^(m2_k - M),  lse2 = M + log2(S)   (base 2, as the splits keep it)
-    lse = lse2 ln 2,  p_max = 2^(M - lse2) = 1 / S
-    nll = lse - z_target, or ln(S) when that is below CONFIDENT_NLL
-    loss = (1 - ls) nll + ls max(lse - mean_v z_v, 0),  0 where the target is ignore_index
-    SKIP_IGNORED: lse = +inf and p_max = 0 where the target is ignore_index
+    M = max_k m_k,  S = sum_k s_k exp(m_k - M),  ln S = log2(S) ln 2   (m_k: the splits' max logits)
+    lse = M + ln S rounded to fp32,  lse_lo = (M - lse) + ln S,  p_max = 1 / S
+    nll = (M - z_target) + ln S, or ln(S) when that is below CONFIDENT_NLL
+    loss = (1 - ls) nll + ls max((M - mean_v z_v) + ln S, 0),  0 where the target is ignore_index
+    SKIP_IGNORED: lse = +inf, lse_lo = 0 and p_max = 0 where the target is ignore_index
+
+Why lse_lo: at logits of magnitude 1e3 one ulp of lse is 6e-5, so exp(z - lse) in the backward
+would carry that error in every probability (naive fp32 softmax subtracts the max first and
+gets ~1e-7). lse + lse_lo is the exact sum to the precision of ln S: M - lse is exact (Sterbenz:
+M and lse are within a factor 2 where rounding lse matters), and the backward forms
+exp((z - lse) - lse_lo). The nll is formed the same way, from (M - z_target), never from lse.
 
 Why ln(S): on a confident row (target probability near 1) lse and z_target agree to ~1e-7
 relative, so lse - z_target is all rounding (fp32 losses came out negative). A row whose nll is
@@ -29,8 +35,8 @@ CONFIDENT_NLL = tl.constexpr(0.5)
 
 
 @triton.jit
-def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, N, splits, plane,
-                           ignore_index, smooth, smooth_per_v,
+def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, LseLo, N, splits, plane,
+                           ignore_index, smooth, inv_v,
                            NEED_ZSUM: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                            BLOCK_N: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -38,43 +44,46 @@ def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, N, spli
     big_m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     for k in range(splits):
         big_m = tl.maximum(big_m, tl.load(Part + k * N + offs, mask=mask, other=0.0))
-    # Rows that no split saw (skipped, SKIP_IGNORED: m2 -inf, s 0): finite values, no -inf - -inf.
+    # Rows that no split saw (skipped, SKIP_IGNORED: m -inf, s 0): finite values, no -inf - -inf.
     big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z2_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k in range(splits):
-        m2 = tl.load(Part + k * N + offs, mask=mask, other=0.0)
-        s += tl.load(Part + plane + k * N + offs, mask=mask, other=0.0) * tl.exp2(m2 - big_m)
+        m = tl.load(Part + k * N + offs, mask=mask, other=0.0)
+        s += tl.load(Part + plane + k * N + offs, mask=mask, other=0.0) * tl.exp2((m - big_m) * LOG2E)
         if NEED_ZSUM:
-            z2_sum += tl.load(Part + 2 * plane + k * N + offs, mask=mask, other=0.0)
-    log2_s = tl.log2(tl.where(mask & (s > 0), s, 1.0))  # lanes past N: no log2(0) warning
-    lse2 = big_m + log2_s
-    lse = lse2 / LOG2E
-    nll = lse - tl.load(ZTarget + offs, mask=mask, other=0.0)
-    nll = tl.where(nll < CONFIDENT_NLL, log2_s / LOG2E, nll)
+            z_sum += tl.load(Part + 2 * plane + k * N + offs, mask=mask, other=0.0)
+    s_ok = mask & (s > 0)
+    ln_s = tl.log2(tl.where(s_ok, s, 1.0)) / LOG2E  # lanes past N: no log2(0) warning
+    lse = big_m + ln_s
+    lse_lo = (big_m - lse) + ln_s
+    nll = (big_m - tl.load(ZTarget + offs, mask=mask, other=0.0)) + ln_s
+    nll = tl.where(nll < CONFIDENT_NLL, ln_s, nll)
     loss = (1.0 - smooth) * nll
     if NEED_ZSUM:  # ls (lse - mean z): >= 0 exactly, kept so through rounding
-        loss += tl.maximum(smooth * lse - smooth_per_v * (z2_sum / LOG2E), 0.0)
+        loss += smooth * tl.maximum((big_m - z_sum * inv_v) + ln_s, 0.0)
     tgt = tl.load(Targets + offs, mask=mask, other=0)
     used = tgt != ignore_index
-    p_max = tl.exp2(big_m - lse2)
+    p_max = 1.0 / tl.where(s_ok, s, 1.0)
     if SKIP_IGNORED:  # the forward may have skipped these rows (forward.py); +inf keeps them inert
         lse = tl.where(used, lse, float("inf"))
+        lse_lo = tl.where(used, lse_lo, 0.0)
         p_max = tl.where(used, p_max, 0.0)
     tl.store(Loss + offs, tl.where(used, loss, 0.0), mask=mask)
     tl.store(Lse + offs, lse, mask=mask)
     tl.store(PMax + offs, p_max, mask=mask)
     tl.store(Nll + offs, nll, mask=mask)
+    tl.store(LseLo + offs, lse_lo, mask=mask)
 
 
 def combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_ignored):
-    """(loss, lse, p_max, nll), each (N,) fp32, from the splits' partials part
+    """(loss, lse, p_max, nll, lse_lo), each (N,) fp32, from the splits' partials part
     ((2 or 3) x splits x N: running max, sum and, with label smoothing, the sum of logits)."""
     n = part.shape[2]
-    outs = tuple(torch.empty(n, device=part.device, dtype=torch.float32) for _ in range(4))
+    outs = tuple(torch.empty(n, device=part.device, dtype=torch.float32) for _ in range(5))
     block = 256
     cce_lse_combine_kernel[(cdiv(n, block),)](
         part, z_target, targets, *outs, n, part.shape[1], part.shape[1] * n, int(ignore_index),
-        float(label_smoothing), float(label_smoothing) / max(v, 1),
+        float(label_smoothing), 1.0 / max(v, 1),
         NEED_ZSUM=part.shape[0] == 3, SKIP_IGNORED=skip_ignored, BLOCK_N=block)
     return outs

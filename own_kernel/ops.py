@@ -25,7 +25,7 @@ from own_kernel.rows import Rows
 # ---- the passes, on plain tensors -------------------------------------------------------------
 
 def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
-    """(loss, lse, p_max, nll) per row (forward.py). cfg: the Config (None: this device's)."""
+    """(loss, lse, p_max, nll, lse_lo) per row (forward.py). cfg: the Config (None: this device's)."""
     cfg = cfg or config_for(e.device, e.dtype)
     return forward(e, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index,
                    cfg, skip_ignored=not opts.ignored_lse)
@@ -33,13 +33,14 @@ def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
 
 def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options,
                   num_used=None, cfg=None):
-    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max). num_used: the number of
+    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo]). num_used: the number of
     targets that are not ignore_index when the host knows it already (else read here, when it
     matters). cfg: the Config the forward ran with (None: this device's now). Rows with no
     gradient are gathered out where that pays (plan.compaction_pays); low_memory runs on every
     row (gathering would cost more memory than its workspace; the forward's lse +inf keeps the
     ignored ones' W zero)."""
-    lse, nll, p_max = saved
+    lse, nll, p_max = saved[:3]
+    lse_lo = saved[3] if len(saved) > 3 else None
     cfg = cfg or config_for(e.device, e.dtype)
     # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
     # as one value expanded (stride 0). Else (reduction "none", an lse gradient) fp16 scales
@@ -48,7 +49,7 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     used = targets != opts.ignore_index
     # Fresh, unit-stride fp32 vectors whatever autograd hands over: the kernels index them.
     rows = Rows(targets, lse, nll, torch.where(used, grad_loss.float(), 0.0),
-                grad_lse.float().contiguous() if grad_lse is not None else None)
+                grad_lse.float().contiguous() if grad_lse is not None else None, lse_lo=lse_lo)
     if opts.low_memory:
         return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform)
     gathered = _used_rows(e, c, used, grad_lse, num_used, cfg)
@@ -57,7 +58,8 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     if gathered.numel() == 0:
         return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
     e_used = e.index_select(0, gathered)
-    used_rows = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered], None)
+    used_rows = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered], None,
+                     lse_lo=lse_lo[gathered] if lse_lo is not None else None)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
     de_used, dc, dbias = backward(e_used, c, bias, used_rows, opts, cfg, p_max=p_max[gathered],
                                   de_out=e_used, uniform=uniform)
@@ -84,9 +86,9 @@ def _used_rows(e, c, used, grad_lse, num_used, cfg):
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
-             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss, lse, largest probability, -log p_target) per row for 2-D e; ignored rows have
-    loss 0, and lse +inf unless ignored_lse. The filter and low_memory only affect the
+             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, lse, largest probability, -log p_target, lse's rounding residue) per row for 2-D
+    e; ignored rows have loss 0, and lse +inf unless ignored_lse. The filter and low_memory only affect the
     backward."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic)
@@ -95,19 +97,20 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
 
 @lce_rows.register_fake
 def _(e, c, targets, bias, *options):
-    return tuple(e.new_empty(e.shape[0], dtype=torch.float32) for _ in range(4))
+    return tuple(e.new_empty(e.shape[0], dtype=torch.float32) for _ in range(5))
 
 
 @torch.library.custom_op("own_kernel::lce_rows_backward", mutates_args=())
 def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], lse: Tensor,
-                      nll: Tensor, p_max: Tensor, grad_loss: Tensor, grad_lse: Optional[Tensor],
+                      nll: Tensor, p_max: Tensor, lse_lo: Tensor, grad_loss: Tensor,
+                      grad_lse: Optional[Tensor],
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
                       low_memory: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic)
-    de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max), grad_loss, grad_lse,
-                                  opts)
+    de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
+                                  grad_lse, opts)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -119,17 +122,17 @@ def _(e, c, targets, bias, *rest):
 
 def _setup_context(ctx, inputs, output):
     e, c, targets, bias = inputs[:4]
-    ctx.save_for_backward(e, c, targets, bias, output[1], output[3], output[2])
-    ctx.mark_non_differentiable(output[2], output[3])
+    ctx.save_for_backward(e, c, targets, bias, output[1], output[3], output[2], output[4])
+    ctx.mark_non_differentiable(output[2], output[3], output[4])
     ctx.op_args = inputs[4:]
 
 
-def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll):
-    e, c, targets, bias, lse, nll, p_max = ctx.saved_tensors
+def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
+    e, c, targets, bias, lse, nll, p_max, lse_lo = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
-    de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, grad_loss, grad_lse,
-                                      *ctx.op_args)
+    de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
+                                      grad_lse, *ctx.op_args)
     return (de, dc, None, dbias if bias is not None else None) + (None,) * 8
 
 
@@ -148,19 +151,19 @@ class LceRowsEager(torch.autograd.Function):
         # force when autograd reaches it (use_target("portable") may have ended by then).
         cfg = config_for(e.device, e.dtype)
         lse_etc = rows_forward(e, c, targets, bias, opts, cfg)
-        loss, lse, p_max, nll = lse_etc
-        ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max)
-        ctx.mark_non_differentiable(p_max, nll)
+        loss, lse, p_max, nll, lse_lo = lse_etc
+        ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max, lse_lo)
+        ctx.mark_non_differentiable(p_max, nll, lse_lo)
         ctx.opts, ctx.counts, ctx.cfg = opts, counts, cfg
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
         return lse_etc
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll):
-        e, c, targets, bias, lse, nll, p_max = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
+        e, c, targets, bias, lse, nll, p_max, lse_lo = ctx.saved_tensors
         if grad_loss is None:
             grad_loss = torch.zeros_like(lse)
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
-        de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max), grad_loss,
+        de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
                                       grad_lse, ctx.opts, num_used=num_used, cfg=ctx.cfg)
         return de, dc, None, dbias if bias is not None else None, None, None

@@ -362,6 +362,7 @@ class FusedPlan:
     de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
     extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
+    logits_fp32: bool = False  # 16-bit inputs whose logits are kept in fp32 (row_stride: fp32)
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
@@ -369,9 +370,9 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
-    Per chunk row the path holds its V logits (input dtype) and, for 16-bit inputs whose dE rows
-    are summed over several GEMMs (the filter's kept column runs, or V's last V mod 8 columns
-    apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With
+    Per chunk row the path holds its V logits (fp32, or the input dtype: config.Fused) and, for
+    16-bit inputs whose dE rows are summed over several GEMMs (the filter's kept column runs, or
+    V's last V mod 8 columns apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With
     several chunks and 16-bit inputs, dC is summed in an fp32 accumulator (4 V D bytes) that
     the backward rounds into dC (2 V D bytes) once the chunk is freed: the forward holds chunk
     and accumulator but not yet dC, the backward accumulator and dC, so the peak beyond the
@@ -379,13 +380,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     (gradients, not workspace). Chunks are of equal size (a short last chunk would cost a pass
     over dC's accumulator for a few rows). Fewer than fused.min_rows rows per chunk make dC's
     accumulation memory-bound: the recompute path is faster then."""
-    stride = cdiv(v * elt, 16) * 16 // elt
     fp32 = elt == 4
+    logits_fp32 = not fp32 and cfg.fused.logits_fp32  # 4 bytes a logit (config.Fused)
+    logit_elt = 4 if logits_fp32 else elt
+    stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    per_row = stride * elt + (d * 4 if de_rows_fp32 else 0)
+    per_row = stride * logit_elt + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, False, de_rows_fp32, n * per_row, stride), ""
+        return FusedPlan(n, 1, False, de_rows_fp32, n * per_row, stride, logits_fp32), ""
     acc, dc = (0, 0) if fp32 else (v * d * 4, v * d * elt)
     mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
     if acc > budget_bytes:
@@ -399,4 +402,4 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                       f"recomputing")
     rows = min(cap, even_rows(n, fits))
     extra = max(rows * per_row + acc - dc, acc)
-    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, stride), ""
+    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, stride, logits_fp32), ""

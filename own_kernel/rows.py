@@ -17,13 +17,18 @@ class Rows:
     weight: torch.Tensor              # fp32 w_n, 0 where ignored
     weight_lse: torch.Tensor | None   # fp32 w'_n (a gradient into lse), or None
     eps: torch.Tensor | None = None   # fp32 filter thresholds (0: never skips), or None
+    lse_lo: torch.Tensor | None = None  # fp32, what rounding lse removed (lse_combine.py); None: 0
 
     def select(self, start: int, stop: int) -> "Rows":
         """Rows [start, stop)."""
         def cut(t):
             return t[start:stop] if t is not None else None
         return Rows(*(cut(getattr(self, f)) for f in
-                      ("targets", "lse", "nll", "weight", "weight_lse", "eps")))
+                      ("targets", "lse", "nll", "weight", "weight_lse", "eps", "lse_lo")))
+
+    def lse_lo_or_zeros(self) -> torch.Tensor:
+        """lse_lo for the kernels, zeros where the caller had none."""
+        return self.lse_lo if self.lse_lo is not None else torch.zeros_like(self.lse)
 
 
 @dataclass

@@ -67,10 +67,10 @@ def store_w(W, d, n0, col0, offs_n, offs_w, m, stride_wn, TMA: tl.constexpr):
 
 
 @triton.jit
-def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightLse, RowEps,
+def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse, RowEps,
                             RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
                             Part, N, V, v_start, width, rows_per_program, stride_xn, stride_wn,
-                            tanh_scale, softcap_log2e, smooth,
+                            tanh_scale, cap, smooth,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
                             DETERMINISTIC: tl.constexpr, TMA: tl.constexpr,
@@ -100,12 +100,12 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, Nll, RowWeight, RowWeightL
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < row_end
         m = n_mask[:, None] & w_mask[None, :]
-        lse2, w, wp, tgt, pt_m1 = row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
-                                     HAS_GRAD_LSE)
+        lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse,
+                                                Targets, offs_n, n_mask, HAS_GRAD_LSE)
         x = load_x(X, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_xn, TMA)
         if HAS_BIAS:
             x += b[None, :]
-        d = softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
+        d = softmax_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
                               HAS_SOFTCAP)
         d = tl.where(m, d, 0.0)
         d_used = store_w(W, d, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_wn, TMA)
@@ -170,7 +170,7 @@ def _launch(k, x, w, bias, rows, v_start, softcap, smooth, v, filters, determini
                     TensorDescriptor.from_tensor(w, [k.block_n, k.block_v])) if k.tma else (x, w))
     cce_softmax_grad_kernel[(strips * cdiv(n, rows_per_program),)](
         x_in, w_out,
-        bias if bias is not None else stand_in, rows.targets, rows.lse, rows.nll, rows.weight,
+        bias if bias is not None else stand_in, rows.targets, rows.lse, rows.lse_lo_or_zeros(), rows.nll, rows.weight,
         rows.weight_lse if rows.weight_lse is not None else rows.weight,
         rows.eps if filters else rows.weight, sums.row_round, sums.col_round, sums.row_skip,
         sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,

@@ -1,6 +1,9 @@
 """The math both passes share: a (BLOCK_N x BLOCK_V) tile of logits, and the softcap.
 
-Logits are handled in base 2 (z2 = z * log2(e)) so every exponential is one exp2.
+Every exponential is one exp2 of (z - ref) * log2(e), with the reference (a row's max, or its
+lse) subtracted in natural units first: z - ref is exact where it matters (z near ref), while
+z * log2(e) or an lse rounded at the logits' magnitude (one ulp of 1e3 is 6e-5) would put that
+rounding into every probability (results: tests/test_numerics.py).
 """
 import functools
 
@@ -58,18 +61,19 @@ def skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end):
 
 
 @triton.jit
-def lse_tile_update(x, m2, s, z2_sum, v_mask, tanh_scale, softcap_log2e,
+def lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap,
                     HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr):
     # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the
-    # rows' online log-sum-exp in base 2: z2 = softcap(x) log2(e); the running sum s is rescaled
-    # to the new running max m2. Every tile has at least one column inside v_mask.
-    z2 = logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP)
-    z2 = tl.where(v_mask[None, :], z2, float("-inf"))
-    m2_new = tl.maximum(m2, tl.max(z2, axis=1))
-    s = s * tl.exp2(m2 - m2_new) + tl.sum(tl.exp2(z2 - m2_new[:, None]), axis=1)
+    # rows' online log-sum-exp: running max m of z = softcap(x) (natural units, an exact logit)
+    # and running sum s of exp(z - m), rescaled to each new max. Every tile has at least one
+    # column inside v_mask.
+    z = logits(x, tanh_scale, cap, HAS_SOFTCAP)
+    z = tl.where(v_mask[None, :], z, float("-inf"))
+    m_new = tl.maximum(m, tl.max(z, axis=1))
+    s = s * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2((z - m_new[:, None]) * LOG2E), axis=1)
     if NEED_ZSUM:
-        z2_sum += tl.sum(tl.where(v_mask[None, :], z2, 0.0), axis=1)
-    return m2_new, s, z2_sum
+        z_sum += tl.sum(tl.where(v_mask[None, :], z, 0.0), axis=1)
+    return m_new, s, z_sum
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -109,10 +113,10 @@ def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum,
 
 
 def softcap_scalars(softcap):
-    """Host-side constants of the softcap: (2 log2(e) / s, s log2(e)); (1, 1) for no softcap."""
+    """Host-side constants of the softcap: (2 log2(e) / s, s); (1, 1) for no softcap."""
     if softcap is None:
         return 1.0, 1.0
-    return 2.0 * LOG2E_F / softcap, softcap * LOG2E_F
+    return 2.0 * LOG2E_F / softcap, float(softcap)
 
 
 @triton.jit
@@ -124,12 +128,12 @@ def softcap_tanh(x, tanh_scale):
 
 
 @triton.jit
-def logits_base2(x, tanh_scale, softcap_log2e, HAS_SOFTCAP: tl.constexpr):
-    # z2 = softcap(x) * log2(e), softcap_log2e = s log2(e)
+def logits(x, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
+    # z = softcap(x) = cap tanh(x / cap), or x
     if HAS_SOFTCAP:
-        return softcap_tanh(x, tanh_scale) * softcap_log2e
+        return softcap_tanh(x, tanh_scale) * cap
     else:
-        return x * LOG2E
+        return x
 
 
 @triton.jit
@@ -152,35 +156,40 @@ def expm1(x):
 
 
 @triton.jit
-def row_terms(Lse, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
+def row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
               HAS_GRAD_LSE: tl.constexpr):
-    # Per row: lse in base 2, the loss weight w, w + the lse weight w' (z-loss), the target, and
-    # p_t - 1 = expm1(-nll) for the target column (see softmax_grad_tile).
+    # Per row: the lse as the pair (lse, lse_lo * log2(e)) (lse_combine.py: lse_lo is what
+    # rounding lse to fp32 removed), the loss weight w, w + the lse weight w' (z-loss), the
+    # target, and p_t - 1 = expm1(-nll) for the target column (see softmax_grad_tile).
     # The target as int32: it is compared per element with the column (an ignored row's weight
     # is 0, so a wrapped ignore_index cannot matter).
-    lse2 = tl.load(Lse + offs_n, mask=n_mask, other=0.0) * LOG2E
+    lse = tl.load(Lse + offs_n, mask=n_mask, other=0.0)
+    lo2 = tl.load(LseLo + offs_n, mask=n_mask, other=0.0) * LOG2E
     w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
     wp = w
     if HAS_GRAD_LSE:
         wp = w + tl.load(RowWeightLse + offs_n, mask=n_mask, other=0.0)
     tgt = tl.load(Targets + offs_n, mask=n_mask, other=-1).to(tl.int32)
     pt_m1 = expm1(-tl.load(Nll + offs_n, mask=n_mask, other=float("inf")))
-    return lse2, w, wp, tgt, pt_m1
+    return lse, lo2, w, wp, tgt, pt_m1
 
 
 @triton.jit
-def softmax_grad_tile(x, lse2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, softcap_log2e,
+def softmax_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
                       HAS_SOFTCAP: tl.constexpr):
     # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),
-    # from a tile of raw logits x and the rows' lse (base 2). At the target column p_t - 1 comes
-    # from the forward's nll (pt_m1): exp(z_t - lse) - 1 from the recomputed logit cancels to
-    # rounding on confident rows (p_t near 1), where the whole row's gradient is that small
-    # difference. There d = w (p_t - 1) + w' p_t + w ls (1 - 1 / V).
+    # from a tile of raw logits x and the rows' lse as ref + off2 / log2(e) (ref: a logit-sized
+    # value subtracted first, off2 a small base-2 remainder; see the module docstring).
+    # At the target column p_t - 1 comes from the forward's nll (pt_m1): exp(z_t - lse) - 1
+    # from the recomputed logit cancels to rounding on confident rows (p_t near 1), where the
+    # whole row's gradient is that small difference. There d = w (p_t - 1) + w' p_t
+    # + w ls (1 - 1 / V).
     if HAS_SOFTCAP:
         th = softcap_tanh(x, tanh_scale)
-        p = tl.exp2(th * softcap_log2e - lse2[:, None])
+        z = th * cap
     else:
-        p = tl.exp2(x * LOG2E - lse2[:, None])
+        z = x
+    p = tl.exp2((z - ref[:, None]) * LOG2E - off2[:, None])
     d = wp[:, None] * p - (w * (smooth / V))[:, None]
     d_target = w * pt_m1 + (wp - w) * (1.0 + pt_m1) + w * (smooth * (1.0 - 1.0 / V))
     d = tl.where(offs_v[None, :] == tgt[:, None], d_target[:, None], d)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from own_kernel import fused, linear_cross_entropy
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden
+from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
 from own_kernel.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
@@ -270,6 +270,9 @@ def test_workspace_mib_is_validated():
 
 
 MIB = 2**20
+# The plan's arithmetic with 16-bit logits (fused.logits_fp32 off; fp32 logits, the default:
+# tests/test_numerics.py).
+HOPPER_LOGITS_16 = with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False}})
 
 
 @pytest.mark.parametrize("n, v, d, mib, expect", [
@@ -285,7 +288,7 @@ MIB = 2**20
     (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
 ])
 def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
-    plan, why = fused_plan(n, v, d, 2, mib * MIB, HOPPER_16BIT)
+    plan, why = fused_plan(n, v, d, 2, mib * MIB, HOPPER_LOGITS_16)
     if isinstance(expect, str):
         assert plan is None and expect in why
         return
@@ -298,7 +301,7 @@ def test_the_budget_bounds_the_peak_beyond_the_gradients():
     # Gemma 2 (2B), 16-bit, 3 chunks: the forward holds the chunk's logits and dC's fp32
     # accumulator (dC itself not yet), the backward the accumulator and dC.
     v, d, mib = 256000, 2304, 3072
-    plan, _ = fused_plan(8192, v, d, 2, mib * MIB, HOPPER_16BIT)
+    plan, _ = fused_plan(8192, v, d, 2, mib * MIB, HOPPER_LOGITS_16)
     forward = plan.rows * plan.row_stride * 2 + 4 * v * d
     backward = 4 * v * d + 2 * v * d
     assert plan.extra_bytes == max(forward, backward) - 2 * v * d <= mib * MIB
@@ -310,7 +313,7 @@ def test_the_budget_bounds_the_peak_beyond_the_gradients():
 def test_fp32_de_rows_only_where_des_reduction_is_split(v, filtered, fp32_rows):
     # One GEMM over all V columns writes dE's rows itself; the filter's runs or V's last
     # V mod 8 columns apart need fp32 rows to sum in, and the budget pays for them.
-    plan, _ = fused_plan(8192, v, 2304, 2, 3072 * MIB, HOPPER_16BIT, filtered=filtered)
+    plan, _ = fused_plan(8192, v, 2304, 2, 3072 * MIB, HOPPER_LOGITS_16, filtered=filtered)
     assert plan.de_rows_fp32 == fp32_rows
     chunk = plan.rows * (plan.row_stride * 2 + 2304 * 4 * fp32_rows)
     assert plan.extra_bytes == (max(chunk + 2 * v * 2304, 4 * v * 2304) if plan.accumulate_dc
@@ -319,14 +322,14 @@ def test_fp32_de_rows_only_where_des_reduction_is_split(v, filtered, fp32_rows):
 
 def test_chunks_are_of_equal_size():
     # 7007 rows fit at Qwen 2.5 (7B): three chunks of 5462 rows, not two of 7007 and one of 2370
-    plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_16BIT)
+    plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_LOGITS_16)
     assert plan.rows * plan.chunks - 16384 < plan.chunks
     assert even_rows(5 * 3423 - 100, 3423) == 3403 and even_rows(10, 4) == 4
 
 
 @pytest.mark.parametrize("v, elt, stride", [(50257, 2, 50264), (32000, 2, 32000), (101, 4, 104)])
 def test_logits_rows_are_16_byte_aligned(v, elt, stride):
-    plan, _ = fused_plan(64, v, 16, elt, 2**30, HOPPER_16BIT)
+    plan, _ = fused_plan(64, v, 16, elt, 2**30, HOPPER_LOGITS_16)
     assert plan.row_stride == stride and (plan.row_stride * elt) % 16 == 0
 
 
