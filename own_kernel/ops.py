@@ -114,8 +114,8 @@ def config_key(cfg: Config) -> str:
 
 
 def config_of(key: str, e: Tensor) -> Config:
-    """The config of key; a key from another process (a compiled graph loaded from a cache)
-    resolves this device's config."""
+    """The config of key; no key (""), or one from another process (a compiled graph loaded
+    from a cache), resolves this device's config."""
     return _CONFIGS.get(key) or config_for(e.device, e.dtype)
 
 
@@ -125,7 +125,7 @@ def config_of(key: str, e: Tensor) -> Config:
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
-             deterministic: bool, config: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             deterministic: bool, config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, lse, largest probability, -log p_target) per row for 2-D e; ignored rows have
     loss 0, and lse +inf unless ignored_lse. The filter and low_memory only affect the
     backward."""
@@ -145,7 +145,7 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
                       low_memory: bool, deterministic: bool,
-                      config: str) -> tuple[Tensor, Tensor, Tensor]:
+                      config: str = "") -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max), grad_loss, grad_lse,

@@ -10,23 +10,32 @@ FUSED_WORKSPACE_MIB = 3072
 
 
 def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False,
-          workspace_mib=0):
-    # workspace_mib=0: the recompute path, whatever the API's default would pick.
+          workspace_mib=None):
+    # workspace_mib None: not passed, the call a user makes (the API's route picks the path).
     from own_kernel import linear_cross_entropy
 
+    budget = {} if workspace_mib is None else dict(workspace_mib=workspace_mib)
     return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
                                 ignore_index=ignore_index, filter_eps=filter_eps,
-                                low_memory=low_memory, workspace_mib=workspace_mib)
+                                low_memory=low_memory, **budget)
 
 
-@register("own", summary="own Triton CCE, exact gradients", features=("bias", "softcap"),
-          requires=needs_triton_device,
+@register("own", summary="own Triton CCE, exact gradients, the default call (the path it takes "
+          "is own_kernel.plan's)", features=("bias", "softcap"), requires=needs_triton_device,
           style=dict(color=VERMILLION, marker="o", linestyle="-"), order=60)
 def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None)
 
 
-@register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto')",
+@register("own_recompute", summary="own Triton CCE, exact, the recompute path (workspace_mib=0)",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="v", linestyle="-"), order=60)
+def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
+
+
+@register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto'), the "
+          "default call",
           features=("bias", "softcap"), requires=needs_triton_device, exact=False,
           style=dict(color=VERMILLION, marker="s", linestyle="--"), order=61)
 def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
