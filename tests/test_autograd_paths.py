@@ -47,7 +47,7 @@ PATHS = {
     "filter": (dict(filter_eps="auto", workspace_mib=0), "recompute"),
     "filter-three-matmul": (dict(filter_eps="auto", workspace_mib=BIG_BUDGET), "three-matmul"),
 }
-CHUNKED = {"fused": {"max_rows": 5}}
+CHUNKED = {"fused": {"max_rows": 5, "min_rows": 1}}  # several chunks at tiny N, any target
 
 
 def tolerance(dtype, v, d, filtered):
@@ -192,3 +192,11 @@ def test_torch_compile_retains_accumulates_and_ties(reduction):
     torch._dynamo.reset()
     check_sequence(problem, {}, reduction, 2, True, torch.float32,
                    tolerance(torch.float32, 40, 16, False), compile_=True)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_retain_graph_then_a_second_backward_doubles_the_gradients(path):
+    """The default call's first reported failure: a second backward through a kept graph."""
+    problem = Problem(11, 16, 33, torch.float32, 8, tie=False, has_bias=True, ignored=True)
+    check_sequence(problem, PATHS[path][0], "mean", 2, False, torch.float32,
+                   tolerance(torch.float32, 33, 16, "filter_eps" in PATHS[path][0]))

@@ -385,8 +385,8 @@ def test_a_wrong_combine_is_caught(ranks):
 def test_fp16_partial_de_is_summed_in_fp32(ranks):
     """The ranks' partial dE are summed in fp32 and rounded once: the sharded dE is as accurate
     as the single-process kernel's, within 1/32 of fp16's unit roundoff (rounding each partial
-    to fp16 before the SUM does not meet this bound). dC is each shard's own: one rounding as in the
-    single-process kernel, label smoothing's target term added to rounded rows."""
+    to fp16 before the SUM does not meet this bound). dC is each shard's own: one rounding as
+    in the single-process kernel, label smoothing's target term added to rounded rows."""
     eps = torch.finfo(torch.float16).eps
     for rank, res in enumerate(ranks):
         for name, f in res["fp16_shared"].items():
