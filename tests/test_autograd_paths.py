@@ -125,7 +125,7 @@ def check_sequence(problem, opts, reduction, steps, accumulate, dtype, tol, comp
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(sorted(PATHS)), reduction=st.sampled_from(["mean", "sum", "none"]),
        dtype=st.sampled_from(DTYPES), n=st.integers(1, 24), d=st.sampled_from([8, 16, 32]),
