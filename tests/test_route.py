@@ -13,7 +13,8 @@ if not torch.cuda.is_available():  # before triton is imported
 
 import own_kernel  # noqa: E402
 from own_kernel import fused, linear_cross_entropy, ops  # noqa: E402
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, PORTABLE, overridden, use_target  # noqa: E402
+from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
+                               use_target)
 from own_kernel.plan import fused_plan  # noqa: E402
 from own_kernel.route import Call, describe, route  # noqa: E402
 
@@ -33,7 +34,8 @@ QWEN_SMALL = dict(n=8192, v=32000, d=2048)
 def test_default_budget_decides_the_path(cfg, shape, dtype, path):
     r = route(Call(**shape, dtype=dtype), cfg)
     assert r.path == path and r.cfg is cfg
-    budget = cfg.fused.default_workspace_mib_fp32 if dtype == FP32 else cfg.fused.default_workspace_mib
+    fused = cfg.fused
+    budget = fused.default_workspace_mib_fp32 if dtype == FP32 else fused.default_workspace_mib
     plan, why = fused_plan(shape["n"], shape["v"], shape["d"], dtype.itemsize, budget * 2**20, cfg)
     assert (r.fused == plan) and (plan is None) == (path == "recompute")
     if path == "recompute":  # the default budget went unused: the note says why
@@ -55,7 +57,8 @@ def test_an_explicit_budget_the_call_cannot_use_is_reported(option, reason):
 
 @pytest.mark.parametrize("option, path, entry", [
     (dict(), "three-matmul", "fused"), (dict(low_memory=True), "low-memory", "eager"),
-    (dict(needs_grad=False), "forward-only", "eager"), (dict(reduction="none"), "recompute", "eager"),
+    (dict(needs_grad=False), "forward-only", "eager"),
+    (dict(reduction="none"), "recompute", "eager"),
     (dict(vocab_parallel=True), "recompute", "vocab-parallel"),
     (dict(vocab_parallel=True, low_memory=True), "low-memory", "vocab-parallel"),
     (dict(compiling=True), "recompute", "compiled"),
