@@ -2,13 +2,15 @@
 
     from own_kernel import linear_cross_entropy
     loss = linear_cross_entropy(hidden, lm_head.weight, targets, softcap=30.0)
+    print(plan(hidden, lm_head.weight, targets, softcap=30.0))  # its path and memory, unrun
 """
 from importlib import metadata as _metadata
 
-from own_kernel.api import LinearCrossEntropy, linear_cross_entropy
+from own_kernel.api import LinearCrossEntropy, linear_cross_entropy, plan
+from own_kernel.route import Plan
 from own_kernel.vocab_parallel import VocabParallel
 
 # The installed distribution's version; a checkout used without installing says so.
 __version__ = next((d.version for d in _metadata.distributions(name="cce-bench")), "0+unknown")
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "VocabParallel"]
+__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "VocabParallel", "plan", "Plan"]

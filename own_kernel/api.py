@@ -7,13 +7,13 @@ import torch
 from torch import Tensor, nn
 
 from own_kernel.check_targets import check_and_count_targets, raise_on_bad_targets
-from own_kernel.config import Config, config_for
-from own_kernel.distributed import accepts_dtensors
+from own_kernel.config import Config, config_for, forced_target
+from own_kernel.distributed import accepts_dtensors, is_plain
 from own_kernel.fused import FusedLce
 from own_kernel.gemm import HostScalar
-from own_kernel.ops import LceRowsEager, lce_rows
+from own_kernel.ops import LceRowsEager, config_key, gather_pays, lce_rows, used_rows
 from own_kernel.options import FilterOptions, Options
-from own_kernel.plan import FusedPlan, compaction_pays, fused_plan
+from own_kernel.route import Call, Plan, Route, describe, route
 from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel,
                                        vocab_parallel_rows)
 
@@ -98,23 +98,19 @@ def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps,
 
 
 def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
-                    check: HostScalar) -> Tensor | None:
+                    check: HostScalar, cfg: Config) -> Tensor | None:
     """The used rows, when forward and backward should run on them only (else None). This
     reads the targets' count on the host before the forward is queued: the GPU then idles while
     the host queues the gather and the forward, so only calls whose forward is long enough to
     hide that (compact_fwd_min_flops) read it. The decision depends on this call's inputs
-    alone (an earlier version looked at the previous call, which made results depend on call
-    history). Calls that do not read it here drop rows in the backward only."""
+    alone. Calls that do not read it here drop rows in the backward only (ops.rows_backward)."""
     n, d = e.shape
-    v = c.shape[0]
-    cfg = config_for(e.device, e.dtype)
-    if 2 * n * v * d < cfg.compaction.fwd_min_flops:
+    if 2 * n * c.shape[0] * d < cfg.compaction.fwd_min_flops:
         return None
     num_used = int(check.values()[1])
-    if num_used == n or not compaction_pays(n, num_used, v, d, e.element_size(), cfg,
-                                            de_into_e=False):
+    if not gather_pays(e, c, num_used, cfg, before_forward=True):
         return None
-    return torch.nonzero_static(targets != ignore_index, size=num_used).squeeze(1)
+    return used_rows(targets != ignore_index, num_used)
 
 
 def _matrix_for_kernels(t: Tensor) -> Tensor:
@@ -154,46 +150,38 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _fused_path(e2, c, bias, opts: Options, reduction: str, workspace_mib: int | None,
-                eligible: bool) -> tuple[Config, FusedPlan] | None:
-    """(config, plan) when this call takes the three-matmul path (fused.py): a mean or sum with
-    gradients (eligible: the caller's conditions) whose row chunks fit the workspace
-    (plan.fused_plan), else None (the recompute path runs). Decided without reading anything
-    on the host: the path reads the targets' check itself once its first chunk is queued."""
-    if not eligible or reduction == "none" or not e2.shape[0] or not _needs_grad(e2, c, bias):
-        return None
-    cfg = config_for(e2.device, e2.dtype)
-    if workspace_mib is None and opts.filter is not None and not cfg.fused.filtered:
-        # Measured (results/notes/fused-path.md): the filter skips (row, column) tiles in the
-        # recompute path, but hardly a whole column block of a chunk of ~10^3 rows here, so
-        # on Hopper filtered calls take this path only when asked to (an explicit workspace_mib).
-        return None
-    mib = workspace_mib
-    if mib is None:
-        mib = (cfg.fused.default_workspace_mib_fp32 if e2.dtype == torch.float32
-               else cfg.fused.default_workspace_mib)
-    if mib == 0:
-        return None
-    n, d = e2.shape
-    plan, _ = fused_plan(n, c.shape[0], d, e2.element_size(), mib * 2**20, cfg,
-                         filtered=opts.filter is not None)
-    return None if plan is None else (cfg, plan)
+def _call(e2: Tensor, c: Tensor, bias, opts: Options, reduction: str,
+          workspace_mib: int | None, vocab_parallel, needs_grad: bool) -> Call:
+    return Call(e2.shape[0], c.shape[0], e2.shape[1], e2.dtype, reduction, needs_grad,
+                bias is not None, opts.ignored_lse, opts.low_memory, opts.filter is not None,
+                vocab_parallel is not None, torch.compiler.is_compiling(), workspace_mib)
 
 
-def _eager_rows(e2, c, t2, bias, opts: Options, check):
+def _route_of(call: Call, device: torch.device) -> Route:
+    """The call's route (route.py), asked once per call: the path, its plan and the config
+    every pass of the call runs with, its backward included."""
+    forced = forced_target()
+    if forced is not None and device.type != "cuda":
+        raise ValueError(f"use_target({forced!r}) (or CCE_OWN_TARGET): selects a CUDA target; "
+                         f"the tensors are on {device}, where only the interpreter's config "
+                         f"runs")
+    return route(call, config_for(device, call.dtype))
+
+
+def _eager_rows(e2, c, t2, bias, opts: Options, cfg: Config, check):
     """(loss per row, lse per row or None) of an eager call. Gathered rows are what the
     backward needs anyway; a call without one (evaluation) keeps the forward's few floats of
     memory and relies on its skipped row blocks."""
     needs_grad = _needs_grad(e2, c, bias)
     rows = (None if opts.ignored_lse or opts.low_memory or check is None or not needs_grad
-            else _rows_to_gather(e2, c, t2, opts.ignore_index, check))
+            else _rows_to_gather(e2, c, t2, opts.ignore_index, check, cfg))
     if rows is None:
-        loss_rows, lse, *_ = LceRowsEager.apply(e2, c, t2, bias, opts, check)
+        loss_rows, lse, *_ = LceRowsEager.apply(e2, c, t2, bias, opts, cfg, check)
         return loss_rows, lse
     # Only the used rows, gathered (index_select's backward scatters their dE back). Their lse
     # is not returned, so the others' is not needed.
-    loss_used, *_ = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias, opts,
-                                            check)
+    loss_used, *_ = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias, opts, cfg,
+                                       check)
     return loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used), None
 
 
@@ -227,12 +215,11 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     chunks, dC's fp32 accumulator) within it;
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
-    the chunks would not fit or be too small to pay (plan.fused_plan), the recompute path runs.
+    the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
+    that path, the recompute path runs and the budget goes unused: ``plan(...)`` says which
+    path a call takes and why a budget goes unused.
     """
-    if torch.is_autocast_enabled(e.device.type):
-        dtype = torch.get_autocast_dtype(e.device.type)
-        e, c = e.to(dtype), c.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+    e, c, bias = _autocast(e, c, bias)
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
@@ -250,19 +237,18 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
         shifted[..., :-shift] = targets[..., shift:]
         targets = shifted
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    fused = _fused_path(e2, c, bias, opts, reduction, workspace_mib,
-                        eligible=not (return_lse or low_memory or vocab_parallel is not None
-                                      or torch.compiler.is_compiling()))
+    r = _route_of(_call(e2, c, bias, opts, reduction, workspace_mib, vocab_parallel,
+                        _needs_grad(e2, c, bias)), e2.device)
     check, count = check_and_count_targets(t2, v_total, ignore_index,
-                                           split=fused[1].rows if fused else 0)
-    if fused:
-        return FusedLce.apply(e2, c, t2, bias, opts, *fused, check, reduction == "mean")
-    if vocab_parallel is not None:
-        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check)
-    elif torch.compiler.is_compiling():
-        loss_rows, lse, *_ = lce_rows(e2, c, t2, bias, *opts.op_args())
+                                           split=r.fused.rows if r.fused else 0)
+    if r.path == "three-matmul":
+        return FusedLce.apply(e2, c, t2, bias, opts, r.cfg, r.fused, check, reduction == "mean")
+    if r.entry == "vocab-parallel":
+        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r.cfg)
+    elif r.entry == "compiled":
+        loss_rows, lse, *_ = lce_rows(e2, c, t2, bias, *opts.op_args(), config_key(r.cfg))
     else:
-        loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, check)
+        loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, r.cfg, check)
     raise_on_bad_targets(check, targets, v_total, ignore_index)
     if return_lse:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
@@ -275,6 +261,47 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     else:
         loss = loss_rows.sum() / count
     return (loss, lse) if return_lse else loss
+
+
+def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
+         ignore_index: int = -100, softcap: float | None = None, reduction: str = "mean",
+         shift: int = 0, label_smoothing: float = 0.0, filter_eps: float | str | None = None,
+         return_lse: bool = False, low_memory: bool = False,
+         vocab_parallel: VocabParallel | None = None, workspace_mib: int | None = None) -> Plan:
+    """The path ``linear_cross_entropy`` takes with the same arguments, here and now (grad
+    mode, autocast, use_target), and what it holds: a Plan (route.py) with the path's name,
+    its chunks, the estimated peak bytes beyond the inputs and why a budget goes unused.
+    Nothing is launched and no tensor's values are read; the arguments are checked as the call
+    checks them. DTensor arguments are refused: pass the local shards and ``vocab_parallel``."""
+    for name, t in (("e", e), ("c", c), ("targets", targets), ("bias", bias)):
+        if not is_plain(t):
+            raise TypeError(f"{name}: plan() takes plain tensors (got {type(t).__name__}); "
+                            f"pass the local shard and vocab_parallel= where c is sharded")
+    needs_grad = _needs_grad(e, c, bias)
+    if torch.is_autocast_enabled(e.device.type):  # stand-ins of the autocast dtype, no copies
+        dtype = torch.get_autocast_dtype(e.device.type)
+        e, c = (torch.empty((), dtype=dtype, device=t.device).expand(t.shape) for t in (e, c))
+        bias = (None if bias is None else
+                torch.empty((), dtype=dtype, device=bias.device).expand(bias.shape))
+    _validate_tensors(e, c, targets, bias)
+    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
+                      workspace_mib)
+    if vocab_parallel is not None:
+        check_vocab_parallel(vocab_parallel, c)
+    opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
+                    low_memory)
+    call = _call(e.reshape(-1, e.shape[-1]), c, bias, opts, reduction, workspace_mib,
+                 vocab_parallel, needs_grad)
+    return describe(call, _route_of(call, e.device))
+
+
+def _autocast(e, c, bias):
+    """e, c and bias in autocast's dtype where autocast is on (the GEMMs' dtype)."""
+    if torch.is_autocast_enabled(e.device.type):
+        dtype = torch.get_autocast_dtype(e.device.type)
+        e, c = e.to(dtype), c.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    return e, c, bias
 
 
 class LinearCrossEntropy(nn.Module):

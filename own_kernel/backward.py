@@ -344,15 +344,17 @@ def sparse_gemms(writer: ChunkWriter, done: _Written, kept, num_kept, flat, scal
 # ---- the whole backward -------------------------------------------------------------------
 
 def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, uniform=True,
-             de_out=None):
+             de_out=None, de_dtype=None):
     """Gradients (dE, dC, dbias or None) of sum_n w_n loss_n + w'_n lse_n (rows.weight,
     rows.weight_lse; w_n already 0 on ignored rows). opts.filter (needs p_max, the rows'
     largest probability): the gradient filter. uniform: every row with a gradient has the same
     weight (a mean or sum; see normalise_weights). de_out: an (N, D) buffer dE may be written
-    into, e.g. e itself when the caller no longer needs it (e is not read after the chunks)."""
+    into, e.g. e itself when the caller no longer needs it (e is not read after the chunks).
+    de_dtype: dE's dtype (None: e's; torch.float32 keeps a partial dE unrounded for a sum
+    across ranks, vocab_parallel.py)."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
+        return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
     tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
     filter_options = _filter_worth_it(e, v, cfg, opts.filter, tma, uniform)
     rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform)
@@ -382,6 +384,8 @@ def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, 
                               lookahead=False)
         filtered = FilteredRun(writer, decision, scale).run(plan, replan)
     writer.tail_work = tail_work = None  # freed before dE's buffer is made (the peak)
+    if de_dtype not in (None, e.dtype):  # neither the tail's buffer nor de_out: another dtype
+        de = de_out = torch.empty((n, d), device=e.device, dtype=de_dtype)
     return _assemble(writer, scale, filtered, (e_mean, c_mean), de if de is not None else de_out)
 
 
@@ -434,7 +438,8 @@ def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
     dbias = zeros_or_none(writer.bias)
     scale_f = float(scale)
     if scale_f == 0.0 or not math.isfinite(scale_f):
-        return torch.zeros_like(e), torch.zeros_like(c), dbias
+        return torch.zeros_like(e, dtype=de.dtype if de is not None else None), \
+            torch.zeros_like(c), dbias
     skipped = e_skip_mean = c_skip_mean = None
     if filtered:
         skipped = torch.where(sums.col_keep > 0, 0.0, sums.col_wsum)  # per skipped column

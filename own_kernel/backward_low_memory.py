@@ -101,12 +101,13 @@ class _ScaledRows:
         self.col_sum[v0:v0 + w.shape[1]] += w.sum(dim=0, dtype=torch.float32)
 
 
-def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, uniform=True):
+def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, uniform=True,
+                        de_dtype=None):
     """backward.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
-    plan.low_memory_plan instead of an fp32 N x D accumulator."""
+    plan.low_memory_plan instead of an fp32 N x D accumulator. de_dtype: as backward's."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
+        return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
     elt = e.element_size()
     tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
     rows, scale_dev, row_scale = normalise_weights(e, rows, False, uniform)
@@ -120,9 +121,9 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
         dc.fill_(float("nan"))
         work.view(e.dtype)[: work.numel() // elt].fill_(float("nan"))
     write_w = _WriteW(e, c, bias, rows, sums, opts, cfg, tma)
-    de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg)
+    de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg, de_dtype)
     if de is None:  # every weight 0
-        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
+        return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
     scale_f = float(scale)
     dbias = zeros_or_none(bias)
     if bias is not None and row_scale is None:
@@ -138,7 +139,7 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
     return de, dc, dbias
 
 
-def _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg):
+def _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg, de_dtype=None):
     """dE, rows_1 rows at a time (over column groups of width_1, summed in fp32); W and the
     fp32 result in dC's buffer (or the pass-2 buffer, when that is larger: a tiny dC). None
     when the weights' scale is 0 (no gradient)."""
@@ -147,7 +148,7 @@ def _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg):
     buf = dc_bytes if dc_bytes.numel() >= work.numel() else work
     rows_1, width_1 = plan.rows_1, plan.width_1
     acc_at = round_up(rows_1 * row_stride(width_1) * elt)
-    de = torch.empty((n, d), device=e.device, dtype=e.dtype)
+    de = torch.empty((n, d), device=e.device, dtype=de_dtype or e.dtype)
     scale_f = None
     for r0 in range(0, n, rows_1):
         rows = min(rows_1, n - r0)

@@ -399,6 +399,11 @@ def use_target(name: str):
         _FORCED_TARGET.pop()
 
 
+def forced_target() -> str | None:
+    """The target use_target (or CCE_OWN_TARGET) forces now, or None."""
+    return _FORCED_TARGET[-1] if _FORCED_TARGET else None
+
+
 def _target_key(device: torch.device, dtype: torch.dtype) -> str:
     if INTERPRET or device.type != "cuda":
         return "interpreter"

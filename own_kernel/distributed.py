@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from own_kernel.vocab_parallel import VocabParallel, with_known_vocab_size
 
 
-def _is_plain(t) -> bool:
+def is_plain(t) -> bool:
     return t is None or type(t) in (Tensor, nn.Parameter)
 
 
@@ -75,9 +75,9 @@ def _placement(t):
 def _vocab_shard(c, bias) -> tuple[Tensor, Tensor | None, VocabParallel]:
     """c Shard(0): (this rank's rows, its bias rows, the VocabParallel of the mesh's group)."""
     mesh = _one_dim_mesh("c", c)
-    if bias is not None and (_is_plain(bias) or bias.device_mesh != mesh
+    if bias is not None and (is_plain(bias) or bias.device_mesh != mesh
                              or not _placement(bias).is_shard(0)):
-        got = "a plain tensor" if _is_plain(bias) else f"placements {tuple(bias.placements)}"
+        got = "a plain tensor" if is_plain(bias) else f"placements {tuple(bias.placements)}"
         raise ValueError(f"bias: with c sharded by vocabulary (Shard(0)), bias must be a DTensor "
                          f"Shard(0) on c's mesh; got {got}")
     local = c.to_local()
@@ -95,7 +95,7 @@ def _vocab_shard(c, bias) -> tuple[Tensor, Tensor | None, VocabParallel]:
 
 def _hidden(e):
     """e as a plain tensor: Replicate's local tensor, or gathered from a token-dim shard."""
-    if _is_plain(e):
+    if is_plain(e):
         return e
     _one_dim_mesh("e", e)
     place = _placement(e)
@@ -110,7 +110,7 @@ def _hidden(e):
 
 
 def _weight(name: str, t):
-    if _is_plain(t):
+    if is_plain(t):
         return t
     _one_dim_mesh(name, t)
     if _placement(t).is_replicate():
@@ -120,7 +120,7 @@ def _weight(name: str, t):
 
 
 def _targets(t):
-    if _is_plain(t):
+    if is_plain(t):
         return t
     _one_dim_mesh("targets", t)
     return t.full_tensor()
@@ -128,19 +128,19 @@ def _targets(t):
 
 def unwrap(e, c, targets, bias, vocab_parallel) -> Unwrapped:
     """Plain arguments for the kernels from DTensor ones (the module docstring's rules)."""
-    meshes = {t.device_mesh for t in (e, c, targets, bias) if not _is_plain(t)}
+    meshes = {t.device_mesh for t in (e, c, targets, bias) if not is_plain(t)}
     if len(meshes) > 1:
         raise ValueError("e, c, targets, bias: DTensors on different device meshes; put them on "
                          "one mesh")
     vp = vocab_parallel
-    if not _is_plain(c) and _placement(c).is_shard(0) and c.device_mesh.ndim == 1:
+    if not is_plain(c) and _placement(c).is_shard(0) and c.device_mesh.ndim == 1:
         if vocab_parallel is not None:
             raise ValueError("vocab_parallel: c is a DTensor sharded by vocabulary, which sets "
                              "the shard itself; pass vocab_parallel=None")
         c, bias, vp = _vocab_shard(c, bias)
     else:
         c, bias = _weight("c", c), _weight("bias", bias)
-    out_mesh = None if _is_plain(e) else e.device_mesh
+    out_mesh = None if is_plain(e) else e.device_mesh
     return Unwrapped(_hidden(e), c, _targets(targets), bias, vp, out_mesh)
 
 
@@ -158,7 +158,7 @@ def accepts_dtensors(fn):
     calls pass straight through (one type check per tensor)."""
     @functools.wraps(fn)
     def call(e, c, targets, *, bias=None, vocab_parallel=None, **options):
-        if _is_plain(e) and _is_plain(c) and _is_plain(targets) and _is_plain(bias):
+        if is_plain(e) and is_plain(c) and is_plain(targets) and is_plain(bias):
             return fn(e, c, targets, bias=bias, vocab_parallel=vocab_parallel, **options)
         return _dtensor_call(fn, e, c, targets, bias, vocab_parallel, options)
     return call

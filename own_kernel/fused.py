@@ -32,6 +32,7 @@ from own_kernel.check_targets import raise_on_bad_targets
 from own_kernel.config import Config
 from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
 from own_kernel.logits_grad import logits_to_grad
+from own_kernel.ops import refuse_create_graph, used_rows
 from own_kernel.options import Options
 from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
 from own_kernel.scale import scale_into
@@ -137,13 +138,18 @@ class _Sums:
             self.dc.zero_()
         self.weight = 0.0
 
-    def gradients(self, grad: torch.Tensor):
-        """(dE, dC, dbias or None) times the upstream gradient ``grad`` (a 0-d device tensor)."""
-        de = scale_into(self.de, self.de, grad)
+    def gradients(self, grad: torch.Tensor, in_place: bool = True):
+        """(dE, dC, dbias or None) times the upstream gradient ``grad`` (a 0-d device tensor).
+        in_place: scaled in their own buffers (the sums are then spent); else into new ones
+        (the sums stay for another backward: retain_graph)."""
+        def out(t):
+            return t if in_place else torch.empty_like(t)
+
+        de = scale_into(self.de, out(self.de), grad)
         if self.dc32 is None:
-            dc = scale_into(self.dc, self.dc, grad)
+            dc = scale_into(self.dc, out(self.dc), grad)
         elif self.dc32.dtype == self.dtype:  # fp32 inputs: the accumulator is dC
-            dc = scale_into(self.dc32, self.dc32, grad)
+            dc = scale_into(self.dc32, out(self.dc32), grad)
         else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
             dc = scale_into(self.dc32, torch.empty(self.dc32.shape, device=de.device,
                                                    dtype=self.dtype), grad)
@@ -166,8 +172,7 @@ class _Rows:
         those rows gathered (a row without a target costs three matmuls' work for nothing)."""
         if used == e.shape[0] - start:
             return cls(e[start:], targets[start:], de[start:])
-        index = torch.nonzero_static(targets[start:] != ignore_index, size=used).squeeze(1)
-        index += start
+        index = used_rows(targets[start:] != ignore_index, used, offset=start)
         return cls(e.index_select(0, index), targets[index],
                    torch.empty(used, e.shape[1], device=e.device, dtype=e.dtype), index)
 
@@ -259,9 +264,21 @@ def _runs(kept, cfg: Config, v: int, every_column):
     return every_column if kept is None else aligned_runs(kept_runs(kept, cfg.fused.block, v), v)
 
 
+def _graph_is_kept() -> bool:
+    """Whether this backward's graph is kept (retain_graph=True): then the gradients are
+    scaled into new tensors and the unscaled ones kept for the next backward; else they are
+    scaled in place (no second copy at the peak). Unknown (an autograd without the query):
+    kept, which is right either way."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
 class FusedLce(torch.autograd.Function):
     """The loss (mean or sum) with its gradients computed in the forward; the backward scales
-    them by the upstream gradient on the device (no host read of it)."""
+    them by the upstream gradient on the device (no host read of it). The gradients are the
+    forward's state (ctx.sums), not saved tensors: autograd's saved-tensor hooks never see
+    them, and a graph that is not kept drops them after its backward, as it drops saved
+    tensors."""
 
     @staticmethod
     def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
@@ -272,7 +289,15 @@ class FusedLce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        sums = ctx.sums
-        del ctx.sums
-        de, dc, dbias = sums.gradients(grad)
+        refuse_create_graph()
+        sums = getattr(ctx, "sums", None)
+        if sums is None:  # autograd's own words for saved tensors already freed
+            raise RuntimeError(
+                "linear_cross_entropy: trying to backward through the graph a second time; "
+                "its gradients were freed by the first backward. Specify retain_graph=True "
+                "in the first backward to call it again.")
+        kept = _graph_is_kept()
+        if not kept:
+            del ctx.sums
+        de, dc, dbias = sums.gradients(grad, in_place=not kept)
         return de, dc, None, dbias, None, None, None, None, None

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from own_kernel.backward import backward, zeros_or_none
 from own_kernel.backward_low_memory import backward_low_memory
-from own_kernel.config import config_for
+from own_kernel.config import Config, config_for
 from own_kernel.forward import forward
 from own_kernel.gemm import HostScalar
 from own_kernel.options import Options
@@ -31,17 +31,17 @@ def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
                    cfg, skip_ignored=not opts.ignored_lse)
 
 
-def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options,
-                  num_used=None, cfg=None):
-    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo]). num_used: the number of
+def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options, cfg: Config,
+                  num_used=None, de_dtype=None):
+    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo]). num_used: the
+    number of
     targets that are not ignore_index when the host knows it already (else read here, when it
-    matters). cfg: the Config the forward ran with (None: this device's now). Rows with no
-    gradient are gathered out where that pays (plan.compaction_pays); low_memory runs on every
-    row (gathering would cost more memory than its workspace; the forward's lse +inf keeps the
+    matters). cfg: the Config the forward ran with. de_dtype: dE's dtype (None: e's). Rows with
+    no gradient are gathered out where that pays (gather_pays); low_memory runs on every row
+    (gathering would cost more memory than its workspace; the forward's lse +inf keeps the
     ignored ones' W zero)."""
     lse, nll, p_max = saved[:3]
     lse_lo = saved[3] if len(saved) > 3 else None
-    cfg = cfg or config_for(e.device, e.dtype)
     # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
     # as one value expanded (stride 0). Else (reduction "none", an lse gradient) fp16 scales
     # rows apart (backward.normalise_weights).
@@ -51,33 +51,74 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     rows = Rows(targets, lse, nll, torch.where(used, grad_loss.float(), 0.0),
                 grad_lse.float().contiguous() if grad_lse is not None else None, lse_lo=lse_lo)
     if opts.low_memory:
-        return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform)
-    gathered = _used_rows(e, c, used, grad_lse, num_used, cfg)
+        return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform,
+                                   de_dtype=de_dtype)
+    gathered = None
+    if grad_lse is None:  # an lse gradient reaches ignored rows too
+        if num_used is None:
+            num_used = int(used.sum())
+        gathered = used_rows(used, num_used) if gather_pays(e, c, num_used, cfg) else None
     if gathered is None:
-        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, uniform=uniform)
+        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, uniform=uniform,
+                        de_dtype=de_dtype)
+    de_zeros = torch.zeros_like(e, dtype=de_dtype)
     if gathered.numel() == 0:
-        return torch.zeros_like(e), torch.zeros_like(c), zeros_or_none(bias)
+        return de_zeros, torch.zeros_like(c), zeros_or_none(bias)
     e_used = e.index_select(0, gathered)
-    used_rows = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered], None,
-                     lse_lo=lse_lo[gathered] if lse_lo is not None else None)
+    used_rows_ = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered],
+                      None, lse_lo=lse_lo[gathered] if lse_lo is not None else None)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
-    de_used, dc, dbias = backward(e_used, c, bias, used_rows, opts, cfg, p_max=p_max[gathered],
-                                  de_out=e_used, uniform=uniform)
+    de_used, dc, dbias = backward(e_used, c, bias, used_rows_, opts, cfg, p_max=p_max[gathered],
+                                  de_out=e_used, uniform=uniform, de_dtype=de_dtype)
     del e_used
-    return torch.zeros_like(e).index_copy_(0, gathered, de_used), dc, dbias
+    return de_zeros.index_copy_(0, gathered, de_used), dc, dbias
 
 
-def _used_rows(e, c, used, grad_lse, num_used, cfg):
-    """The rows with a gradient, when the backward should run on them only (no host sync:
-    nonzero_static's size is known), else None. An lse gradient reaches ignored rows too."""
+# ---- rows with a target: the one place that gathers them --------------------------------------
+
+def gather_pays(e, c, num_used: int, cfg: Config, *, before_forward: bool = False) -> bool:
+    """Whether the call runs on its used rows only (plan.compaction_pays). Before the forward
+    (api.py) the gathered E is kept by autograd for the backward, so dE's rows cannot go into
+    its buffer."""
     n = e.shape[0]
-    if grad_lse is not None or n == 0:
-        return None
-    if num_used is None:
-        num_used = int(used.sum())
-    if not compaction_pays(n, num_used, c.shape[0], e.shape[1], e.element_size(), cfg):
-        return None
-    return torch.nonzero_static(used, size=num_used).squeeze(1)
+    if n == 0 or num_used == n:
+        return False
+    return compaction_pays(n, num_used, c.shape[0], e.shape[1], e.element_size(), cfg,
+                           de_into_e=not before_forward)
+
+
+def used_rows(used: Tensor, num_used: int, offset: int = 0) -> Tensor:
+    """The indices (+ offset) of the num_used rows whose mask ``used`` is set, in order, with
+    no host read (nonzero_static's size is known)."""
+    index = torch.nonzero_static(used, size=num_used).squeeze(1)
+    return index + offset if offset else index
+
+
+def refuse_create_graph() -> None:
+    """The gradients are not differentiable: a backward under create_graph=True (which runs
+    with grad mode on) raises instead of returning gradients without a graph."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("linear_cross_entropy: create_graph=True (a double backward) is not "
+                           "supported: its gradients are not differentiable")
+
+
+# ---- the forward's config, carried to the backward ------------------------------------------
+# The custom ops' schema takes scalars and strings, not a Config: the forward's config travels
+# as a key of this table (the configs in force so far: a few frozen values), so the backward
+# op runs with the forward's config whatever override is in force when it runs.
+_CONFIGS: dict[str, Config] = {}
+
+
+def config_key(cfg: Config) -> str:
+    key = f"{cfg.name}:{hash(cfg) & 0xFFFFFFFF:08x}"
+    _CONFIGS.setdefault(key, cfg)
+    return key
+
+
+def config_of(key: str, e: Tensor) -> Config:
+    """The config of key; no key (""), or one from another process (a compiled graph loaded
+    from a cache), resolves this device's config."""
+    return _CONFIGS.get(key) or config_for(e.device, e.dtype)
 
 
 # ---- custom ops (torch.compile) -------------------------------------------------------------
@@ -86,13 +127,15 @@ def _used_rows(e, c, used, grad_lse, num_used, cfg):
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
-             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+             deterministic: bool, config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                             Tensor]:
     """(loss, lse, largest probability, -log p_target, lse's rounding residue) per row for 2-D
-    e; ignored rows have loss 0, and lse +inf unless ignored_lse. The filter and low_memory only affect the
+    e; ignored rows have loss 0, and lse +inf unless ignored_lse. The filter and low_memory
+    only affect the
     backward."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic)
-    return rows_forward(e, c, targets, bias, opts)
+    return rows_forward(e, c, targets, bias, opts, config_of(config, e))
 
 
 @lce_rows.register_fake
@@ -106,11 +149,12 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       grad_lse: Optional[Tensor],
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
-                      low_memory: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                      low_memory: bool, deterministic: bool,
+                      config: str = "") -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
-                                  grad_lse, opts)
+                                  grad_lse, opts, config_of(config, e))
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -133,7 +177,7 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
         grad_loss = torch.zeros_like(lse)
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
                                       grad_lse, *ctx.op_args)
-    return (de, dc, None, dbias if bias is not None else None) + (None,) * 8
+    return (de, dc, None, dbias if bias is not None else None) + (None,) * 9
 
 
 lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -146,10 +190,10 @@ class LceRowsEager(torch.autograd.Function):
     targets' check and count (api.py), read on the host by the time the backward runs."""
 
     @staticmethod
-    def forward(ctx, e, c, targets, bias, opts: Options, counts: HostScalar | None):
-        # The backward runs with the forward's config, whatever target or override is in
-        # force when autograd reaches it (use_target("portable") may have ended by then).
-        cfg = config_for(e.device, e.dtype)
+    def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config,
+                counts: HostScalar | None):
+        # The backward runs with the forward's config (the route's), whatever target or
+        # override is in force when autograd reaches it (use_target may have ended by then).
         lse_etc = rows_forward(e, c, targets, bias, opts, cfg)
         loss, lse, p_max, nll, lse_lo = lse_etc
         ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max, lse_lo)
@@ -160,10 +204,11 @@ class LceRowsEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
+        refuse_create_graph()
         e, c, targets, bias, lse, nll, p_max, lse_lo = ctx.saved_tensors
         if grad_loss is None:
             grad_loss = torch.zeros_like(lse)
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
         de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
-                                      grad_lse, ctx.opts, num_used=num_used, cfg=ctx.cfg)
-        return de, dc, None, dbias if bias is not None else None, None, None
+                                      grad_lse, ctx.opts, ctx.cfg, num_used=num_used)
+        return de, dc, None, dbias if bias is not None else None, None, None, None

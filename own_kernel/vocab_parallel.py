@@ -55,7 +55,8 @@ Collectives per call (on `group`):
   targets raise instead of returning a wrong loss), then SUM over 4N floats (5N with label
   smoothing). The checksum's verdict is read on the host: the call returns once the forward's
   collectives are done (the host does not run ahead into the backward's queue).
-- backward: 1 all-reduce SUM of dE (N x D, the input dtype). Nothing N x V is communicated.
+- backward: 1 all-reduce SUM of dE (N x D, fp32: each rank's partial dE unrounded, the sum
+  rounded once to the input dtype). Nothing N x V is communicated.
 - once per VocabParallel object (its first call): an all_gather of each rank's (start, stop),
   checked to tile [0, V) exactly; V is cached on the object, so make it once and reuse it.
 
@@ -64,12 +65,10 @@ shift, low_memory and filter_eps (each rank filters its own shard, with the glob
 probability) all work. It runs eagerly: under torch.compile the call is a graph break (its
 collectives and host reads are not traced), and fullgraph=True refuses it, naming vocab_parallel
 in the reason (EAGER_ONLY). A traced caller skips the API's targets' check; this path then
-checks the targets itself. For 16-bit inputs each rank's partial dE is rounded to the input
-dtype before the SUM (dE's fp32 accumulator is internal to backward.py), where the hidden
-states' shared component has not cancelled yet (a shard's softmax gradient does not sum to 0
-over its columns), and label smoothing's target term is added to rounded rows: on the CPU in
-fp16 (tests/test_vocab_parallel.py) dE's error is 1.3-1.6x the single-process kernel's, dC's
-1.0-1.2x; bf16 is for the GPU run to measure.
+checks the targets itself. Each rank's partial dE stays in fp32 (backward.py's accumulator,
+finalized without rounding) through the SUM, and label smoothing's target term is added to those
+fp32 rows: the hidden states' shared component cancels across the ranks' partials before dE is
+rounded once. The backward runs with the forward's config (the route's, carried in _Call).
 
 DTensors (a c sharded by vocabulary under ColwiseParallel, FSDP2): distributed.py.
 """
@@ -83,8 +82,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from own_kernel.check_targets import check_and_count_targets
+from own_kernel.config import Config
 from own_kernel.options import Options
-from own_kernel.ops import rows_backward, rows_forward
+from own_kernel.ops import refuse_create_graph, rows_backward, rows_forward
 
 # Under torch.compile the vocab-parallel call is a graph break (it runs eagerly); with
 # fullgraph=True dynamo refuses it with this reason.
@@ -172,6 +172,7 @@ class _Call:
     smooth: float        # the caller's label smoothing
     ignored_lse: bool
     counts: object       # api's HostScalar of the targets' check and count, or None
+    cfg: Config          # the route's, for the forward and the backward
 
 
 def local_targets(targets: Tensor, vp: VocabParallel, ignore_index: int) -> Tensor:
@@ -183,9 +184,11 @@ def local_targets(targets: Tensor, vp: VocabParallel, ignore_index: int) -> Tens
 
 
 @EAGER_ONLY
-def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, counts):
+def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, counts,
+                        cfg: Config):
     """(loss per row, lse per row) of the gathered problem; e, c, targets, bias in the kernels'
-    layouts (api.py), targets global. counts: api's targets' check and count (or None)."""
+    layouts (api.py), targets global. counts: api's targets' check and count (or None). cfg:
+    the route's config (route.py), kept for the backward."""
     v_total = vp.vocab_size(e.device)
     if counts is None and targets.numel():  # traced callers skip the API's check: not here
         counts, _ = check_and_count_targets(targets, v_total, opts.ignore_index)
@@ -195,7 +198,7 @@ def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, c
     local_opts = dataclasses.replace(
         opts, ignore_index=LOCAL_IGNORE,
         label_smoothing=opts.label_smoothing * vp.size / v_total)
-    call = _Call(local_opts, vp, v_total, opts.label_smoothing, opts.ignored_lse, counts)
+    call = _Call(local_opts, vp, v_total, opts.label_smoothing, opts.ignored_lse, counts, cfg)
     t_local = local_targets(targets, vp, opts.ignore_index)
     loss, lse, agree = _VocabParallelRows.apply(e, c, t_local, bias, call,
                                                 targets_checksum(targets))
@@ -216,7 +219,7 @@ class _VocabParallelRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, c, t_local, bias, call: _Call, checksum):
         fwd_opts = dataclasses.replace(call.opts, label_smoothing=1.0 if call.smooth else 0.0)
-        shard = rows_forward(e, c, t_local, bias, fwd_opts)
+        shard = rows_forward(e, c, t_local, bias, fwd_opts, call.cfg)
         loss, lse, nll, p_max, z_t, agree = combine_shards(shard, t_local, call, checksum)
         ctx.save_for_backward(e, c, t_local, bias, lse, nll, p_max, z_t)
         ctx.call = call
@@ -226,19 +229,24 @@ class _VocabParallelRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, _grad_agree):
+        refuse_create_graph()
         e, c, t_local, bias, lse, nll, p_max, z_t = ctx.saved_tensors
         call = ctx.call
         if grad_loss is None:
             grad_loss = torch.zeros_like(lse)
         num_used = None if call.counts is None else int(call.counts.values()[1])
+        # The shard's partial dE in fp32: the ranks' partials cancel in their sum (a shard's
+        # softmax gradient does not sum to 0 over its columns), so each is rounded only once
+        # the sum is made.
         de, dc, dbias = rows_backward(e, c, t_local, bias, (lse, nll, p_max), grad_loss,
-                                      grad_lse, call.opts, num_used=num_used)
+                                      grad_lse, call.opts, call.cfg, num_used=num_used,
+                                      de_dtype=torch.float32)
         if call.smooth and call.vp.size < call.v_total:
             _add_smoothing_target_term(e, c, t_local, grad_loss, z_t, call, (de, dc, dbias))
         if ctx.needs_input_grad[0]:  # the same on every rank: they all call it, or none
             de = de.contiguous()
             dist.all_reduce(de, op=dist.ReduceOp.SUM, group=call.vp.group)
-        return de, dc, None, dbias if bias is not None else None, None, None
+        return de.to(e.dtype), dc, None, dbias if bias is not None else None, None, None
 
 
 def combine_shards(shard, t_local: Tensor, call: _Call, checksum: Tensor):

@@ -1,5 +1,5 @@
 """This project's own Triton CCE kernel (own_kernel/)."""
-from suite.registry import needs_triton_device, register
+from suite.registry import needs_cuda, needs_triton_device, register
 
 VERMILLION = "#D55E00"  # figures: the own kernel's colour
 
@@ -10,23 +10,32 @@ FUSED_WORKSPACE_MIB = 3072
 
 
 def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False,
-          workspace_mib=0):
-    # workspace_mib=0: the recompute path, whatever the API's default would pick.
+          workspace_mib=None):
+    # workspace_mib None: not passed, the call a user makes (the API's route picks the path).
     from own_kernel import linear_cross_entropy
 
+    budget = {} if workspace_mib is None else dict(workspace_mib=workspace_mib)
     return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
                                 ignore_index=ignore_index, filter_eps=filter_eps,
-                                low_memory=low_memory, workspace_mib=workspace_mib)
+                                low_memory=low_memory, **budget)
 
 
-@register("own", summary="own Triton CCE, exact gradients", features=("bias", "softcap"),
-          requires=needs_triton_device,
+@register("own", summary="own Triton CCE, exact gradients, the default call (the path it takes "
+          "is own_kernel.plan's)", features=("bias", "softcap"), requires=needs_triton_device,
           style=dict(color=VERMILLION, marker="o", linestyle="-"), order=60)
 def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None)
 
 
-@register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto')",
+@register("own_recompute", summary="own Triton CCE, exact, the recompute path (workspace_mib=0)",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="v", linestyle="-"), order=60)
+def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
+
+
+@register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto'), the "
+          "default call",
           features=("bias", "softcap"), requires=needs_triton_device, exact=False,
           style=dict(color=VERMILLION, marker="s", linestyle="--"), order=61)
 def own_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
@@ -78,7 +87,7 @@ def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_
     # The path every GPU but Hopper takes (pointer kernels, tiles tuned on this GPU, the cuBLAS
     # recompute backward, the three-matmul path where the default budget holds it), forced
     # here so it can be measured beside the Hopper path: workspace_mib None is the API's own
-    # choice, what a user of such a GPU gets.
+    # choice, what a user of such a GPU gets. CUDA only: use_target is an error on CPU tensors.
     from own_kernel.config import use_target
 
     with use_target("portable"):
@@ -88,7 +97,7 @@ def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_
 
 @register("own_portable",
           summary="own Triton CCE, exact, the portable (non-Hopper) path forced, default budget",
-          features=("bias", "softcap"), requires=needs_triton_device,
+          features=("bias", "softcap"), requires=needs_cuda,
           style=dict(color=VERMILLION, marker="D", linestyle="-."), order=63)
 def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _portable(e, c, targets, bias, softcap, ignore_index, None)
@@ -97,7 +106,7 @@ def own_portable(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
 @register("own_portable_filter",
           summary="own Triton CCE, gradient filter, the portable (non-Hopper) path forced, default "
           "budget",
-          features=("bias", "softcap"), requires=needs_triton_device, exact=False,
+          features=("bias", "softcap"), requires=needs_cuda, exact=False,
           style=dict(color=VERMILLION, marker="d", linestyle=(0, (3, 1, 1, 1))), order=64)
 def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _portable(e, c, targets, bias, softcap, ignore_index, "auto")
@@ -106,7 +115,7 @@ def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=
 @register("own_portable_fused",
           summary=f"own Triton CCE, exact, three-matmul training path "
           f"(workspace_mib={FUSED_WORKSPACE_MIB}), the portable (non-Hopper) path forced",
-          features=("bias", "softcap"), requires=needs_triton_device,
+          features=("bias", "softcap"), requires=needs_cuda,
           style=dict(color=VERMILLION, marker="*", linestyle="-."), order=67)
 def own_portable_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _portable(e, c, targets, bias, softcap, ignore_index, None,

@@ -1,0 +1,204 @@
+"""The route (own_kernel/route.py): pure decisions at real shapes on every target's config (no
+launch), own_kernel.plan against the path a call actually runs, options that cannot apply
+refused or reported, and the providers calling the API as a user does."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import own_kernel  # noqa: E402
+from own_kernel import fused, linear_cross_entropy, ops  # noqa: E402
+from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
+                               use_target)
+from own_kernel.plan import fused_plan  # noqa: E402
+from own_kernel.route import Call, describe, route  # noqa: E402
+
+BF16, FP32 = torch.bfloat16, torch.float32
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+GEMMA = dict(n=8192, v=256000, d=2304)
+QWEN_SMALL = dict(n=8192, v=32000, d=2048)
+
+
+# ---- pure decisions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg, shape, dtype, path", [
+    (PORTABLE, QWEN_SMALL, FP32, "three-matmul"),    # fp32: the default budget holds it
+    (HOPPER_16BIT, QWEN_SMALL, BF16, "three-matmul"),
+    (HOPPER_16BIT, GEMMA, BF16, "recompute"),        # dC's fp32 buffer exceeds 1 GiB
+])
+def test_default_budget_decides_the_path(cfg, shape, dtype, path):
+    r = route(Call(**shape, dtype=dtype), cfg)
+    assert r.path == path and r.cfg is cfg
+    fused = cfg.fused
+    budget = fused.default_workspace_mib_fp32 if dtype == FP32 else fused.default_workspace_mib
+    plan, why = fused_plan(shape["n"], shape["v"], shape["d"], dtype.itemsize, budget * 2**20, cfg)
+    assert (r.fused == plan) and (plan is None) == (path == "recompute")
+    if path == "recompute":  # the default budget went unused: the note says why
+        assert r.note == f"workspace_mib={budget} unused: {why}"
+    else:
+        assert r.entry == "fused" and r.note == ""
+
+
+@pytest.mark.parametrize("option, reason", [
+    (dict(reduction="none"), 'reduction="none"'), (dict(return_lse=True), "return_lse=True"),
+    (dict(low_memory=True), "low_memory=True"), (dict(vocab_parallel=True), "vocab_parallel"),
+    (dict(compiling=True), "torch.compile"), (dict(needs_grad=False), "no gradient"),
+])
+def test_an_explicit_budget_the_call_cannot_use_is_reported(option, reason):
+    r = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=4096, **option), HOPPER_16BIT)
+    assert r.path != "three-matmul" and r.fused is None
+    assert r.note.startswith("workspace_mib=4096 unused: ") and reason in r.note
+
+
+@pytest.mark.parametrize("option, path, entry", [
+    (dict(), "three-matmul", "fused"), (dict(low_memory=True), "low-memory", "eager"),
+    (dict(needs_grad=False), "forward-only", "eager"),
+    (dict(reduction="none"), "recompute", "eager"),
+    (dict(vocab_parallel=True), "recompute", "vocab-parallel"),
+    (dict(vocab_parallel=True, low_memory=True), "low-memory", "vocab-parallel"),
+    (dict(compiling=True), "recompute", "compiled"),
+])
+def test_path_and_entry(option, path, entry):
+    r = route(Call(**QWEN_SMALL, dtype=BF16, **option), HOPPER_16BIT)
+    assert (r.path, r.entry) == (path, entry)
+
+
+def test_filtered_calls_on_hopper_keep_the_recompute_path_unless_given_a_budget():
+    r = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True), HOPPER_16BIT)
+    assert r.path == "recompute" and "filtered" in r.note
+    assert route(Call(**QWEN_SMALL, dtype=BF16, filtered=True, workspace_mib=4096),
+                 HOPPER_16BIT).path == "three-matmul"
+    assert route(Call(**QWEN_SMALL, dtype=BF16, filtered=True), PORTABLE).path == "three-matmul"
+
+
+def test_a_zero_budget_is_no_budget_and_no_note():
+    r = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT)
+    assert (r.path, r.note, r.budget_mib) == ("recompute", "", 0)
+
+
+def test_describe_reports_the_plans_chunks_and_a_peak_above_the_gradients():
+    grads = (QWEN_SMALL["n"] + QWEN_SMALL["v"]) * QWEN_SMALL["d"] * 2
+    call = Call(**QWEN_SMALL, dtype=BF16)
+    r = route(call, HOPPER_16BIT)
+    p = describe(call, r)
+    assert (p.path, p.chunks, p.chunk_size) == ("three-matmul", r.fused.chunks, r.fused.rows)
+    assert p.peak_bytes >= grads + r.fused.extra_bytes
+    rec = describe(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0),
+                   route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT))
+    assert rec.path == "recompute" and rec.chunks > 1
+    assert rec.peak_bytes >= grads + 4 * QWEN_SMALL["n"] * QWEN_SMALL["d"]  # dE's fp32 copy
+    low = describe(Call(**QWEN_SMALL, dtype=BF16, low_memory=True),
+                   route(Call(**QWEN_SMALL, dtype=BF16, low_memory=True), HOPPER_16BIT))
+    assert grads < low.peak_bytes < rec.peak_bytes
+    fwd = describe(Call(**QWEN_SMALL, dtype=BF16, needs_grad=False),
+                   route(Call(**QWEN_SMALL, dtype=BF16, needs_grad=False), HOPPER_16BIT))
+    assert fwd.chunks == 0 and fwd.peak_bytes < grads // 100
+
+
+# ---- the API asks the route once and runs what plan() reports ------------------------------------
+
+def _inputs(n=12, d=16, v=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, d, generator=g).to(DEV).requires_grad_(),
+            torch.randn(v, d, generator=g).to(DEV).requires_grad_(),
+            torch.randint(0, v, (n,), generator=g).to(DEV))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(workspace_mib=8), dict(workspace_mib=0),
+                                     dict(low_memory=True), dict(reduction="none",
+                                                                 workspace_mib=8)])
+def test_plan_reports_the_path_the_call_runs(monkeypatch, options):
+    from own_kernel import api
+    ran, routes = [], []
+    real_fused, real_eager, real_route = fused.fused_loss_and_grads, ops.rows_backward, api.route
+    monkeypatch.setattr(fused, "fused_loss_and_grads",
+                        lambda *a: ran.append("three-matmul") or real_fused(*a))
+    monkeypatch.setattr(ops, "rows_backward", lambda *a, **k: ran.append(
+        "low-memory" if a[7].low_memory else "recompute") or real_eager(*a, **k))
+    monkeypatch.setattr(api, "route", lambda *a: routes.append(a) or real_route(*a))
+    e, c, t = _inputs()
+    planned = own_kernel.plan(e, c, t, **options)
+    assert len(routes) == 1
+    loss = linear_cross_entropy(e, c, t, **options)
+    assert len(routes) == 2  # asked once per call
+    loss.sum().backward()
+    assert ran == [planned.path], (ran, planned)
+    assert isinstance(planned, own_kernel.Plan)
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="CPU tensors run only under TRITON_INTERPRET, "
+                    "which a CUDA run leaves off")
+def test_use_target_on_cpu_tensors_is_refused_by_name():
+    e, c, t = _inputs()
+    for name in ("hopper-16bit", "portable"):
+        with use_target(name), pytest.raises(ValueError, match=rf"use_target\('{name}'\)"):
+            linear_cross_entropy(e, c, t)
+        with use_target(name), pytest.raises(ValueError, match=rf"use_target\('{name}'\)"):
+            own_kernel.plan(e, c, t)
+
+
+def test_an_unused_budget_is_reported_by_plan():
+    e, c, t = _inputs()
+    assert "unused" in own_kernel.plan(e, c, t, workspace_mib=512, reduction="none").note
+    with overridden({"fused": {"max_rows": 2, "min_rows": 4}}):  # chunks too small to pay
+        p = own_kernel.plan(e, c, t, workspace_mib=512)
+    assert p.path == "recompute" and p.note.startswith("workspace_mib=512 unused")
+
+
+def test_vocab_parallels_backward_keeps_the_forwards_config(monkeypatch):
+    """The vocab-parallel entry's backward used to resolve its config when it ran: with the
+    forward's override ended, it took another route. One process (world 1, gloo)."""
+    import torch.distributed as dist
+
+    from own_kernel import VocabParallel
+    from tests.test_own_kernel import _spy_w_writers
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        writers = _spy_w_writers(monkeypatch)
+        e, c, t = _inputs(n=20, v=90)
+        with overridden({"chunks": {"recompute": "cublas"}}):
+            loss = linear_cross_entropy(e, c, t, vocab_parallel=VocabParallel(None, 0, 90))
+        loss.backward()
+        assert writers and set(writers) <= {"cublas", "pointer"} and writers[0] == "cublas", writers
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_compiled_backward_keeps_the_forwards_config(monkeypatch):
+    from tests.test_own_kernel import _spy_w_writers
+
+    writers = _spy_w_writers(monkeypatch)
+    e, c, t = _inputs(n=20, v=90)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda e, c, t: linear_cross_entropy(e, c, t), backend="aot_eager")
+    with overridden({"chunks": {"recompute": "cublas"}}):
+        loss = fn(e, c, t)
+    loss.backward()
+    assert writers and writers[0] == "cublas", writers
+
+
+# ---- the providers measure the API as a user calls it -------------------------------------------
+
+@pytest.mark.parametrize("provider, budget", [("own", "absent"), ("own_filter", "absent"),
+                                              ("own_low_memory", "absent"),
+                                              ("own_recompute", 0)])
+def test_providers_call_the_api_as_a_user_does(monkeypatch, provider, budget):
+    import suite.providers.own as own_providers
+
+    seen = []
+    monkeypatch.setattr(own_kernel, "linear_cross_entropy", lambda *a, **k: seen.append(k))
+    e, c, t = _inputs()
+    getattr(own_providers, provider)(e, c, t)
+    assert seen and seen[0].get("workspace_mib", "absent") == budget, seen
+
+
+def test_interpreter_config_is_the_cpu_route():
+    assert route(Call(12, 40, 16, FP32), INTERPRETER).path == "recompute"  # default budget 0
