@@ -31,6 +31,7 @@ from suite.report.verdict import RULE_TEXT
 from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
                                        train_headline)
 from suite.report.curated import read_run_rows as read_rows
+from suite.report.vocab_parallel_tables import is_multi_gpu_run, multi_gpu_text
 
 __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline", "read_envs",
            "render", "render_train", "liger_selective_comparison", "summary", "targets_table",
@@ -143,6 +144,8 @@ def compute(args) -> tuple[str, str]:
         return train_headline(train, _command(args, " --headline")), "train-headline"
     if args.headline:
         return headline(args.results, _command(args, " --headline")), "headline"
+    if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
+        return multi_gpu_text(args.results[0]), "multi-gpu"
     return _run_folder_text(args, train)
 
 

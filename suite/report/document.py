@@ -48,12 +48,13 @@ several sessions says so where a cell's rows come from more than one.
 SECTIONS = (
     Section(
         "Which is fastest at my shape?",
-        "Every peer at three model shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 "
+        "Every provider at the Gemma 2 (2B) shape in one H100 run; every peer at three model shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 "
         "(7B)); every provider at the Gemma 2 (2B) shape on the H200; the three-matmul path "
         "(`own_fused`: loss and gradients in the forward, a row chunk at a time in a workspace) "
         "against torch.compile over a grid of shapes on the H100; `own_filter` against Apple's "
         "CCE and torch.compile over the H200 grids.",
-        ("results/peers-h100",
+        ("results/headline-h100",
+         "results/peers-h100",
          "results/gemma2-2b-h200",
          "results/fused-grid-h100-3-lm results/fused-grid-h100-3-uniform "
          "results/fused-n32768-h100-4 results/fused-qwen-h100-3 --versus own_fused "
@@ -84,6 +85,15 @@ SECTIONS = (
         "The portable path (`own_portable*`: no TMA, no Hopper-only instructions) forced on the "
         "H100, beside the Hopper path and the peers.",
         ("results/portable-h100-2",)),
+    Section(
+        "Does it scale to several GPUs?",
+        "The vocabulary sharded over two H100s of one host (`vocab_parallel`, or a DTensor "
+        "weight sharded on the vocabulary) against one GPU of the same host, then a whole "
+        "training step of a Llama-architecture model under FSDP2 on one and two GPUs, each "
+        "backend's loss curve checked against its single-GPU run of the same global batch. "
+        "What larger counts would give, from these measurements: "
+        "[notes/scaling.md](notes/scaling.md).",
+        ("results/multigpu-2xh100",)),
     Section(
         "Does it train the same?",
         "Whole training steps: the GPT bench at two vocabularies on the H200 (peak memory by "

@@ -42,12 +42,14 @@ def _line(one: dict | None, many: dict) -> list[str]:
     if many["status"] != "ok" or one is None or one["status"] != "ok":
         bad = many if many["status"] != "ok" else one
         status = bad["status"] if bad else "no single-GPU row"
-        return [many["provider"], many["phase"], status, "", "", "", "", "", "", ""]
+        return [many["provider"], many["phase"], status, "", "", "", "", "", "", "", ""]
     return [many["provider"], many["phase"], fmt_ms(one["ms"]), fmt_ms(many["ms"]),
             fmt_ratio(many["ms"], one["ms"]), fmt_mib(one["peak_extra_mib"]),
             fmt_mib(many["peak_extra_mib"]),
             fmt_ratio(many["peak_extra_mib"], one["peak_extra_mib"]),
-            fmt_err(many.get("loss_rel_err")), fmt_err(many.get("dc_rel_err"))]
+            fmt_err(many.get("loss_rel_err")),
+            f"{fmt_err(one.get('de_rel_err'))} → {fmt_err(many.get('de_rel_err'))}",
+            fmt_err(many.get("dc_rel_err"))]
 
 
 def shape_table(single: Path, sharded: Path, k: int) -> str:
@@ -55,7 +57,7 @@ def shape_table(single: Path, sharded: Path, k: int) -> str:
     manys = [r for r in results.read_rows(sharded) if r["provider"] in PROVIDERS]
     header = ["provider", "phase", "ms, 1 GPU", f"ms, {k} ranks", "ratio",
               "peak extra, 1 GPU", f"per rank, {k} ranks", "ratio", "loss rel err",
-              "dC rel err"]
+              f"dE rel err, 1 GPU → {k} ranks", "dC rel err"]
     blocks = []
     for cell_id in dict.fromkeys(r["cell_id"] for r in manys):
         rows = [r for r in manys if r["cell_id"] == cell_id]
@@ -73,3 +75,47 @@ def vocab_parallel_section(run_dir) -> str:
     for shape, single, sharded, k in pairs:
         parts += [f"#### {shape}, {k} ranks", "", shape_table(single, sharded, k), ""]
     return "\n".join(parts)
+
+
+# ---- the multi-GPU training step (suite/train/distributed.py's results.csv) ------------------
+
+TRAIN_DIR = "train-2gpu"
+
+
+def training_table(run_dir) -> str:
+    """Markdown: one row per training configuration of ``run_dir/train-2gpu`` (world size, head,
+    step time with its p20–p80, tokens/s, peak per rank, loss parity); "" when there is none."""
+    path = Path(run_dir) / TRAIN_DIR / "results.csv"
+    if not path.exists():
+        return ""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    header = ["config", "GPUs", "lm_head", "batch per rank x seq", "step ms (p20–p80)", "tokens/s",
+              "peak MiB per rank", "final loss", "parity against", "verdict"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            body.append([f"`{r['config']}`", r["world_size"], "", "", r["status"], "", "", "",
+                         "", (r.get("error") or "")[:80]])
+            continue
+        head = "vocab-sharded (ColwiseParallel)" if r["tp_head"] == "1" else "FSDP2 / plain"
+        body.append([f"`{r['config']}`", r["world_size"], head,
+                     f"{r['batch_per_rank']} x {r['seq_len']}",
+                     f"{fmt_ms(r['ms'])} ({fmt_ms(r['ms_p20'])}–{fmt_ms(r['ms_p80'])})",
+                     f"{float(r['tokens_per_s']):,.0f}", r["peak_mib_per_rank"].replace(";", " / "),
+                     f"{float(r['final_loss']):.4f}", r["parity_ref"] or "–", r["verdict"]])
+    first = rows[0]
+    title = (f"### Training step on {first['world_size'] if len(rows) == 1 else 'one and two'} "
+             f"GPUs: {first['model']}, {int(first['n_params']) / 1e9:.2f}B parameters, "
+             f"V {first['vocab']}, {first['steps']} steps, {first['global_tokens']} tokens a step")
+    return f"{title}\n\n{md_table(header, body)}"
+
+
+def is_multi_gpu_run(run_dir) -> bool:
+    return (Path(run_dir) / "vp").is_dir() or (Path(run_dir) / TRAIN_DIR).is_dir()
+
+
+def multi_gpu_text(run_dir) -> str:
+    return "\n\n".join(t for t in (vocab_parallel_section(run_dir), training_table(run_dir)) if t)
