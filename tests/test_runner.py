@@ -70,7 +70,8 @@ def test_injected_oom_is_recorded_and_the_run_goes_on(tmp_path, temp_providers):
             assert r["status"] == "ok", r
             assert float(r["loss_rel_err"]) < 1e-5
             assert float(r["ms"]) > 0 and int(r["reps"]) == 1
-            assert float(r["floor_ratio"]) == pytest.approx(float(r["ms"]) / float(r["floor_ms"]))
+            # the floor is measured, but a CPU time over it is no ×floor (tables show none)
+            assert float(r["floor_ms"]) > 0 and r["floor_ratio"] == ""
     for good in ("naive", "chunked"):
         assert float(status[good, "loss+grad"]["de_rel_err"]) < 1e-5
         assert float(status[good, "grad"]["dc_rel_err"]) < 1e-5
