@@ -167,7 +167,7 @@ def test_isolate_records_a_crashing_provider_and_goes_on(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
     """))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke-sweep",
            "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
            "--softcap", "none", "--ignore-frac", "0", "--no-bias",
            "--providers", "naive,fake_segv,chunked", "--plugin", "crashing_provider",
@@ -208,7 +208,7 @@ def test_isolate_provider_gives_each_provider_its_own_process_and_reruns(tmp_pat
         register("pid_b", summary="naive, logs its pid")(_logged("pid_b"))
     """))
     out, log = tmp_path / "run", tmp_path / "pids.txt"
-    base = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+    base = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke-sweep",
             "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
             "--softcap", "none", "--ignore-frac", "0", "--no-bias", "--plugin", "pid_providers",
             "--reps", "1", "--warmup", "0", "--phases", "fwd", "--out", str(out), "--quiet"]
