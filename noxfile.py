@@ -74,7 +74,9 @@ def lock(session):
     file with what was installed, and run the tests on it."""
     _install_cpu_torch(session, session.posargs[0] if session.posargs else _pinned("torch"))
     session.install("-e", ".[test]", "nox")  # nox: README installs it with the same pins
-    frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    # --all: setuptools too (torch requires it); pip itself stays the venv's own
+    frozen = session.run("python", "-m", "pip", "freeze", "--all", "--exclude", "pip",
+                         "--exclude-editable", silent=True)
     CONSTRAINTS.write_text(CONSTRAINTS_HEADER + frozen)
     session.log(f"wrote {CONSTRAINTS}; running the tests on it")
     session.run(*PYTEST, env={"TRITON_INTERPRET": "1"})
