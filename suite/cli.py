@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from suite import presets
+from suite import presets, smoke
 
 # Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
 EXTERNAL = {
@@ -26,7 +26,7 @@ EXTERNAL = {
 DTYPES = ("bf16", "fp16", "fp32")
 # suite.runner.PRESETS' names, read without importing runner (it imports torch, which this
 # module loads only when a command needs it).
-PRESET_NAMES = ("smoke", *presets.SHAPES, "peers", "grid")
+PRESET_NAMES = ("smoke", "smoke-sweep", *presets.SHAPES, "peers", "grid")
 DISTS = ("uniform", "lm", "file")
 
 
@@ -113,7 +113,8 @@ def name_list(text: str) -> list[str]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=PRESET_NAMES,
-                   help="cells to run (default: gemma2-2b with CUDA, smoke without)")
+                   help="cells to run (default: gemma2-2b with CUDA; without, smoke: every "
+                        "provider once on one tiny cell; smoke-sweep: the longer CPU sweep)")
     p.add_argument("--providers", type=name_list, help="comma-separated providers (default: all)")
     p.add_argument("--exclude", type=name_list, default=[], help="providers to leave out")
     p.add_argument("--n", type=int_list, help="tokens, e.g. 2048,8192 (overrides the preset)")
@@ -307,15 +308,30 @@ def cmd_bench(args, parser) -> int:
     if not args.quiet:
         print(f"bench: preset {preset}, {len(cells)} cell(s) x {len(providers)} provider(s) on "
               f"{device} -> {out}")
+    phases, reps, warmup = args.phases or runner.PHASES, args.reps, args.warmup
+    if preset == smoke.PRESET:  # one call each: it checks that everything runs
+        phases, reps = args.phases or list(smoke.PHASES), reps or smoke.REPS
+        warmup = smoke.WARMUP if warmup is None else warmup
     try:
-        runner.run(cells, providers, args.phases or runner.PHASES, out, resume=args.resume,
-                   reps=args.reps, warmup=args.warmup, device=device, isolate=args.isolate,
-                   quiet=args.quiet, plugins=args.plugin, rerun=args.rerun)
+        runner.run(cells, providers, phases, out, resume=args.resume, reps=reps, warmup=warmup,
+                   device=device, isolate=args.isolate, quiet=args.quiet, plugins=args.plugin,
+                   rerun=args.rerun)
     except FileExistsError as err:
         parser.error(f"--out: {err}")
     except ValueError as err:
         parser.error(f"--rerun: {err}" if args.rerun else str(err))
-    return 0
+    return _smoke_verdict(out, providers) if preset == smoke.PRESET else 0
+
+
+def _smoke_verdict(out: Path, providers) -> int:
+    """Print what the smoke run checked; 1 if a provider failed."""
+    from suite import catalog
+    from suite.results import read_rows
+
+    rows = [r for r in read_rows(out) if r["provider"] in providers]
+    text, failed = smoke.summarize(rows, {p: catalog.get(p).exact for p in providers})
+    print(text)
+    return 1 if failed else 0
 
 
 def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int:

@@ -231,7 +231,7 @@ def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, re
     reason = provider.unavailable_reason(device)
     if reason:
         return [{"phase": p, "status": "unavailable", "error": reason} for p in phases]
-    reason = provider.unsupported_reason(bias=bias, softcap=softcap)
+    reason = provider.unsupported_reason(bias=bias, softcap=softcap, device=device)
     if reason:
         return [{"phase": p, "status": "unsupported", "error": reason} for p in phases]
 
@@ -260,7 +260,8 @@ def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, re
                 row["tflops"] = PHASE_MATMULS[phase] * 2 * n * v * d / (stats["ms"] / 1e3) / 1e12
                 if floor_ms:
                     row["floor_ms"] = floor_ms
-                    row["floor_ratio"] = stats["ms"] / floor_ms
+                    if device.type == "cuda":  # a CPU time over the CPU's matmul means nothing
+                        row["floor_ratio"] = stats["ms"] / floor_ms
         except Exception as exc:  # noqa: BLE001 - a failing provider is data, not a crash
             failure = ("oom" if is_oom(exc) else "error", one_line(exc))
         if failure:

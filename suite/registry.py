@@ -45,6 +45,9 @@ class Provider:
     # installed distribution's metadata (commit from pip's direct_url.json record).
     origin: Callable[[], dict | None] | None = None
     label: str = ""
+    # Returns why a cell's options cannot run on a device (e.g. a peer's kernel that Triton's
+    # interpreter cannot run with softcap), else None; None: every implemented option runs.
+    limits: Callable[..., str | None] | None = None
     style: dict = field(default_factory=lambda: dict(FALLBACK_STYLE))
     order: int = 1000
 
@@ -58,11 +61,14 @@ class Provider:
             return self.origin()
         return distribution_origin(self.package) if self.package else None
 
-    def unsupported_reason(self, *, bias: bool, softcap: float | None) -> str | None:
+    def unsupported_reason(self, *, bias: bool, softcap: float | None,
+                           device: torch.device | str | None = None) -> str | None:
         if bias and "bias" not in self.features:
             return f"{self.name} has no bias input"
         if softcap is not None and "softcap" not in self.features:
             return f"{self.name} has no softcap option"
+        if device is not None and self.limits is not None:
+            return self.limits(torch.device(device), bias=bias, softcap=softcap)
         return None
 
 
@@ -70,10 +76,12 @@ PROVIDERS: dict[str, Provider] = {}
 
 
 def register(name: str, *, summary: str, features=("softcap",), requires=None, exact=True,
-             package=None, install=None, origin=None, label=None, style=None, order=1000):
+             package=None, install=None, origin=None, label=None, style=None, order=1000,
+             limits=None):
     """Register ``fn`` as provider ``name``. ``package``/``install``: the peer's distribution and
     the line that installs it (``python -m suite list`` shows both); ``label``, ``style`` (a
-    matplotlib colour, marker and linestyle) and ``order``: how figures draw and list it."""
+    matplotlib colour, marker and linestyle) and ``order``: how figures draw and list it;
+    ``limits(device, *, bias, softcap)``: why such a cell cannot run on ``device``, or None."""
     bad = set(features) - set(FEATURES)
     if bad:
         raise ValueError(f"provider {name!r}: features must be among {FEATURES}, got {sorted(bad)}")
@@ -94,6 +102,7 @@ def register(name: str, *, summary: str, features=("softcap",), requires=None, e
             package=package,
             install=install,
             origin=origin,
+            limits=limits,
             label=label or name,
             style=dict(style or FALLBACK_STYLE),
             order=order,

@@ -287,6 +287,12 @@ def main(args) -> int:
         print(f"reproduce: --reps must be >= 1, got {args.reps}")
         return 2
     source = args.from_results
+    if source is None:
+        reason = _cannot_measure(args.device)
+        if reason:
+            print(f"reproduce: {reason}; nothing measured. (--from-results DIR rewrites "
+                  f"DIR/table1.md from a GPU run's results.csv.)")
+            return 2
     try:
         if source is None:
             run_protocol(args)
@@ -297,5 +303,22 @@ def main(args) -> int:
         return 1
     for c in checks:
         print(f"{c.verdict:8s} {c.claim} [{c.dist}] {c.method}: {c.measured}")
+    # A FAIL is the reproduction's finding about a claim, not a failure of the command.
     print(f"reproduce: wrote {path}")
     return 0
+
+
+def _cannot_measure(device: str) -> str | None:
+    """Why Table 1 cannot be measured on ``device`` here (its shape and memory claims are a
+    GPU's), else None."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return f"--device: expected cuda or cuda:<index>, got {device!r}"
+    if dev.type != "cuda":
+        return f"the paper's Table 1 is measured on a CUDA device, not {device!r}"
+    if not torch.cuda.is_available():
+        return "the paper's Table 1 is measured on a CUDA device, and none is available here"
+    return None

@@ -71,7 +71,12 @@ AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed"
 GRID_V = [20000, 32000, 50257, 128256, 151936, 256000]
 SLICE_V = [32000, 128256, 256000]
 PRESETS = {
-    "smoke": [
+    # The CPU check (suite/smoke.py): every provider once on one tiny cell whose options all
+    # of them implement (no softcap, no bias), odd V, a quarter of the targets ignored.
+    "smoke": [dict(dist=["lm"], n=[32], d=[16], v=[97], dtype=["fp32"], softcap=[None],
+                   ignore_frac=[0.25])],
+    # The longer CPU sweep: both distributions, and one cell with every option on.
+    "smoke-sweep": [
         dict(dist=["uniform", "lm"], n=[64], d=[32], v=[257], dtype=["fp32"], softcap=[None]),
         # One cell with every option on: fp16, softcap, ignored targets, bias, odd V.
         dict(dist=["lm"], n=[64], d=[32], v=[100], dtype=["fp16"], softcap=[30.0],

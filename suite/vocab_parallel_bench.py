@@ -319,7 +319,7 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
     reason = provider.unavailable_reason(device)
     if reason:
         return [{"phase": p, "status": "unavailable", "error": reason} for p in plan["phases"]]
-    reason = provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap)
+    reason = provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap, device=device)
     if reason:
         return [{"phase": p, "status": "unsupported", "error": reason} for p in plan["phases"]]
     fn = sharded_fn(name, vp)

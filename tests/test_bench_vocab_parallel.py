@@ -18,7 +18,7 @@ from suite.reference import rel_err
 from suite.results import ResultsWriter, read_rows
 from suite.schema import ROW_FIELD_DEFAULTS, ROW_FIELDS
 
-ARGS = ["bench", "--device", "cpu", "--n", "16", "--d", "8", "--v", "37", "--dtype", "fp32",
+ARGS = ["bench", "--device", "cpu", "--preset", "smoke-sweep", "--n", "16", "--d", "8", "--v", "37", "--dtype", "fp32",
         "--phases", "fwd,loss+grad", "--reps", "1", "--warmup", "0", "--quiet"]
 ERRORS = ("loss_rel_err", "de_rel_err", "dc_rel_err", "dbias_rel_err")
 

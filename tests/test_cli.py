@@ -8,7 +8,6 @@ import pytest
 
 from suite import cli, report
 from suite.results import read_rows
-from suite.schema import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,34 +20,32 @@ def _cli_error(capsys, argv):
 
 
 def test_smoke_preset_end_to_end(tmp_path):
-    """``python -m suite bench --preset smoke`` in a fresh process, then the report of it.
+    """``python -m suite bench`` without a GPU (the smoke preset) in a fresh process: one call
+    per provider on one cell, the summary of what it checked, then the report of it.
 
-    The own kernel and the compiled providers are left out: under the Triton interpreter /
-    inductor on 2 CPU cores they cost minutes; test_providers checks each of them."""
+    The own kernel and the compiled providers are left out: the smoke run itself covers them
+    (``nox -s bench``), and test_providers checks each against fp64."""
     out = tmp_path / "smoke"
     providers = "naive,chunked,selective,liger_ce,torch_native,apple_cce"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI sets it
     res = subprocess.run(
-        [sys.executable, "-m", "suite", "bench", "--preset", "smoke", "--device", "cpu",
-         "--providers", providers, "--reps", "2", "--warmup", "1", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--providers", providers,
+         "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "not GPU numbers" in res.stdout
     assert "| naive |" in res.stdout  # the summary table
+    assert "smoke check: 6 providers, one loss+grad call each on one cell" in res.stdout
+    agree = next(line for line in res.stdout.splitlines() if "ran and agree" in line)
+    for name in ("naive", "chunked", "selective", "liger_ce", "torch_native"):
+        assert name in agree
+    assert "    apple_cce: needs a CUDA device" in res.stdout
     rows = read_rows(out)
-    cells = {r["cell_id"] for r in rows}
-    assert len(cells) == 3
-    assert len(rows) == len(cells) * 6 * len(PHASES)
-    by = {(r["cell_id"], r["provider"], r["phase"]): r for r in rows}
-    for cell in cells:
-        for phase in PHASES:
-            assert by[cell, "naive", phase]["status"] == "ok"
-            assert by[cell, "apple_cce", phase]["status"] == "unavailable"
-            assert by[cell, "liger_ce", phase]["status"] in ("ok", "error")  # softcap: interp.
-    softcap_cell = next(c for c in cells if "sc30" in c)
-    assert by[softcap_cell, "torch_native", "fwd"]["status"] == "unsupported"
-    lm = next(r for r in rows if r["dist"] == "lm" and r["status"] == "ok")
-    assert 1.0 < float(lm["mean_loss"]) < 3.5
+    assert len({r["cell_id"] for r in rows}) == 1 and {r["phase"] for r in rows} == {"loss+grad"}
+    by = {r["provider"]: r for r in rows}
+    assert len(by) == 6 and by["apple_cce"]["status"] == "unavailable"
+    assert all(by[p]["status"] == "ok" for p in providers.split(",") if p != "apple_cce")
+    assert all(by[p]["floor_ratio"] == "" for p in by)  # no ×floor from CPU times
+    assert 1.0 < float(by["naive"]["mean_loss"]) < 4.6  # ln(97): uniform predictions
     assert (out / "env.json").exists()
 
     # The report renders the run, and --update-readme rewrites only the marked section.
@@ -61,6 +58,30 @@ def test_smoke_preset_end_to_end(tmp_path):
     doc = readme.read_text()
     assert doc.startswith("intro\n") and doc.endswith("outro\n")
     assert "old" not in doc and "| naive |" in doc
+
+
+def _smoke_row(provider, status="ok", err="1e-7", error=""):
+    return {"provider": provider, "phase": "loss+grad", "status": status, "error": error,
+            "loss_rel_err": err, "de_rel_err": err, "dc_rel_err": err, "dist": "lm", "n": "32",
+            "d": "16", "v": "97", "dtype": "fp32", "softcap": "", "bias": "False",
+            "ignore_frac": "0.25"}
+
+
+def test_smoke_summary_fails_on_an_error_or_an_inexact_exact_provider():
+    from suite import smoke
+
+    tol = smoke.tolerance(_smoke_row("naive"))
+    ok = [_smoke_row("naive"), _smoke_row("gpu_only", "unavailable", error="needs a CUDA device")]
+    text, failed = smoke.summarize(ok, {"naive": True, "gpu_only": True})
+    assert not failed and "gpu_only: needs a CUDA device" in text
+    for bad, exact in ((_smoke_row("broken", "error", error="ValueError: x"), True),
+                       (_smoke_row("off", err=str(2 * tol)), True)):
+        text, failed = smoke.summarize(ok + [bad], {"naive": True, bad["provider"]: exact})
+        assert failed and f"{bad['provider']}:" in text.split("FAILED:")[1]
+    # an approximate provider's error is shown, not held to the exact bound
+    text, failed = smoke.summarize(ok + [_smoke_row("filtered", err="1e-3")],
+                                   {"naive": True, "filtered": False})
+    assert not failed and "filtered (1.0e-03)" in text
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -42,6 +42,19 @@ def test_gpu_tools_say_they_need_cuda(capsys, tool, monkeypatch):
     assert "needs a CUDA device" in str(exc.value.code)
 
 
+@pytest.mark.parametrize("device", [None, "cuda"])
+def test_check_refuses_what_it_cannot_do_here(capsys, monkeypatch, device):
+    # No CUDA: the default (Gemma-sized) problem would run for many minutes under the CPU's
+    # interpreter, and --device cuda has no device; both exit non-zero at once, saying why.
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["kernel", "check"] + (["--device", device] if device else [])
+    assert cli.main(argv) == 2
+    out = capsys.readouterr().out
+    assert ("too large for the CPU" if device is None else "no CUDA device") in out
+
+
 def test_check_compares_gradients_on_the_cpu(capsys):
     cli.main(["kernel", "check", "--n", "8", "--d", "16", "--v", "40", "--device", "cpu"])
     lines = capsys.readouterr().out.splitlines()

@@ -226,6 +226,7 @@ def test_run_calls_the_runner_then_writes_table1(tmp_path, monkeypatch):
     import suite
 
     monkeypatch.setattr(suite, "runner", sys.modules["suite.runner"], raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the runner is faked
     out = tmp_path / "t1"
     assert reproduce.main(parse(["--out", str(out), "--device", "cuda", "--reps", "5"])) == 0
     assert calls["preset"] == "gemma2-2b"
@@ -235,6 +236,15 @@ def test_run_calls_the_runner_then_writes_table1(tmp_path, monkeypatch):
     assert calls["kw"]["reps"] == 5 and calls["kw"]["device"] == "cuda"
     assert calls["kw"]["resume"] is True and calls["kw"]["isolate"] is True
     assert (out / "table1.md").exists()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_without_cuda_it_refuses_before_measuring(tmp_path, monkeypatch, capsys, device):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "t1"
+    assert reproduce.main(parse(["--out", str(out), "--device", device])) == 2
+    assert "CUDA device" in capsys.readouterr().out
+    assert not out.exists()  # no table from nothing
 
 
 def test_reps_must_be_positive(capsys):

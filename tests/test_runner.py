@@ -70,7 +70,8 @@ def test_injected_oom_is_recorded_and_the_run_goes_on(tmp_path, temp_providers):
             assert r["status"] == "ok", r
             assert float(r["loss_rel_err"]) < 1e-5
             assert float(r["ms"]) > 0 and int(r["reps"]) == 1
-            assert float(r["floor_ratio"]) == pytest.approx(float(r["ms"]) / float(r["floor_ms"]))
+            # the floor is measured, but a CPU time over it is no ×floor (tables show none)
+            assert float(r["floor_ms"]) > 0 and r["floor_ratio"] == ""
     for good in ("naive", "chunked"):
         assert float(status[good, "loss+grad"]["de_rel_err"]) < 1e-5
         assert float(status[good, "grad"]["dc_rel_err"]) < 1e-5
@@ -166,7 +167,7 @@ def test_isolate_records_a_crashing_provider_and_goes_on(tmp_path):
             os.kill(os.getpid(), signal.SIGKILL)
     """))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke-sweep",
            "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
            "--softcap", "none", "--ignore-frac", "0", "--no-bias",
            "--providers", "naive,fake_segv,chunked", "--plugin", "crashing_provider",
@@ -207,7 +208,7 @@ def test_isolate_provider_gives_each_provider_its_own_process_and_reruns(tmp_pat
         register("pid_b", summary="naive, logs its pid")(_logged("pid_b"))
     """))
     out, log = tmp_path / "run", tmp_path / "pids.txt"
-    base = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke",
+    base = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke-sweep",
             "--dist", "uniform", "--v", "60", "--n", "32", "--d", "16", "--dtype", "fp32",
             "--softcap", "none", "--ignore-frac", "0", "--no-bias", "--plugin", "pid_providers",
             "--reps", "1", "--warmup", "0", "--phases", "fwd", "--out", str(out), "--quiet"]

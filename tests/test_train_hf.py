@@ -21,7 +21,7 @@ from suite.train.cli import resolve_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_HF_ARGS = ["--tiny", "--device", "cpu", "--in-process", "--dtype", "fp32", "--seq-len", "16",
-                "--conv-seq-len", "16", "--conv-batch", "4", "--steps", "8", "--conv-warmup", "2",
+                "--conv-seq-len", "16", "--conv-batch", "2", "--steps", "6", "--conv-warmup", "2",
                 "--smooth", "3", "--conv-lr", "1e-2", "--batch", "2", "--warmup", "1",
                 "--timed-steps", "1"]
 
@@ -64,12 +64,12 @@ def test_bench_and_convergence_on_a_tiny_hf_model(tmp_path, kernel_calls, arch, 
     conv = {r["run"]: r for r in read(out / "train_convergence.csv")}
     assert [conv[r]["verdict"] for r in ("hf_loss", "hf_loss_rerun", "hf_loss_fp32", "own")] == [
         "reference", "noise floor", "pass", "pass"], conv
-    assert conv["own"]["steps_done"] == "8" and conv["own"]["exact"] == "1"
+    assert conv["own"]["steps_done"] == "6" and conv["own"]["exact"] == "1"
     assert float(conv["hf_loss"]["final_loss"]) < float(conv["hf_loss"]["first_loss"]) - 0.05
     # own's convergence run and the own bench jobs went through the kernel; the others did not:
-    # 8 steps, then each bench job's warm-up and timed step.
+    # 6 steps, then each bench job's warm-up and timed step.
     own_jobs = [b for b in status if b.startswith("own")]
-    assert [c["filter_eps"] for c in kernel_calls] == [None] * 8 + [
+    assert [c["filter_eps"] for c in kernel_calls] == [None] * 6 + [
         "auto" if b == "own_filter" else None for b in own_jobs for _ in range(2)]
     assert {c["softcap"] for c in kernel_calls} == {30.0 if arch == "gemma2" else None}
 

@@ -9,6 +9,9 @@ from suite.reference import reference
 from suite.catalog import get
 
 PROVIDERS = "naive,own,own_filter,own_low_memory"
+# Under the CPU's Triton interpreter a problem of N x V logits takes about N x V / 10^5 seconds
+# per provider: past 2^20 logits a check runs for minutes, so it is refused up front.
+CPU_MAX_LOGITS = 1 << 20
 
 
 def add_arguments(ap) -> None:
@@ -31,6 +34,14 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print("kernel check: --device cuda, but no CUDA device is available here")
+        return 2
+    if torch.device(device).type == "cpu" and args.n * args.v > CPU_MAX_LOGITS:
+        print(f"kernel check: no CUDA device, and N {args.n} x V {args.v} is too large for the "
+              f"CPU's Triton interpreter (at most {CPU_MAX_LOGITS} logits): pass a small shape, "
+              f"e.g. --n 256 --d 64 --v 1000, or run on a CUDA device")
+        return 2
     dtype = args.dtype or ("fp32" if device == "cpu" else "bf16")
     inp = make_inputs(args.dist, args.n, args.d, args.v, dtype, seed=0, device=device, softcap=30.0)
     ref = reference(inp["e"], inp["c"], inp["targets"], softcap=30.0)

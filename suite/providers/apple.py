@@ -119,9 +119,18 @@ def load_from_folder(module: str, folder: str):
     return loaded
 
 
+def _installed_is_pypi_release() -> bool:
+    """True when the ``cut_cross_entropy`` this process imports is the PyPI release (a normal
+    ``pip install cut-cross-entropy==25.1.1``): then no folder of its own is needed."""
+    found = installed_distribution(PACKAGE)
+    return found is not None and found.version == PYPI_RELEASE
+
+
 def pypi_origin() -> dict | None:
     folder = os.environ.get(PYPI_ENV)
-    if not folder or not Path(folder).is_dir():
+    if not folder:
+        return distribution_origin(PACKAGE) if _installed_is_pypi_release() else None
+    if not Path(folder).is_dir():
         return None
     info = distribution_origin(PACKAGE, path=[folder])
     return None if info is None else dict(info, source=f"{info['source']} (in {PYPI_ENV})")
@@ -130,7 +139,12 @@ def pypi_origin() -> dict | None:
 def _needs_pypi_folder(device):
     folder = os.environ.get(PYPI_ENV)
     if not folder:
-        return f"{PYPI_ENV} is not set (install: {PYPI_INSTALL})"
+        if _installed_is_pypi_release():
+            return None
+        found = installed_distribution(PACKAGE)
+        have = f"{PACKAGE} {found.version} is installed" if found else f"{PACKAGE} is not installed"
+        return (f"{have} and {PYPI_ENV} is not set: install the release "
+                f"(pip install {PACKAGE}=={PYPI_RELEASE}) or a folder of it ({PYPI_INSTALL})")
     if not Path(folder).is_dir():
         return f"{PYPI_ENV}={folder} is not a folder (install: {PYPI_INSTALL})"
     info = distribution_origin(PACKAGE, path=[folder])
@@ -147,14 +161,15 @@ _PYPI_FN = {}
 
 def _pypi_linear_cross_entropy():
     if "fn" not in _PYPI_FN:
-        module = load_from_folder(MODULE, os.environ[PYPI_ENV])
+        folder = os.environ.get(PYPI_ENV)
+        module = load_from_folder(MODULE, folder) if folder else importlib.import_module(MODULE)
         _PYPI_FN["fn"] = module.linear_cross_entropy
     return _PYPI_FN["fn"]
 
 
 @register("apple_cce_pypi",
           summary=f"cut_cross_entropy {PYPI_RELEASE} (PyPI), impl='cce', default gradient "
-                  f"filter; loaded from ${PYPI_ENV}",
+                  f"filter; the installed release, or loaded from ${PYPI_ENV}",
           requires=all_of(_needs_pypi_folder, needs_cuda), exact=False,
           **_peer("apple_cce_pypi", "*", ":", 44, origin=pypi_origin) | {"install": PYPI_INSTALL})
 def apple_cce_pypi(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):

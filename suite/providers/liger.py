@@ -28,13 +28,23 @@ _has = needs_module("liger_kernel", PACKAGE, INSTALL)
 _requires = all_of(_has, needs_triton_device)
 
 
+def _interpreter_limits(device, *, bias, softcap):
+    """Liger's Triton cross-entropy kernel calls ``softcap.to(tl.float32)`` on its float
+    argument: compiled, a scalar argument is a tensor; Triton's interpreter passes it as a
+    Python float, which has no ``.to``, so softcap cells cannot run on the CPU."""
+    if device.type == "cpu" and softcap is not None:
+        return ("Liger's softcap path calls .to() on a float kernel argument, which Triton's "
+                "interpreter passes as a Python float: it runs on CUDA only")
+    return None
+
+
 def _style(marker, linestyle):
     return dict(color=GREEN, marker=marker, linestyle=linestyle)
 
 
 @register("liger_ce", summary="LigerCrossEntropyLoss on materialised logits",
           features=("bias", "softcap"), requires=_requires, package=PACKAGE, install=INSTALL,
-          style=_style("d", "--"), order=31)
+          limits=_interpreter_limits, style=_style("d", "--"), order=31)
 def liger_ce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     from liger_kernel.transformers import LigerCrossEntropyLoss
 
@@ -53,7 +63,7 @@ def _flce(e, c, targets, bias, softcap, ignore_index, impl):
 @register("liger_flce",
           summary=f"Liger fused linear CE (chunked, grads in forward), impl={TRITON_IMPL!r}",
           features=("bias", "softcap"), requires=_requires, package=PACKAGE, install=INSTALL,
-          style=_style("D", "-"), order=30)
+          limits=_interpreter_limits, style=_style("D", "-"), order=30)
 def liger_flce(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _flce(e, c, targets, bias, softcap, ignore_index, TRITON_IMPL)
 

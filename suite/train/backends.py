@@ -34,7 +34,7 @@ def provider_problem(name: str, device, softcap):
     reason = provider.unavailable_reason(device)
     if reason:
         return provider, "unavailable", reason
-    reason = provider.unsupported_reason(bias=False, softcap=softcap)
+    reason = provider.unsupported_reason(bias=False, softcap=softcap, device=device)
     if reason:
         return provider, "unsupported", reason
     return provider, None, None
