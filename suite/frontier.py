@@ -168,6 +168,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     own = [p for p in points if is_own(p.provider) and _is_exact(p.provider)]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     front = own_front(own)
+    on_front = {p.provider for p in front}
     ax.plot([p.mib for p in front], [p.ms for p in front], color=VERMILLION, drawstyle="steps-post",
             label="own kernel, exact (front)")
     for p in points:
@@ -178,6 +179,8 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.errorbar([p.mib], [p.ms], yerr=[[p.ms - p.p20], [p.p80 - p.ms]], color=st["color"],
                     marker=st["marker"], fillstyle="full" if exact else "none", linestyle="none",
                     markersize=6, capsize=2)
+        if exact and is_own(p.provider) and p.provider not in on_front:
+            continue  # off the front: drawn, not named (they crowd the front's labels)
         ax.annotate(p.provider, (p.mib, p.ms), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     ax.set_xscale("log")

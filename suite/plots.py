@@ -866,7 +866,23 @@ def build_all(results_dir=None, out_dir="plots", device: str | None = None) -> l
             written += _kernel_figures(df[df["device"] == main], out_dir)
         for other, rows in df[df["device"] != main].groupby("device", sort=True):
             written += _kernel_figures(rows, out_dir / device_folder(other))
+        written += plot_frontiers(kernel_run_dirs(results_dir), out_dir)
     write_manifest(out_dir, kernel_run_dirs(results_dir), trains, written)
+    return written
+
+
+def plot_frontiers(run_dirs, out_dir: Path) -> list[Path]:
+    """The time-memory frontier (suite/frontier.py) of each cell of each ``frontier-*`` run."""
+    from suite import frontier
+
+    written = []
+    for d in run_dirs:
+        name = Path(d).name
+        if not name.startswith("frontier-"):
+            continue
+        for rows in frontier.by_cell([d]).values():
+            stem = f"frontier_{name.removeprefix('frontier-')}_{rows[0]['dist']}.png"
+            written.append(frontier.plot(rows, out_dir / stem))
     return written
 
 
@@ -895,8 +911,10 @@ def manifest(run_dirs, train_run_dirs, figures, out_dir) -> dict:
                if (Path(d) / name).exists()]
     # The generator: this module, the curated list (and its renames) and the providers' styles.
     styles = json.dumps([PROVIDER_STYLE, PROVIDER_LABEL], sort_keys=True)
+    from suite import frontier
+
     generator = hashlib.sha256((_sha256(Path(__file__)) + _sha256(Path(curated.__file__))
-                                + styles).encode())
+                                + _sha256(Path(frontier.__file__)) + styles).encode())
     return {"generator": generator.hexdigest(),
             "inputs": {_repo_path(p): _sha256(p) for p in sorted(inputs, key=_repo_path)},
             "figures": sorted(Path(f).relative_to(out_dir).as_posix() for f in figures)}

@@ -58,6 +58,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--targets", action="store_true",
                         help="the own kernel's targets, one row per bf16 cell; a table per run "
                              "folder (section targets)")
+    parser.add_argument("--frontier", action="store_true",
+                        help="the time-memory frontier of exact loss+grad per cell (suite.frontier)")
     parser.add_argument("--peers", default="apple_cce,torch_compile",
                         help="comma-separated providers for --versus (default: %(default)s)")
     parser.add_argument("--section", default=None,
@@ -134,8 +136,8 @@ def compute(args) -> tuple[str, str]:
     if not args.results:
         raise ValueError("give one or more run folders (or --results-doc alone)")
     train = [d for d in args.results if is_train_run(d)]
-    if sum(map(bool, (args.versus, args.targets, args.headline))) > 1:
-        raise ValueError("give one of --versus, --targets, --headline")
+    if sum(map(bool, (args.versus, args.targets, args.headline, args.frontier))) > 1:
+        raise ValueError("give one of --versus, --targets, --headline, --frontier")
     if args.versus:
         return _versus_text(args), "versus"
     if args.targets:
@@ -144,6 +146,9 @@ def compute(args) -> tuple[str, str]:
         return train_headline(train, _command(args, " --headline")), "train-headline"
     if args.headline:
         return headline(args.results, _command(args, " --headline")), "headline"
+    if args.frontier:
+        from suite.frontier import report as frontier_report
+        return frontier_report(args.results), "frontier"
     if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
         return multi_gpu_text(args.results[0]), "multi-gpu"
     return _run_folder_text(args, train)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "results"
 # Folders under results/ that are not run folders: measurement notes, and the gate's baselines
 # and its proof (kept by the gate, read by no table or figure).
-NOT_RUNS = ("notes", "baselines", "gate-proof-h100")
+NOT_RUNS = ("notes", "baselines", "gate-proof-h100", "accuracy-h100")
 
 # `own` named the exact recompute path (workspace 0) until the API's default call took the name:
 # rows recorded before then are own_recompute's.
@@ -37,6 +37,8 @@ class CuratedRun:
 
 CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("headline-h100", "every provider at the Gemma 2 (2B) shape, one run, H100"),
+    CuratedRun("frontier-llama3-8b-h100", "time-memory frontier, Llama 3 (8B), lm inputs, H100"),
+    CuratedRun("frontier-gemma2-2b-h100", "time-memory frontier, Gemma 2 (2B), lm inputs, H100"),
     CuratedRun("multigpu-2xh100", "vocab-parallel loss and an FSDP2 training step, two H100s"),
     CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
     CuratedRun("gemma2-2b-h200", "every provider at the Gemma 2 (2B) shape, H200",

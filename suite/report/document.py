@@ -63,11 +63,15 @@ SECTIONS = (
          "--peers apple_cce,torch_compile")),
     Section(
         "Which fits my memory budget?",
-        "The gradients dE + dC are the least a loss+grad call can hold (`MiB ÷ grads` 1.0). "
+        "First the frontier: every exact provider's loss+grad at one shape as a point (peak "
+        "memory, time), the own kernel swept over `workspace_mib` (`own_ws*`), with a verdict "
+        "per peer: is some exact own point within that peer's memory faster or level? Then: "
+        "the gradients dE + dC are the least a loss+grad call can hold (`MiB ÷ grads` 1.0). "
         "`own_fused` holds at most its budget beyond them (3 GiB by default; `own_fused_4g`, "
         "`own_fused_6g`: 4 and 6 GiB); `own_low_memory` holds close to the gradients alone, "
         "against the exact recompute path `own_recompute`.",
-        ("results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
+        ("results/frontier-llama3-8b-h100 results/frontier-gemma2-2b-h100 --frontier",
+         "results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
          "results/fused-budget-h100 --versus own_fused_4g --peers torch_compile,own_fused",
          "results/fused-budget-h100 --versus own_fused_6g --peers torch_compile,own_fused",
          f"{H200_GRIDS} --versus own_low_memory --peers own_recompute")),
