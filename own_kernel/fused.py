@@ -296,7 +296,10 @@ class FusedLce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
                 check: HostScalar, mean: bool):
-        loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
+        # The path picks each GEMM's dtypes itself: autocast must not recast them (on the CPU
+        # it turned the fallbacks' fp32 products of 16-bit inputs back into 16-bit ones).
+        with torch.autocast(e.device.type, enabled=False):
+            loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
         ctx.sums = sums  # intermediates, not inputs or outputs: plain attributes
         return loss
 
