@@ -215,6 +215,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     budget of the three-matmul training path (fused.py): loss and gradients computed at once in
     row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
     chunks, dC's fp32 accumulator) within it;
+    (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget
+    holds the logits chunk only);
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
     the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
