@@ -7,6 +7,10 @@ need gradients, mean cross-entropy of uniform targets, every call under
 
 - ``own``: ``linear_cross_entropy(e, c, t)`` as a user calls it (the default route);
 - ``own_ws0``: ``workspace_mib=0`` (the recompute path);
+- ``own_wsB`` for each B of ``--budgets``: ``workspace_mib=B`` (the three-matmul path's speed
+  and memory at other budgets);
+- ``own_logits16``: the default call with ``fused.logits_fp32`` off (16-bit logits: twice the
+  rows per chunk, less accurate on confident rows);
 - ``torch_compile``: ``torch.compile`` of ``F.cross_entropy(F.linear(e, c).float(), t)``.
 
 It writes DIR/autocast.csv (one row per shape and provider: median, p20 and p80 ms of the timed
@@ -30,7 +34,7 @@ MIB = 2**20
 # name:N:D:V
 SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384:3584:152064,"
           "nemo-12b:8192:5120:131072,gemma3-1b:8192:1152:262144")
-PROVIDERS = ("own", "own_ws0", "torch_compile")
+PROVIDERS = ("torch_compile", "own", "own_ws0", "own_logits16")  # + own_wsB (--budgets)
 FIELDS = ["shape", "n", "d", "v", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
           "peak_mib", "ms_over_compile", "mib_over_compile", "dc_rel_diff_vs_compile",
           "dc_dtype", "path", "chunks", "chunk_rows", "plan_peak_mib", "budget_mib",
@@ -52,7 +56,10 @@ def add_arguments(ap) -> None:
     ap.add_argument("--out", required=True, help="directory for autocast.csv and env.json")
     ap.add_argument("--shapes", default=SHAPES, help="comma-separated name:N:D:V "
                                                      "(default: %(default)s)")
-    ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated subset")
+    ap.add_argument("--providers", default=",".join(PROVIDERS),
+                    help="comma-separated subset of %(default)s")
+    ap.add_argument("--budgets", default="512,2048,3072",
+                    help="workspace_mib values for own_wsB providers ('' for none)")
     ap.add_argument("--reps", type=int, default=10, help="timed calls per provider")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (compilation)")
 
@@ -61,16 +68,20 @@ def _naive(e, c, t):
     return F.cross_entropy(F.linear(e, c).float(), t)
 
 
-def _provider_fn(name: str):
+def _provider(name: str):
+    """(the loss function, its config overrides, its keyword arguments) of a provider."""
     from own_kernel import linear_cross_entropy
 
-    if name == "own":
-        return linear_cross_entropy
-    if name == "own_ws0":
-        return lambda e, c, t: linear_cross_entropy(e, c, t, workspace_mib=0)
     if name == "torch_compile":
-        return torch.compile(_naive, dynamic=False)
-    raise SystemExit(f"--providers: unknown provider {name!r} ({', '.join(PROVIDERS)})")
+        return torch.compile(_naive, dynamic=False), {}, {}
+    if name == "own":
+        return linear_cross_entropy, {}, {}
+    if name == "own_logits16":
+        return linear_cross_entropy, {"fused": {"logits_fp32": False}}, {}
+    if name.startswith("own_ws") and name[6:].isdigit():
+        budget = {"workspace_mib": int(name[6:])}
+        return (lambda e, c, t: linear_cross_entropy(e, c, t, **budget)), {}, budget
+    raise SystemExit(f"--providers: unknown provider {name!r} ({', '.join(PROVIDERS)}, own_wsB)")
 
 
 def _inputs(n, d, v, seed=0):
@@ -109,11 +120,11 @@ def _measure(fn, e, c, t, reps: int, warmup: int) -> dict:
     return {**time_stats(times), "peak_mib": peak, "dc": dc}
 
 
-def _plan_fields(e, c, t) -> dict:
+def _plan_fields(e, c, t, kwargs: dict) -> dict:
     import own_kernel
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        p = own_kernel.plan(e, c, t)
+        p = own_kernel.plan(e, c, t, **kwargs)
     return {"path": p.path, "chunks": p.chunks, "chunk_rows": p.chunk_size,
             "plan_peak_mib": round(p.peak_bytes / MIB, 1), "budget_mib": p.budget_mib}
 
@@ -125,22 +136,31 @@ def _floor_ms(e, c, reps: int) -> float:
 
 
 def _shape_rows(name, n, d, v, providers, args) -> list[dict]:
+    from own_kernel.config import overridden
     from suite.measure import free_memory, is_oom, one_line
 
     e, c, t = _inputs(n, d, v)
     base = {"shape": name, "n": n, "d": d, "v": v, "dc_fp32_mib": round(4 * v * d / MIB, 1),
             "c_bf16_copy_mib": round(2 * v * d / MIB, 1), "floor_ms": _floor_ms(e, c, args.reps),
             "device": torch.cuda.get_device_name()}
-    rows, dcs = [], {}
+    rows, ref_dc = [], None
     for prov in providers:
         row = {**base, "provider": prov, "status": "ok"}
-        if prov.startswith("own"):
-            row.update(_plan_fields(e, c, t) if prov == "own" else {"path": "recompute"})
+        fn, overrides, kwargs = _provider(prov)
         try:
-            m = _measure(_provider_fn(prov), e, c, t, args.reps, args.warmup)
-            dcs[prov] = m.pop("dc")
+            with overridden(overrides):
+                if prov.startswith("own"):
+                    row.update(_plan_fields(e, c, t, kwargs))
+                m = _measure(fn, e, c, t, args.reps, args.warmup)
+            dc = m.pop("dc")
             row.update({k: m[k] for k in ("ms", "ms_p20", "ms_p80", "reps", "peak_mib")})
-            row["dc_dtype"] = str(dcs[prov].dtype).replace("torch.", "")
+            row["dc_dtype"] = str(dc.dtype).replace("torch.", "")
+            if prov == "torch_compile":
+                ref_dc = dc
+            elif ref_dc is not None:
+                diff = (dc.float() - ref_dc.float()).norm() / ref_dc.float().norm()
+                row["dc_rel_diff_vs_compile"] = float(diff)
+            del dc
         except RuntimeError as exc:  # out of memory, a compile failure: the row's status
             row["status"] = "oom" if is_oom(exc) else f"error: {one_line(exc)}"
             e.grad = c.grad = None
@@ -148,12 +168,13 @@ def _shape_rows(name, n, d, v, providers, args) -> list[dict]:
         rows.append(row)
         shown = ("shape", "provider", "status", "ms", "peak_mib", "path", "chunks")
         print(" ".join(f"{k}={row.get(k)}" for k in shown), flush=True)
-    _relate_to_compile(rows, dcs)
+    del ref_dc
+    _relate_to_compile(rows)
     return rows
 
 
-def _relate_to_compile(rows: list[dict], dcs: dict) -> None:
-    """Each row's ms and MiB over torch.compile's, and dC's difference from its dC."""
+def _relate_to_compile(rows: list[dict]) -> None:
+    """Each row's ms and MiB over torch.compile's."""
     ref = next((r for r in rows if r["provider"] == "torch_compile" and r["status"] == "ok"), None)
     if ref is None:
         return
@@ -162,8 +183,6 @@ def _relate_to_compile(rows: list[dict], dcs: dict) -> None:
             continue
         r["ms_over_compile"] = round(r["ms"] / ref["ms"], 4)
         r["mib_over_compile"] = round(r["peak_mib"] / ref["peak_mib"], 4)
-        got, want = dcs[r["provider"]].double(), dcs["torch_compile"].double()
-        r["dc_rel_diff_vs_compile"] = float((got - want).norm() / want.norm())
 
 
 def main(args) -> int:
@@ -171,10 +190,10 @@ def main(args) -> int:
     from suite.results import environment
 
     shapes = parse_shapes(args.shapes)
-    providers = args.providers.split(",")
+    providers = args.providers.split(",") + [f"own_ws{int(b)}" for b in args.budgets.split(",")
+                                             if b.strip()]
     for p in providers:
-        if p not in PROVIDERS:
-            raise SystemExit(f"--providers: unknown provider {p!r} ({', '.join(PROVIDERS)})")
+        _provider(p)  # an unknown name is an error before anything runs
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(environment("cuda"), f, indent=2, default=str)
