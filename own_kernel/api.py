@@ -53,8 +53,7 @@ def _validate_tensors(e, c, targets, bias):
         raise ValueError(f"c: expected shape (V, D); got {tuple(c.shape)}")
     if c.shape[1] != e.shape[-1]:
         raise ValueError(f"c: hidden size {c.shape[1]} does not match e's hidden size {e.shape[-1]}")
-    fp32_weight = _fp32_weight(e, c, bias)
-    if c.dtype != e.dtype and not fp32_weight:
+    if c.dtype != e.dtype and not _fp32_weight(e, c, bias):  # autocast's fp32 weight may differ
         raise TypeError(f"c: dtype {c.dtype} must match e's dtype {e.dtype}")
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise TypeError(f"targets: expected an integer tensor; got {targets.dtype}")
