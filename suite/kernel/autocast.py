@@ -182,7 +182,8 @@ def _relate_to_compile(rows: list[dict]) -> None:
         if r["status"] != "ok":
             continue
         r["ms_over_compile"] = round(r["ms"] / ref["ms"], 4)
-        r["mib_over_compile"] = round(r["peak_mib"] / ref["peak_mib"], 4)
+        if ref["peak_mib"] > 0:
+            r["mib_over_compile"] = round(r["peak_mib"] / ref["peak_mib"], 4)
 
 
 def main(args) -> int:
@@ -190,8 +191,9 @@ def main(args) -> int:
     from suite.results import environment
 
     shapes = parse_shapes(args.shapes)
-    providers = args.providers.split(",") + [f"own_ws{int(b)}" for b in args.budgets.split(",")
-                                             if b.strip()]
+    providers = list(dict.fromkeys(  # in order, once each
+        args.providers.split(",") + [f"own_ws{int(b)}" for b in args.budgets.split(",")
+                                     if b.strip()]))
     for p in providers:
         _provider(p)  # an unknown name is an error before anything runs
     os.makedirs(args.out, exist_ok=True)
