@@ -58,7 +58,7 @@ def add_arguments(ap) -> None:
                                                      "(default: %(default)s)")
     ap.add_argument("--providers", default=",".join(PROVIDERS),
                     help="comma-separated subset of %(default)s")
-    ap.add_argument("--budgets", default="512,2048,3072",
+    ap.add_argument("--budgets", default="768,2048,3072",
                     help="workspace_mib values for own_wsB providers ('' for none)")
     ap.add_argument("--reps", type=int, default=10, help="timed calls per provider")
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (compilation)")
