@@ -53,7 +53,7 @@ def _validate_tensors(e, c, targets, bias):
         raise ValueError(f"c: expected shape (V, D); got {tuple(c.shape)}")
     if c.shape[1] != e.shape[-1]:
         raise ValueError(f"c: hidden size {c.shape[1]} does not match e's hidden size {e.shape[-1]}")
-    if c.dtype != e.dtype:
+    if c.dtype != e.dtype and not _fp32_weight(e, c, bias):  # autocast's fp32 weight may differ
         raise TypeError(f"c: dtype {c.dtype} must match e's dtype {e.dtype}")
     if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
         raise TypeError(f"targets: expected an integer tensor; got {targets.dtype}")
@@ -66,8 +66,8 @@ def _validate_tensors(e, c, targets, bias):
     if bias is not None:
         if bias.shape != (c.shape[0],):
             raise ValueError(f"bias: expected shape ({c.shape[0]},); got {tuple(bias.shape)}")
-        if bias.dtype != e.dtype:
-            raise TypeError(f"bias: dtype {bias.dtype} must match e's dtype {e.dtype}")
+        if bias.dtype != c.dtype:
+            raise TypeError(f"bias: dtype {bias.dtype} must match c's dtype {c.dtype}")
     _check_runnable(e.device, e.dtype)
 
 
@@ -154,7 +154,8 @@ def _call(e2: Tensor, c: Tensor, bias, opts: Options, reduction: str,
           workspace_mib: int | None, vocab_parallel, needs_grad: bool) -> Call:
     return Call(e2.shape[0], c.shape[0], e2.shape[1], e2.dtype, reduction, needs_grad,
                 bias is not None, opts.ignored_lse, opts.low_memory, opts.filter is not None,
-                vocab_parallel is not None, torch.compiler.is_compiling(), workspace_mib)
+                vocab_parallel is not None, torch.compiler.is_compiling(), workspace_mib,
+                fp32_weight=c.dtype != e2.dtype)
 
 
 def _route_of(call: Call, device: torch.device) -> Route:
@@ -213,6 +214,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     budget of the three-matmul training path (fused.py): loss and gradients computed at once in
     row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
     chunks, dC's fp32 accumulator) within it;
+    (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget
+    holds the logits chunk only);
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (filtered calls on Hopper keep the recompute path unless given a budget), 0 = off. When
     the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
@@ -241,8 +244,9 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                         _needs_grad(e2, c, bias)), e2.device)
     check, count = check_and_count_targets(t2, v_total, ignore_index,
                                            split=r.fused.rows if r.fused else 0)
-    if r.path == "three-matmul":
+    if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
         return FusedLce.apply(e2, c, t2, bias, opts, r.cfg, r.fused, check, reduction == "mean")
+    c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
     if r.entry == "vocab-parallel":
         loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r.cfg)
     elif r.entry == "compiled":
@@ -280,9 +284,10 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
     needs_grad = _needs_grad(e, c, bias)
     if torch.is_autocast_enabled(e.device.type):  # stand-ins of the autocast dtype, no copies
         dtype = torch.get_autocast_dtype(e.device.type)
-        e, c = (torch.empty((), dtype=dtype, device=t.device).expand(t.shape) for t in (e, c))
-        bias = (None if bias is None else
-                torch.empty((), dtype=dtype, device=bias.device).expand(bias.shape))
+        weight_dtype = torch.float32 if _fp32_weight(e, c, bias) else dtype
+        e = torch.empty((), dtype=dtype, device=e.device).expand(e.shape)
+        c, bias = (None if t is None else torch.empty((), dtype=weight_dtype, device=t.device)
+                   .expand(t.shape).requires_grad_(t.requires_grad) for t in (c, bias))
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
@@ -295,12 +300,25 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
     return describe(call, _route_of(call, e.device))
 
 
+def _fp32_weight(e, c, bias) -> bool:
+    """Whether c (and bias) are an fp32 weight whose gradient is wanted under 16-bit autocast:
+    the call keeps them fp32 (the three-matmul path's dC sums are fp32 anyway and become the
+    gradient; other paths cast them after the route, as autocast would)."""
+    if not torch.is_autocast_enabled(e.device.type):
+        return False
+    dtype = torch.get_autocast_dtype(e.device.type)
+    return (dtype != torch.float32 and c.dtype == torch.float32 and c.requires_grad
+            and torch.is_grad_enabled() and (bias is None or bias.dtype == torch.float32))
+
+
 def _autocast(e, c, bias):
-    """e, c and bias in autocast's dtype where autocast is on (the GEMMs' dtype)."""
+    """e, c and bias in autocast's dtype where autocast is on (the GEMMs' dtype), but for an
+    fp32 weight that needs its gradient (_fp32_weight): the route decides who casts it."""
     if torch.is_autocast_enabled(e.device.type):
         dtype = torch.get_autocast_dtype(e.device.type)
-        e, c = e.to(dtype), c.to(dtype)
-        bias = bias.to(dtype) if bias is not None else None
+        if not _fp32_weight(e, c, bias):
+            c, bias = c.to(dtype), bias.to(dtype) if bias is not None else None
+        e = e.to(dtype)
     return e, c, bias
 
 

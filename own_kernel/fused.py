@@ -18,6 +18,11 @@ is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32
 only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
 flat row's), and dE and dC run over marked blocks only.
 
+Under autocast an fp32 weight (C, and its bias) arrives as it is: its gradient is fp32 anyway,
+so dC's fp32 sums, in one chunk or several, are returned as that gradient (scaled in place) and
+no 16-bit dC or cast back exists. The GEMMs read a 16-bit copy of C made here and dropped with
+the forward: the backward only scales.
+
 No host read idles the GPU: the targets' check is read once the first chunk is queued (that
 chunk keeps its rows without a target, zeroed by the pass; the rest's such rows are gathered
 out), and the backward scales by the upstream gradient on the device.
@@ -70,6 +75,11 @@ class _Sums:
     while the host catches up) costs nothing to avoid."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
+        """c and bias as the caller gave them: their dtype is their gradients' (an fp32 weight
+        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks)."""
+        if c.dtype != e.dtype and not plan.accumulate_dc:
+            raise ValueError(f"c: a {c.dtype} weight beside {e.dtype} hidden states needs a "
+                             f"plan that sums dC in fp32 (plan.fused_plan's dc_fp32)")
         self.de = torch.empty(e.shape, device=e.device, dtype=e.dtype)
         self.de32 = (torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
                      if plan.de_rows_fp32 else None)
@@ -92,7 +102,7 @@ class _Sums:
         # (as finalize_de.py does on the recompute path): where every row of C shares a large
         # component, dE's true terms along it cancel and the rounding residue would not.
         self.row_round = self.c_mean = None
-        if c.dtype != torch.float32:
+        if e.dtype != torch.float32:
             self.row_round = torch.empty(plan.rows, device=c.device, dtype=torch.float32)
             self.c_mean = sampled_mean(c)
 
@@ -148,7 +158,7 @@ class _Sums:
         de = scale_into(self.de, out(self.de), grad)
         if self.dc32 is None:
             dc = scale_into(self.dc, out(self.dc), grad)
-        elif self.dc32.dtype == self.dtype:  # fp32 inputs: the accumulator is dC
+        elif self.dc32.dtype == self.dtype:  # fp32 inputs, or an fp32 weight: the buffer is dC
             dc = scale_into(self.dc32, out(self.dc32), grad)
         else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
             dc = scale_into(self.dc32, torch.empty(self.dc32.shape, device=de.device,
@@ -225,6 +235,9 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if opts.filter is not None else None)
     sums = _Sums(e, c, bias, plan, filtered=opts.filter is not None)
+    # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
+    # (the backward only scales, so nothing here keeps it past the forward).
+    c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))
     every_column = aligned_runs([(0, v)], v)
 
     def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
@@ -283,7 +296,10 @@ class FusedLce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
                 check: HostScalar, mean: bool):
-        loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
+        # The path picks each GEMM's dtypes itself: autocast must not recast them (on the CPU
+        # it turned the fallbacks' fp32 products of 16-bit inputs back into 16-bit ones).
+        with torch.autocast(e.device.type, enabled=False):
+            loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
         ctx.sums = sums  # intermediates, not inputs or outputs: plain attributes
         return loss
 

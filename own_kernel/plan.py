@@ -358,7 +358,9 @@ ALIGN = 8
 class FusedPlan:
     rows: int                # rows per chunk (the last may be shorter)
     chunks: int              # of n rows (fewer run when rows without a target are gathered)
-    accumulate_dc: bool      # several chunks: dC is summed over them in an fp32 buffer
+    # dC is summed in an fp32 buffer: 16-bit inputs in several chunks, or an fp32 weight under
+    # autocast (any chunks; that buffer is then C's gradient itself)
+    accumulate_dc: bool
     de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
     extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
@@ -366,7 +368,7 @@ class FusedPlan:
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
-               filtered: bool = False) -> tuple[FusedPlan | None, str]:
+               filtered: bool = False, dc_fp32: bool = False) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
@@ -377,10 +379,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     the backward rounds into dC (2 V D bytes) once the chunk is freed: the forward holds chunk
     and accumulator but not yet dC, the backward accumulator and dC, so the peak beyond the
     gradients is max(chunk + 2 V D, 4 V D). fp32 inputs accumulate in dE and dC themselves
-    (gradients, not workspace). Chunks are of equal size (a short last chunk would cost a pass
-    over dC's accumulator for a few rows). Fewer than fused.min_rows rows per chunk make dC's
-    accumulation memory-bound: the recompute path is faster then."""
+    (gradients, not workspace). So does an fp32 weight under 16-bit autocast (``dc_fp32``: elt
+    is then the GEMMs' 16-bit size): its gradient is fp32 anyway, so dC's fp32 sums, in one
+    chunk or several, are that gradient and the budget holds the chunk alone (the weight's
+    16-bit copy that the GEMMs read is autocast's, not the budget's: route.describe counts it).
+    Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
+    few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
+    the recompute path is faster then."""
     fp32 = elt == 4
+    dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     logits_fp32 = not fp32 and cfg.fused.logits_fp32  # 4 bytes a logit (config.Fused)
     logit_elt = 4 if logits_fp32 else elt
     stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
@@ -388,8 +395,9 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     per_row = stride * logit_elt + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
     if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, False, de_rows_fp32, n * per_row, stride, logits_fp32), ""
-    acc, dc = (0, 0) if fp32 else (v * d * 4, v * d * elt)
+        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, stride, logits_fp32), ""
+    # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient
+    acc, dc = (0, 0) if fp32 or dc_fp32 else (v * d * 4, v * d * elt)
     mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
     if acc > budget_bytes:
         return None, f"{mib} cannot hold dC's fp32 accumulator ({acc / 2**20:.0f} MiB)"

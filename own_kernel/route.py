@@ -50,6 +50,10 @@ class Call:
     vocab_parallel: bool = False
     compiling: bool = False
     workspace_mib: int | None = None    # the caller's budget; None = the config's default
+    # c (and bias) fp32 under 16-bit autocast (dtype: the GEMMs'): their gradients are fp32.
+    # The three-matmul path sums dC in fp32 anyway and returns those sums as C's gradient;
+    # every other path gets autocast's 16-bit copy and autograd casts dC back to fp32.
+    fp32_weight: bool = False
 
     @property
     def elt(self) -> int:
@@ -135,7 +139,7 @@ def route(call: Call, cfg: Config) -> Route:
     excluded = _three_matmul_excluded(call)
     if not excluded and mib:
         plan, why_not = fused_plan(call.n, call.v, call.d, call.elt, mib * 2**20, cfg,
-                                   filtered=call.filtered)
+                                   filtered=call.filtered, dc_fp32=call.fp32_weight)
         if plan is not None:
             return Route("three-matmul", "fused", cfg, plan, mib)
     elif excluded and call.workspace_mib:
@@ -153,23 +157,36 @@ def describe(call: Call, r: Route) -> Plan:
     the call's shape, nothing launched."""
     cfg, n, v, d, elt = r.cfg, call.n, call.v, call.d, call.elt
     if r.path == "three-matmul":
-        peak = _gradient_bytes(call) + r.fused.extra_bytes + 4 * n
+        peak = _gradient_bytes(call) + _weight_copy_bytes(call) + r.fused.extra_bytes + 4 * n
         return Plan(r.path, r.fused.chunks, r.fused.rows, peak, r.budget_mib, r.note)
     if r.path == "forward-only":
         return Plan(r.path, 0, 0, _vectors(call), r.budget_mib, r.note)
+    # The other paths' gradients of an fp32 weight: the 16-bit dC too (autograd casts it)
+    grads = _gradient_bytes(call) + 2 * _weight_copy_bytes(call)
     if r.path == "low-memory":
         lm = low_memory_plan(n, v, d, elt, cfg)
-        peak = _gradient_bytes(call) + lm.workspace_2 + _vectors(call)
+        peak = grads + lm.workspace_2 + _vectors(call)
         return Plan(r.path, -(-n // max(lm.rows_1, 1)), lm.rows_1, peak, r.budget_mib, r.note)
     chunks = chunk_plan(n, v, d, elt, cfg, tma=cfg.chunks.recompute == "tma",
                         filtered=call.filtered)
-    peak = _gradient_bytes(call) + 4 * n * d + _vectors(call)  # + dE's fp32 accumulator
+    peak = grads + 4 * n * d + _vectors(call)  # + dE's fp32 accumulator
     widest = max((ch.width for ch in chunks), default=0)
     return Plan(r.path, len(chunks), widest, peak, r.budget_mib, r.note)
 
 
 def _gradient_bytes(call: Call) -> int:
-    return (call.n + call.v) * call.d * call.elt + (call.v * call.elt if call.has_bias else 0)
+    """dE, dC and dbias in their dtypes (an fp32 weight's: fp32)."""
+    weight_elt = 4 if call.fp32_weight else call.elt
+    return (call.n * call.d * call.elt
+            + (call.v * call.d + (call.v if call.has_bias else 0)) * weight_elt)
+
+
+def _weight_copy_bytes(call: Call) -> int:
+    """Autocast's 16-bit copy of an fp32 weight (and bias), which the GEMMs read: the
+    three-matmul path holds it through its forward only, the others through the backward."""
+    if not call.fp32_weight:
+        return 0
+    return (call.v * call.d + (call.v if call.has_bias else 0)) * call.elt
 
 
 def _vectors(call: Call) -> int:
