@@ -52,7 +52,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
     n_mask = offs_n < N
     lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets,
                                             offs_n, n_mask, HAS_GRAD_LSE)
-    ent, ent_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
+    ent, pz_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
     row_round = tl.zeros((BLOCK_N,), dtype=tl.float32)
     # DETERMINISTIC partials (rows.Partials): per vocabulary group, rows (RowRound); then per
     # row block, columns (ColRound, ColSum).
@@ -65,7 +65,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
         x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
                        HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, ent_t, wh, offs_v, V,
+        d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V,
                                   smooth, tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
         d = tl.where(v_mask[None, :], d, 0.0)
         d_used = d.to(W.dtype.element_ty)

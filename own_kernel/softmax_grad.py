@@ -104,11 +104,11 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, Row
         m = n_mask[:, None] & w_mask[None, :]
         lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse,
                                                 Targets, offs_n, n_mask, HAS_GRAD_LSE)
-        ent, ent_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
+        ent, pz_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
         x = load_x(X, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_xn, TMA)
         if HAS_BIAS:
             x += b[None, :]
-        d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, ent_t, wh, offs_v, V,
+        d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V,
                                   smooth, tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
         d = tl.where(m, d, 0.0)
         d_used = store_w(W, d, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_wn, TMA)

@@ -185,7 +185,8 @@ def row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
     # target, and p_t - 1 = expm1(-nll) for the target column (see softmax_grad_tile).
     # The target as int32: it is compared per element with the column (an ignored row's weight
     # is 0, so a wrapped ignore_index cannot matter).
-    lse = tl.load(Lse + offs_n, mask=n_mask, other=0.0)
+    # rows past N: lse +inf, as an ignored row's (p = 0, no exp2 overflow in their lanes)
+    lse = tl.load(Lse + offs_n, mask=n_mask, other=float("inf"))
     lo2 = tl.load(LseLo + offs_n, mask=n_mask, other=0.0) * LOG2E
     w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
     wp = w
@@ -198,17 +199,19 @@ def row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
 
 @triton.jit
 def entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY: tl.constexpr):
-    # Per row, for the entropy's gradient: H (the forward's), z_t - mu = H - nll (the target
-    # column's z - mu, mu = sum p z: from the forward's numbers, as pt_m1 is) and the weight
-    # w_H of a gradient into H. Zeros without HAS_ENTROPY (never read then).
+    # Per row, for the entropy's gradient: H (the forward's), the target column's
+    # p_t (z_t - mu) = exp(-nll) (H - nll) (mu = sum p z; from the forward's numbers, as pt_m1
+    # is: p_t as 1 + pt_m1 would lose eps / p_t of it) and the weight w_H of a gradient into
+    # H. Zeros without HAS_ENTROPY (never read then).
     ent = tl.zeros(offs_n.shape, tl.float32)
-    ent_t = ent
+    pz_t = ent
     wh = ent
     if HAS_ENTROPY:
         ent = tl.load(Ent + offs_n, mask=n_mask, other=0.0)
         wh = tl.load(RowWeightEnt + offs_n, mask=n_mask, other=0.0)
-        ent_t = ent - tl.load(Nll + offs_n, mask=n_mask, other=0.0)
-    return ent, ent_t, wh
+        nll = tl.load(Nll + offs_n, mask=n_mask, other=0.0)
+        pz_t = tl.exp2(-nll * LOG2E) * (ent - nll)
+    return ent, pz_t, wh
 
 
 @triton.jit
@@ -220,7 +223,7 @@ def softmax_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_s
 
 
 @triton.jit
-def softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, ent, ent_t, wh, offs_v, V, smooth,
+def softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V, smooth,
                           tanh_scale, cap, HAS_SOFTCAP: tl.constexpr,
                           HAS_ENTROPY: tl.constexpr):
     # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),
@@ -232,7 +235,7 @@ def softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, ent, ent_t, wh, offs_
     # + w ls (1 - 1 / V).
     # HAS_ENTROPY: plus w_H dH/dz = -w_H p (z - mu), mu = sum p z, with z - mu = (z - lse) + H:
     # z - lse is the probability's own exponent (exact near the max), so no logit-sized value
-    # is subtracted; at the target column z_t - mu = H - nll (ent_t) and p_t = 1 + pt_m1.
+    # is subtracted; at the target column p_t (z_t - mu) is the forward's (pz_t).
     if HAS_SOFTCAP:
         th = softcap_tanh(x, tanh_scale)
         z = th * cap
@@ -246,7 +249,7 @@ def softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, ent, ent_t, wh, offs_
         # p = 0 where lse is +inf (an ignored row) or far below: no 0 * inf
         z_mu = tl.where(p > 0, log2_p, 0.0) / LOG2E + ent[:, None]
         d -= wh[:, None] * p * z_mu
-        d_target -= wh * (1.0 + pt_m1) * ent_t
+        d_target -= wh * pz_t
     d = tl.where(offs_v[None, :] == tgt[:, None], d_target[:, None], d)
     if HAS_SOFTCAP:
         d = d * (1.0 - th * th)
