@@ -81,7 +81,7 @@ def cce_lse_combine_kernel(Part, ZTarget, Targets, Loss, Lse, PMax, Nll, LseLo, 
             z_sum += tl.load(Part + 2 * plane + k * N + offs, mask=mask, other=0.0)
         if NEED_ENT:  # a split that saw nothing (s_k 0, m_k -inf) adds nothing
             t_k = tl.load(Part + (2 + NEED_ZSUM) * plane + k * N + offs, mask=mask, other=0.0)
-            t += tl.where(s_k > 0, scale * (t_k + (m - big_m) * s_k), 0.0)
+            t += scale * (t_k + tl.where(s_k > 0, m - big_m, 0.0) * s_k)
     s_ok = mask & (s > 0)
     ln_s = tl.log2(tl.where(s_ok, s, 1.0)) / LOG2E  # lanes past N: no log2(0) warning
     lse = big_m + ln_s

@@ -77,7 +77,10 @@ def _check(e, c, bias, t, w_lp, w_h, path, opts):
     e64, c64 = e.double(), c.double()
     z = _head(e64, c64, bias.double() if bias is not None else None, opts["softcap"],
               opts["temperature"])
-    zmax = z.abs().max(dim=1).values
+    # each row's logit scale: its largest |z|, the softcap's (its tanh is exp-based: an
+    # absolute error of an ulp of the cap / T), and 1 (the values' own size)
+    cap = opts["softcap"] / opts["temperature"] if opts["softcap"] is not None else 0.0
+    zmax = z.abs().max(dim=1).values + cap + 1
     # values: a few fp32 roundings of the row's logits (the softmax's own arithmetic is fp32)
     for i, name in ((0, "logp"), (1, "entropy")):
         err = (ours[i] - ref[i]).abs()
@@ -86,7 +89,7 @@ def _check(e, c, bias, t, w_lp, w_h, path, opts):
     # gradients, per row of dE and dC and per dbias entry: the logits' gradient G (fp64) sets
     # the size of the terms that are summed, each probability carrying its logit's rounding
     # (eps |z| relative: fp32 exponents of logits of that size; the softcap's tanh)
-    g = _logits_grad(z, t, w_lp, w_h, opts) * (1 + zmax)[:, None]
+    g = _logits_grad(z, t, w_lp, w_h, opts) * zmax[:, None]
     floors = (g.abs() @ c64.abs(), g.abs().T @ e64.abs(), g.abs().sum(0))
     for name, mine, nv, r, fl in zip(("dE", "dC", "dbias"), ours[2], naive[2], ref[2], floors):
         err = (mine - r).abs().amax(dim=-1) if mine.dim() > 1 else (mine - r).abs()
