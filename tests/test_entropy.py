@@ -359,3 +359,78 @@ def test_works_inside_torch_compile():
     # the same kernels either way (to the last bits of the interpreter's GEMMs)
     for x, y in ((e2.grad, e1.grad), (c2.grad, c1.grad)):
         assert (x - y).abs().max() <= 16 * torch.finfo(torch.float32).eps * y.abs().max()
+
+
+# ---- Hugging Face models (own_kernel.transformers.token_logprobs) ------------------------------
+
+HF_TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+               max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+               initializer_range=0.3)  # logits of order 1-10 (tests/test_hf.py)
+HF_ARCHS = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+            "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0})}
+
+
+def _grpo_loss(logp, old_logp, adv, entropy, mask, beta=0.01):
+    """A GRPO-style objective over the completion tokens (mask)."""
+    ratio = (logp - old_logp).exp()
+    return -(adv * ratio * mask).sum() / mask.sum() - beta * (entropy * mask).sum() / mask.sum()
+
+
+def _hf_logprobs_from_logits(model, input_ids, labels, attention_mask, temperature):
+    """The trainers' way: the model's logits (its own transform), / T, log_softmax."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits / temperature
+    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    used = labels[:, 1:] != -100
+    logp = logp_all.gather(-1, torch.where(used, labels[:, 1:], 0)[..., None])[..., 0]
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    pad = torch.nn.functional.pad
+    return pad(torch.where(used, logp, 0.0), (1, 0)), pad(torch.where(used, ent, 0.0), (1, 0))
+
+
+@pytest.mark.parametrize("arch", sorted(HF_ARCHS))
+def test_hf_token_logprobs_match_the_models_logits(arch):
+    transformers = pytest.importorskip("transformers", minversion="5",
+                                       reason="own_kernel.transformers needs transformers >= 5")
+    from own_kernel.transformers import token_logprobs as hf_token_logprobs
+    config_name, model_name, specific = HF_ARCHS[arch]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**{**HF_TINY, **specific})
+    model = getattr(transformers, model_name)(config).float().train()
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(3, 96, (2, 10), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, -2:] = 0
+    labels = input_ids.clone()
+    labels[:, :4] = -100  # the prompt
+    labels[1, -2:] = -100  # padding
+    mask = (labels != -100).float()
+    adv = torch.randn(2, 10, generator=g)
+    old_logp = -torch.rand(2, 10, generator=g)
+    temperature = 0.8
+
+    def objective_and_grads(net, compute):
+        net.zero_grad(set_to_none=True)
+        logp, ent = compute(net)
+        loss = _grpo_loss(logp.double(), old_logp.double(), adv.double(), ent.double(),
+                          mask.double())
+        loss.backward()
+        return logp.detach().double(), ent.detach().double(), {
+            name: p.grad.double() for name, p in net.named_parameters() if p.grad is not None}
+
+    ours = objective_and_grads(model, lambda m: hf_token_logprobs(
+        m, input_ids, labels, attention_mask, return_entropy=True, temperature=temperature))
+    naive = objective_and_grads(model, lambda m: _hf_logprobs_from_logits(
+        m, input_ids, labels, attention_mask, temperature))
+    ref = objective_and_grads(model.double(), lambda m: _hf_logprobs_from_logits(
+        m, input_ids, labels, attention_mask, temperature))
+    assert ours[0].shape == labels.shape and (ours[0] <= 0).all()
+    assert (ours[0][labels == -100] == 0).all() and (ours[1][labels == -100] == 0).all()
+    eps = torch.finfo(torch.float32).eps
+    for i in (0, 1):  # values: within twice naive fp32's error, plus a few ulps of the values
+        err, nerr = (ours[i] - ref[i]).abs(), (naive[i] - ref[i]).abs()
+        assert (err <= 2 * nerr + 8 * eps * (ref[i].abs() + 1)).all(), i
+    assert ours[2].keys() == ref[2].keys()
+    for name, r in ref[2].items():  # gradients: per parameter, as naive fp32, plus its rounding
+        err, nerr = (ours[2][name] - r).abs().max(), (naive[2][name] - r).abs().max()
+        assert err <= 2 * nerr + 8 * eps * r.abs().max(), (name, err.item(), nerr.item())
