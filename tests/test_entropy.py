@@ -434,3 +434,30 @@ def test_hf_token_logprobs_match_the_models_logits(arch):
     for name, r in ref[2].items():  # gradients: per parameter, as naive fp32, plus its rounding
         err, nerr = (ours[2][name] - r).abs().max(), (naive[2][name] - r).abs().max()
         assert err <= 2 * nerr + 8 * eps * r.abs().max(), (name, err.item(), nerr.item())
+
+
+# ---- the GPU measuring tool's CPU-checkable part ------------------------------------------------
+
+def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
+    import argparse
+    import csv
+
+    from suite.kernel import rl
+
+    ap = argparse.ArgumentParser()
+    rl.add_arguments(ap)
+    args = ap.parse_args(["--out", str(tmp_path), "--device", "cpu", "--models", "llama3-8b",
+                          "--n", "12", "--d", "16", "--v", "48", "--reps", "1",
+                          "--check-rows", "6", "--no-compiled"])
+    assert rl.main(args) == 0
+    rows = list(csv.DictReader(open(tmp_path / "rl.csv")))
+    assert [r["method"] for r in rows] == ["own_loss_grad", "own_logp_entropy", "naive"]
+    assert all(r["status"] == "ok" for r in rows)
+    by = {r["method"]: r for r in rows}
+    # fp32 on the CPU: within twice naive fp32's error of fp64, plus a few roundings of the
+    # logits' size
+    e, c, _, _, _ = rl.make_call_inputs(12, 16, 48, torch.float32, "cpu")
+    floor = 8 * torch.finfo(torch.float32).eps * (float((e @ c.T).abs().max()) + 1)
+    for col in ("logp_max_abs_err", "entropy_max_abs_err"):
+        assert float(by["own_logp_entropy"][col]) <= 2 * float(by["naive"][col]) + floor, col
+    assert (tmp_path / "env.json").exists()

@@ -1,10 +1,11 @@
-"""``python -m suite kernel tune|profile|memory|check|accuracy``: the own kernel's measuring tools (GPU).
+"""``python -m suite kernel tune|profile|memory|check|accuracy|rl``: the own kernel's measuring tools (GPU).
 
 tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
 profile  launch each pass once for ncu, or profile the host's time per call
 memory   what is alive at the loss+grad memory peak (CUDA allocator trace)
 check    gradient agreement of own / own_filter with the naive baseline on the suite's inputs
 accuracy every route's loss and gradient errors against fp64, confident and large logits (CSV)
+rl       per-token log-probability + entropy + backward against loss+grad and naive (CSV)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ TOOLS = {
     "memory": ("suite.kernel.memory", "what is alive at the loss+grad memory peak"),
     "check": ("suite.kernel.check", "gradient agreement with the naive baseline"),
     "accuracy": ("suite.kernel.accuracy", "every route's loss and gradient errors vs fp64 (CSV)"),
+    "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad and naive (CSV)"),
 }
 
 
