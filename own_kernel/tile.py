@@ -80,14 +80,16 @@ def lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
     # same max (the entropy is ln s - t / s: two non-negative terms, no cancellation on
     # confident rows); a new max m' turns t into exp(m - m') (t + (m - m') s).
     z = logits(x, tanh_scale, cap, HAS_SOFTCAP)
-    z = tl.where(v_mask[None, :], z, float("-inf"))
+    # Outside v_mask a finite stand-in far below any logit: its exp2 is 0 and, unlike -inf,
+    # so is its product with that 0 (the entropy's sum needs no select).
+    z = tl.where(v_mask[None, :], z, -1e30)
     m_new = tl.maximum(m, tl.max(z, axis=1))
     alpha = tl.exp2((m - m_new) * LOG2E)
     z_rel = z - m_new[:, None]
     ez = tl.exp2(z_rel * LOG2E)
-    if NEED_ENT:  # no inf * 0: m is -inf while s is 0, z_rel -inf outside v_mask
+    if NEED_ENT:  # no inf * 0: m is -inf while s is 0
         shift = tl.where(s > 0, m - m_new, 0.0) * s
-        t = alpha * (t + shift) + tl.sum(ez * tl.where(v_mask[None, :], z_rel, 0.0), axis=1)
+        t = alpha * (t + shift) + tl.sum(ez * z_rel, axis=1)
     s = s * alpha + tl.sum(ez, axis=1)
     if NEED_ZSUM:
         z_sum += tl.sum(tl.where(v_mask[None, :], z, 0.0), axis=1)
