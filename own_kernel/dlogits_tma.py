@@ -30,10 +30,12 @@ from own_kernel.tile import (accumulate, dot_precision, entropy_terms, num_sms, 
 
 @triton.jit
 def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                  ent, pz_t, wh, eps, V, v_start, width,
                   tanh_scale, cap, smooth, col_plane,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-                  HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
+                  HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
+                  DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
     # slice's row sums (rounding removed, rounded values of the rows that may skip).
     offs_w = w0 + tl.arange(0, SUB_V)
@@ -78,21 +80,26 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+               ent, pz_t, wh, eps, V, v_start, width,
                tanh_scale, cap, smooth, col_plane,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-               HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
+               DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
                SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                          ent, pz_t, wh, eps, V, v_start, width,
                           tanh_scale, cap, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
                           FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
     r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start,
+                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                            ent, pz_t, wh, eps, V, v_start,
                             width, tanh_scale, cap, smooth, col_plane,
-                            HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
+                            HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                            DETERMINISTIC, SUB_V)
     return r + r1, ws + ws1
 
 
@@ -146,27 +153,35 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
             r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                                  ent, pz_t, wh, eps, V, v_start, width,
                                   tanh_scale, cap, smooth, col_plane,
-                                  HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_V)
+                                  HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                                  DETERMINISTIC, BLOCK_V)
         elif SUBTILES == 2:
             r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                               ent, pz_t, wh, eps, V, v_start, width,
                                tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                               DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                               ent, pz_t, wh, eps, V, v_start, width,
                                tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                               DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 4)
             r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps, V,
+                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                                 ent, pz_t, wh, eps, V,
                                  v_start, width, tanh_scale, cap, smooth, col_plane,
-                                 HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                                 HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                                 DETERMINISTIC, BLOCK_N,
                                  BLOCK_V // 4)
             r += r1
             ws += ws1

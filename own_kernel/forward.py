@@ -79,8 +79,8 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
 
 def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
             skip_ignored=False, temperature=1.0, entropy=False):
-    """Returns (loss, lse, p_max, nll, lse_lo, entropy), each (N,) fp32, natural log units: each row's
-    loss (0 where the target is ignore_index), log-sum-exp, largest softmax probability (the
+    """Returns (loss, lse, p_max, nll, lse_lo, entropy), each (N,) fp32, natural log units:
+    each row's loss (0 where the target is ignore_index), log-sum-exp, largest softmax probability (the
     gradient filter's flatness test), -log of the target's probability (the backward's target
     column; lse_combine.py says why it is kept apart), and what rounding lse to fp32 removed
     (lse + lse_lo is the lse to ~fp32 precision of its small part: the backward's softmax),

@@ -25,7 +25,8 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
                        N, V, v_per_split, plane, splits, group_rows, ignore_index,
                        tanh_scale, cap,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
-                       NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                       NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)

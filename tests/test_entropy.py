@@ -396,17 +396,17 @@ def test_hf_token_logprobs_match_the_models_logits(arch):
     config_name, model_name, specific = HF_ARCHS[arch]
     torch.manual_seed(0)
     config = getattr(transformers, config_name)(**{**HF_TINY, **specific})
-    model = getattr(transformers, model_name)(config).float().train()
+    model = getattr(transformers, model_name)(config).float().train().to(DEVICE)
     g = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(3, 96, (2, 10), generator=g)
+    input_ids = torch.randint(3, 96, (2, 10), generator=g).to(DEVICE)
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, -2:] = 0
     labels = input_ids.clone()
     labels[:, :4] = -100  # the prompt
     labels[1, -2:] = -100  # padding
     mask = (labels != -100).float()
-    adv = torch.randn(2, 10, generator=g)
-    old_logp = -torch.rand(2, 10, generator=g)
+    adv = torch.randn(2, 10, generator=g).to(DEVICE)
+    old_logp = -torch.rand(2, 10, generator=g).to(DEVICE)
     temperature = 0.8
 
     def objective_and_grads(net, compute):
@@ -446,7 +446,7 @@ def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
 
     ap = argparse.ArgumentParser()
     rl.add_arguments(ap)
-    args = ap.parse_args(["--out", str(tmp_path), "--device", "cpu", "--models", "llama3-8b",
+    args = ap.parse_args(["--out", str(tmp_path), "--device", DEVICE, "--models", "llama3-8b",
                           "--n", "12", "--d", "16", "--v", "48", "--reps", "1",
                           "--check-rows", "6", "--no-compiled"])
     assert rl.main(args) == 0
@@ -454,10 +454,32 @@ def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
     assert [r["method"] for r in rows] == ["own_loss_grad", "own_logp_entropy", "naive"]
     assert all(r["status"] == "ok" for r in rows)
     by = {r["method"]: r for r in rows}
-    # fp32 on the CPU: within twice naive fp32's error of fp64, plus a few roundings of the
-    # logits' size
-    e, c, _, _, _ = rl.make_call_inputs(12, 16, 48, torch.float32, "cpu")
-    floor = 8 * torch.finfo(torch.float32).eps * (float((e @ c.T).abs().max()) + 1)
+    # fp32 on the CPU (bf16 on CUDA): within twice naive same-dtype's error of fp64, plus a
+    # few fp32 roundings of the logits' size
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    e, c, _, _, _ = rl.make_call_inputs(12, 16, 48, dtype, DEVICE)
+    floor = 8 * torch.finfo(torch.float32).eps * (float((e.float() @ c.float().T).abs().max()) + 1)
     for col in ("logp_max_abs_err", "entropy_max_abs_err"):
         assert float(by["own_logp_entropy"][col]) <= 2 * float(by["naive"][col]) + floor, col
     assert (tmp_path / "env.json").exists()
+
+
+def test_the_custom_ops_schema_fake_and_autograd_with_the_entropy():
+    # what torch.compile relies on: the sixth output (the entropy) and its gradient's inputs
+    from own_kernel.ops import lce_rows, lce_rows_backward
+    from own_kernel.options import Options
+
+    e, c, _, t = _inputs(12, 9, 16, 23, torch.float32, ignore=0.2)
+    e.requires_grad_()
+    options = Options(temperature=0.9, entropy=True).op_args()
+    torch.library.opcheck(lce_rows, (e, c, t, None, *options),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+    loss, lse, p_max, nll, lse_lo, ent = lce_rows(e, c, t, None, *options)
+    assert ent.shape == (9,) and (ent[t == -100] == 0).all()
+    assert lce_rows(e, c, t, None, *Options().op_args())[5].numel() == 0  # not asked for
+    torch.library.opcheck(lce_rows_backward,
+                          (e.detach(), c, t, None, lse, nll, p_max, lse_lo, torch.ones(9), None,
+                           *options),
+                          {"ent": ent.detach(), "grad_ent": torch.ones(9)},
+                          test_utils=("test_schema", "test_faketensor"))
