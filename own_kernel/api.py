@@ -223,6 +223,7 @@ def _eager_rows(e2, c, t2, bias, opts: Options, cfg: Config, check):
     # is not returned, so the others' is not needed; the others' entropy is 0.
     loss_used, _, _, _, _, ent_used = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows],
                                                          bias, opts, cfg, check)
+
     def scatter(x):
         return x.new_zeros(t2.shape).index_copy(0, rows, x)
     return scatter(loss_used), None, scatter(ent_used) if opts.entropy else ent_used
