@@ -45,8 +45,7 @@ def _row_weights(grad, used, temperature):
 def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options, cfg: Config,
                   num_used=None, de_dtype=None, grad_ent=None):
     """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo[, entropy]]).
-    grad_ent: the gradient into the entropy (opts.entropy), or None. num_used: the
-    number of
+    grad_ent: the gradient into the entropy (opts.entropy), or None. num_used: the number of
     targets that are not ignore_index when the host knows it already (else read here, when it
     matters). cfg: the Config the forward ran with. de_dtype: dE's dtype (None: e's). Rows with
     no gradient are gathered out where that pays (gather_pays); low_memory runs on every row
