@@ -14,8 +14,8 @@ shapes.)
 Why the entropy relative to the max: H = lse - sum p z is a difference of two logit-sized
 values that agree to ~H on a confident row (H -> 0): computed so, fp32 rounding of the logits'
 magnitude is all that is left. As ln S - T / S both terms are >= 0 and as small as H itself
-(ln S ~ S - 1 and -T / S ~ the other columns' sum of p (m - z)), so H keeps its relative
-accuracy at any confidence and logit magnitude.
+(ln S ~ S - 1 and -T / S ~ the other columns' sum of p (m - z)): H's error is a few ulps of H
+plus ln S's rounding near S = 1 (an ulp of 1), whatever the logits' magnitude.
 
 Why lse_lo: at logits of magnitude 1e3 one ulp of lse is 6e-5, so exp(z - lse) in the backward
 would carry that error in every probability (naive fp32 softmax subtracts the max first and
