@@ -6,11 +6,13 @@
 """
 from importlib import metadata as _metadata
 
-from own_kernel.api import LinearCrossEntropy, linear_cross_entropy, plan
+from own_kernel.api import (LinearCrossEntropy, LossEntropy, LossEntropyLse, TokenLogprobs,
+                            linear_cross_entropy, plan, token_logprobs)
 from own_kernel.route import Plan
 from own_kernel.vocab_parallel import VocabParallel
 
 # The installed distribution's version; a checkout used without installing says so.
 __version__ = next((d.version for d in _metadata.distributions(name="cce-bench")), "0+unknown")
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "VocabParallel", "plan", "Plan"]
+__all__ = ["linear_cross_entropy", "LinearCrossEntropy", "VocabParallel", "plan", "Plan",
+           "token_logprobs", "TokenLogprobs", "LossEntropy", "LossEntropyLse"]

@@ -1,7 +1,9 @@
 """Public API: argument checks, layouts, shift and reduction around the op (ops.py)."""
 from __future__ import annotations
 
+import math
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -97,6 +99,43 @@ def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps,
                          f"(pass filter_eps=None)")
 
 
+def _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel):
+    """temperature and return_entropy, and what they do not combine with."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or not temperature > 0):
+        raise ValueError(f"temperature: expected a finite number > 0; got {temperature!r}")
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"return_entropy: expected True or False; got {return_entropy!r}")
+    if return_entropy and filter_eps is not None:
+        # The filter's eps bounds p - onehot; the entropy's p (z - mu) terms are another
+        # approximation, not tested: exact gradients only.
+        raise ValueError(f"filter_eps: return_entropy=True computes exact gradients only; got "
+                         f"filter_eps={filter_eps!r} (pass filter_eps=None)")
+    if vocab_parallel is not None and (return_entropy or temperature != 1):
+        raise ValueError("vocab_parallel: return_entropy and temperature are not supported "
+                         "with a sharded vocabulary")
+
+
+class LossEntropy(NamedTuple):
+    """``linear_cross_entropy(..., return_entropy=True)``: the loss and the softmax entropy
+    per token, each reduced as ``reduction`` says."""
+    loss: Tensor
+    entropy: Tensor
+
+
+class LossEntropyLse(NamedTuple):
+    """``return_entropy=True, return_lse=True``: as LossEntropy, and the per-token lse."""
+    loss: Tensor
+    entropy: Tensor
+    lse: Tensor
+
+
+class TokenLogprobs(NamedTuple):
+    """``token_logprobs(..., return_entropy=True)``: log p(target) and the entropy per token."""
+    logprobs: Tensor
+    entropy: Tensor
+
+
 def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
                     check: HostScalar, cfg: Config) -> Tensor | None:
     """The used rows, when forward and backward should run on them only (else None). This
@@ -135,7 +174,7 @@ def _kernel_layouts(e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None):
 
 
 def _options(dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-             low_memory) -> Options:
+             low_memory, temperature=1.0, return_entropy=False) -> Options:
     filt = None
     if filter_eps == "auto":
         filt = FilterOptions(AUTO_EPS[dtype], AUTO_FLAT_P_MAX)
@@ -143,7 +182,8 @@ def _options(dtype, ignore_index, softcap, label_smoothing, filter_eps, return_l
         filt = FilterOptions(float(filter_eps))
     return Options(int(ignore_index), float(softcap) if softcap is not None else None,
                    float(label_smoothing), filt, bool(return_lse), low_memory,
-                   torch.are_deterministic_algorithms_enabled())
+                   torch.are_deterministic_algorithms_enabled(), float(temperature),
+                   return_entropy)
 
 
 def _needs_grad(*tensors) -> bool:
@@ -155,6 +195,7 @@ def _call(e2: Tensor, c: Tensor, bias, opts: Options, reduction: str,
     return Call(e2.shape[0], c.shape[0], e2.shape[1], e2.dtype, reduction, needs_grad,
                 bias is not None, opts.ignored_lse, opts.low_memory, opts.filter is not None,
                 vocab_parallel is not None, torch.compiler.is_compiling(), workspace_mib,
+                entropy=opts.entropy, temperature=opts.temperature != 1.0,
                 fp32_weight=c.dtype != e2.dtype)
 
 
@@ -170,20 +211,23 @@ def _route_of(call: Call, device: torch.device) -> Route:
 
 
 def _eager_rows(e2, c, t2, bias, opts: Options, cfg: Config, check):
-    """(loss per row, lse per row or None) of an eager call. Gathered rows are what the
-    backward needs anyway; a call without one (evaluation) keeps the forward's few floats of
-    memory and relies on its skipped row blocks."""
+    """(loss per row, lse per row or None, entropy per row or empty) of an eager call. Gathered
+    rows are what the backward needs anyway; a call without one (evaluation) keeps the
+    forward's few floats of memory and relies on its skipped row blocks."""
     needs_grad = _needs_grad(e2, c, bias)
     rows = (None if opts.ignored_lse or opts.low_memory or check is None or not needs_grad
             else _rows_to_gather(e2, c, t2, opts.ignore_index, check, cfg))
     if rows is None:
-        loss_rows, lse, *_ = LceRowsEager.apply(e2, c, t2, bias, opts, cfg, check)
-        return loss_rows, lse
+        loss_rows, lse, _, _, _, ent = LceRowsEager.apply(e2, c, t2, bias, opts, cfg, check)
+        return loss_rows, lse, ent
     # Only the used rows, gathered (index_select's backward scatters their dE back). Their lse
-    # is not returned, so the others' is not needed.
-    loss_used, *_ = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows], bias, opts, cfg,
-                                       check)
-    return loss_used.new_zeros(t2.shape).index_copy(0, rows, loss_used), None
+    # is not returned, so the others' is not needed; the others' entropy is 0.
+    loss_used, _, _, _, _, ent_used = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows],
+                                                         bias, opts, cfg, check)
+
+    def scatter(x):
+        return x.new_zeros(t2.shape).index_copy(0, rows, x)
+    return scatter(loss_used), None, scatter(ent_used) if opts.entropy else ent_used
 
 
 @accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): distributed.py
@@ -192,7 +236,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                          filter_eps: float | str | None = None, return_lse: bool = False,
                          low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
-                         workspace_mib: int | None = None):
+                         workspace_mib: int | None = None, temperature: float = 1.0,
+                         return_entropy: bool = False):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
@@ -221,17 +266,25 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
     that path, the recompute path runs and the budget goes unused: ``plan(...)`` says which
     path a call takes and why a budget goes unused.
+    ``temperature=T`` (> 0) divides the (softcapped) logits: z = softcap(e @ c.T + bias) / T,
+    as RL trainers sample. ``return_entropy=True`` also returns each token's softmax entropy
+    H = lse - sum_v p_v z_v (0 for ignored tokens), reduced as the loss is and differentiable:
+    one backward takes any upstream gradients of loss and entropy together, without logits.
+    Returns ``LossEntropy(loss, entropy)``, or ``LossEntropyLse(loss, entropy, lse)`` with
+    return_lse (plain ``(loss, lse)`` without return_entropy). Exact gradients only (no
+    filter_eps), not with vocab_parallel; such calls take the recompute (or low-memory) path.
     """
     e, c, bias = _autocast(e, c, bias)
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
+    _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)
         v_total = vocab_parallel.vocab_size(e.device)
     opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-                    low_memory)
+                    low_memory, temperature, return_entropy)
     lead = targets.shape
     if shift:
         # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing
@@ -247,31 +300,57 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
         return FusedLce.apply(e2, c, t2, bias, opts, r.cfg, r.fused, check, reduction == "mean")
     c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
+    ent_rows = None
     if r.entry == "vocab-parallel":
         loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r.cfg)
     elif r.entry == "compiled":
-        loss_rows, lse, *_ = lce_rows(e2, c, t2, bias, *opts.op_args(), config_key(r.cfg))
+        loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
+                                                     config_key(r.cfg))
     else:
-        loss_rows, lse = _eager_rows(e2, c, t2, bias, opts, r.cfg, check)
+        loss_rows, lse, ent_rows = _eager_rows(e2, c, t2, bias, opts, r.cfg, check)
     raise_on_bad_targets(check, targets, v_total, ignore_index)
+
+    def reduced(rows):
+        # A sum over every row (the last `shift` positions are ignored, their loss 0): its
+        # gradient reaches the backward as one expanded value: the rows weigh alike.
+        if reduction == "none":
+            return rows.view(lead)[..., :-shift] if shift else rows.view(lead)
+        return rows.sum() if reduction == "sum" else rows.sum() / count
+
     if return_lse:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
-    # A sum over every row (the last `shift` positions are ignored, their loss 0): its gradient
-    # reaches the backward as one expanded value, which tells it the rows weigh alike.
-    if reduction == "none":
-        loss = loss_rows.view(lead)[..., :-shift] if shift else loss_rows.view(lead)
-    elif reduction == "sum":
-        loss = loss_rows.sum()
-    else:
-        loss = loss_rows.sum() / count
+    loss = reduced(loss_rows)
+    if return_entropy:
+        entropy = reduced(ent_rows)
+        return LossEntropyLse(loss, entropy, lse) if return_lse else LossEntropy(loss, entropy)
     return (loss, lse) if return_lse else loss
+
+
+def token_logprobs(e: Tensor, c: Tensor, targets: Tensor, *, return_entropy: bool = False,
+                   temperature: float = 1.0, bias: Tensor | None = None,
+                   ignore_index: int = -100, softcap: float | None = None, shift: int = 0,
+                   low_memory: bool = False):
+    """log p(target) per token of softmax(softcap(e @ c.T + bias) / temperature), shape
+    targets.shape (``(..., T - shift)`` with shift), without the logits: ``-loss`` of
+    ``linear_cross_entropy(reduction="none")``, so <= 0 and exact on confident tokens; 0 at
+    ignored tokens. ``return_entropy=True`` returns ``TokenLogprobs(logprobs, entropy)``.
+    Both are differentiable, together in one backward (e.g. a policy-gradient loss weighted
+    per token plus an entropy bonus)."""
+    out = linear_cross_entropy(e, c, targets, bias=bias, ignore_index=ignore_index,
+                               softcap=softcap, reduction="none", shift=shift,
+                               low_memory=low_memory, temperature=temperature,
+                               return_entropy=return_entropy)
+    if return_entropy:
+        return TokenLogprobs(out.loss.neg(), out.entropy)
+    return out.neg()
 
 
 def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
          ignore_index: int = -100, softcap: float | None = None, reduction: str = "mean",
          shift: int = 0, label_smoothing: float = 0.0, filter_eps: float | str | None = None,
          return_lse: bool = False, low_memory: bool = False,
-         vocab_parallel: VocabParallel | None = None, workspace_mib: int | None = None) -> Plan:
+         vocab_parallel: VocabParallel | None = None, workspace_mib: int | None = None,
+         temperature: float = 1.0, return_entropy: bool = False) -> Plan:
     """The path ``linear_cross_entropy`` takes with the same arguments, here and now (grad
     mode, autocast, use_target), and what it holds: a Plan (route.py) with the path's name,
     its chunks, the estimated peak bytes beyond the inputs and why a budget goes unused.
@@ -291,10 +370,11 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
+    _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
     if vocab_parallel is not None:
         check_vocab_parallel(vocab_parallel, c)
     opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-                    low_memory)
+                    low_memory, temperature, return_entropy)
     call = _call(e.reshape(-1, e.shape[-1]), c, bias, opts, reduction, workspace_mib,
                  vocab_parallel, needs_grad)
     return describe(call, _route_of(call, e.device))
@@ -329,12 +409,14 @@ class LinearCrossEntropy(nn.Module):
                  reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
                  filter_eps: float | str | None = None, return_lse: bool = False,
                  low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
-                 workspace_mib: int | None = None):
+                 workspace_mib: int | None = None, temperature: float = 1.0,
+                 return_entropy: bool = False):
         super().__init__()
         self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
                             shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
                             return_lse=return_lse, low_memory=low_memory,
-                            vocab_parallel=vocab_parallel, workspace_mib=workspace_mib)
+                            vocab_parallel=vocab_parallel, workspace_mib=workspace_mib,
+                            temperature=temperature, return_entropy=return_entropy)
 
     def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
         return linear_cross_entropy(e, c, targets, bias=bias, **self.options)

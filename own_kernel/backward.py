@@ -84,15 +84,20 @@ def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool):
         divisor = torch.where(row_abs > 0, row_abs, 1.0)
         row_scale = divisor / overall
     weight_lse = rows.weight_lse / divisor if rows.weight_lse is not None else None
-    return dataclasses.replace(rows, weight=rows.weight / divisor, weight_lse=weight_lse), \
-        scale_dev, row_scale
+    weight_ent = rows.weight_ent / divisor if rows.weight_ent is not None else None
+    return dataclasses.replace(rows, weight=rows.weight / divisor, weight_lse=weight_lse,
+                               weight_ent=weight_ent), scale_dev, row_scale
 
 
 def row_magnitude(rows: Rows) -> torch.Tensor:
-    """Each row's largest weight: max(|w_n|, |w_n + w'_n|), the scale of its softmax gradient."""
-    if rows.weight_lse is None:
-        return rows.weight.abs()
-    return torch.maximum(rows.weight.abs(), (rows.weight + rows.weight_lse).abs())
+    """Each row's largest weight: max(|w_n|, |w_n + w'_n|, |w_H,n|), the scale of its softmax
+    gradient (the entropy's terms stay small: z - mu = ln p + H, so |p (z - mu)| <= 1/e + H)."""
+    mag = rows.weight.abs()
+    if rows.weight_lse is not None:
+        mag = torch.maximum(mag, (rows.weight + rows.weight_lse).abs())
+    if rows.weight_ent is not None:
+        mag = torch.maximum(mag, rows.weight_ent.abs())
+    return mag
 
 
 def rescale_rows(g: Grads, w: torch.Tensor, v_start: int) -> None:
@@ -160,9 +165,10 @@ class ChunkWriter:
     def __init__(self, e, c, bias, rows, g, opts: Options, cfg, tma, tail_work):
         self.e, self.c, self.bias, self.rows, self.g = e, c, bias, rows, g
         self.softcap, self.smooth = opts.softcap, opts.label_smoothing
+        self.temperature = opts.temperature
         self.cfg, self.tail_work, self.deterministic = cfg, tail_work, opts.deterministic
         self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
-                                       opts.deterministic) if tma else None)
+                                       opts.deterministic, opts.temperature) if tma else None)
         self.dc_bytes = g.dc.view(-1).view(torch.uint8)
         self.slots: dict[int, int] = {}
 
@@ -187,7 +193,8 @@ class ChunkWriter:
                 self.recompute.write(w, *args[1:])
             else:
                 write_w_pointer(e, self.c, w, *args, self.softcap, self.smooth, self.cfg,
-                                deterministic=self.deterministic)
+                                deterministic=self.deterministic,
+                                temperature=self.temperature)
         elif self.recompute is not None:
             at = self.slots[ch.v_start]
             w = self.dc_bytes[at:at + elt * n * ch.width].view(e.dtype).view(n, ch.width)
@@ -201,7 +208,8 @@ class ChunkWriter:
                 before_w()
             write_w_from_logits(x, w, *args, self.softcap, self.smooth, self.cfg,
                                 v=self.c.shape[0], filters=filters, kept_count=kept_count,
-                                deterministic=self.deterministic)
+                                deterministic=self.deterministic,
+                                temperature=self.temperature)
         return w
 
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:

@@ -47,9 +47,9 @@ class _WriteW:
     def __init__(self, e, c, bias, rows, sums, opts, cfg, tma):
         self.c, self.bias, self.rows, self.sums, self.cfg = c, bias, rows, sums, cfg
         self.softcap, self.smooth = opts.softcap, opts.label_smoothing
-        self.deterministic = opts.deterministic
+        self.deterministic, self.temperature = opts.deterministic, opts.temperature
         self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
-                                       opts.deterministic) if tma else None)
+                                       opts.deterministic, opts.temperature) if tma else None)
 
     def __call__(self, e_rows, r0, w, v_start, col_round=True):
         """W (rows x width) = the softmax gradient of e's rows r0... (e_rows) at columns
@@ -64,7 +64,7 @@ class _WriteW:
         else:
             write_w_pointer(e_rows, self.c, w, self.bias, rows, sums, v_start, self.softcap,
                             self.smooth, self.cfg, col_round=col_round,
-                            deterministic=self.deterministic)
+                            deterministic=self.deterministic, temperature=self.temperature)
 
 
 def _view(buf: torch.Tensor, offset: int, rows: int, cols: int, ld: int, dtype) -> torch.Tensor:

@@ -4,7 +4,8 @@ gradient W directly, with TMA loads and stores.
 One program per (BLOCK_N x BLOCK_V) tile of the chunk [v_start, v_start + width):
 
     x = E[rows] @ C[v_start + cols].T (+ bias)                      (fp32 accumulator, over D)
-    d = (w_n + w'_n) p - w_n ((1 - ls) [v == t_n] + ls / V),   times softcap'(z)
+    d = (w_n + w'_n) p - w_n ((1 - ls) [v == t_n] + ls / V)
+        - w_H,n p (z - mu)  (an entropy gradient; tile.py),   times softcap'(z)
     W[rows, cols] = d rounded to the input dtype
 
 This is softmax_grad.py's epilogue on forward_tma.py's main loop: the cuBLAS path's fp32 logits
@@ -23,16 +24,18 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.plan import cdiv
 from own_kernel.rows import Partials
-from own_kernel.tile import (accumulate, dot_precision, num_sms, row_terms, softcap_scalars,
-                             softmax_grad_tile)
+from own_kernel.tile import (accumulate, dot_precision, entropy_terms, num_sms, row_terms,
+                             softcap_scalars, softmax_ent_grad_tile)
 
 
 @triton.jit
 def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                  ent, pz_t, wh, eps, V, v_start, width,
                   tanh_scale, cap, smooth, col_plane,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-                  COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
+                  HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
+                  DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
     # slice's row sums (rounding removed, rounded values of the rows that may skip).
     offs_w = w0 + tl.arange(0, SUB_V)
@@ -40,8 +43,8 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
     w_mask = offs_w < width
     if HAS_BIAS:
         x += tl.load(Bias + offs_v, mask=w_mask, other=0.0).to(tl.float32)[None, :]
-    d = softmax_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
-                          HAS_SOFTCAP)
+    d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V, smooth,
+                              tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
     d = tl.where(n_mask[:, None] & w_mask[None, :], d, 0.0)
     d_used = d.to(W.dtype)
     W.store([n0, w0], d_used)
@@ -77,31 +80,38 @@ def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+               ent, pz_t, wh, eps, V, v_start, width,
                tanh_scale, cap, smooth, col_plane,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
-               COL_ROUND: tl.constexpr, DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
+               DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
                SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = _halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                          ent, pz_t, wh, eps, V, v_start, width,
                           tanh_scale, cap, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
-                          FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
+                          FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
     r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start,
+                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                            ent, pz_t, wh, eps, V, v_start,
                             width, tanh_scale, cap, smooth, col_plane,
-                            HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, SUB_V)
+                            HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                            DETERMINISTIC, SUB_V)
     return r + r1, ws + ws1
 
 
 @triton.jit
-def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse, RowEps,
+def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse,
+                           Ent, RowWeightEnt, RowEps,
                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum, Part,
                            N, V, v_start, width,
                            tanh_scale, cap, smooth,
                            HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                           FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr, COL_ROUND: tl.constexpr,
+                           FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
+                           HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
                            DETERMINISTIC: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                            SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
@@ -134,6 +144,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
         n_mask = offs_n < N
         lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets,
                                                 offs_n, n_mask, HAS_GRAD_LSE)
+        ent, pz_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
         eps = lse
         if FILTER:
             eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
@@ -142,27 +153,35 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
         # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
         if SUBTILES == 1:
             r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                                  ent, pz_t, wh, eps, V, v_start, width,
                                   tanh_scale, cap, smooth, col_plane,
-                                  HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_V)
+                                  HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                                  DETERMINISTIC, BLOCK_V)
         elif SUBTILES == 2:
             r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                               ent, pz_t, wh, eps, V, v_start, width,
                                tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                               DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
             h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V, v_start, width,
+                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                               ent, pz_t, wh, eps, V, v_start, width,
                                tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                               DETERMINISTIC, BLOCK_N,
                                BLOCK_V // 4)
             r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, eps, V,
+                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                                 ent, pz_t, wh, eps, V,
                                  v_start, width, tanh_scale, cap, smooth, col_plane,
-                                 HAS_BIAS, HAS_SOFTCAP, FILTER, COL_ROUND, DETERMINISTIC, BLOCK_N,
+                                 HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                                 DETERMINISTIC, BLOCK_N,
                                  BLOCK_V // 4)
             r += r1
             ws += ws1
@@ -179,13 +198,13 @@ class RecomputeTma:
     col_round), ColSum and, filtered, the filter's sums into sums; deterministic: through
     rows.Partials instead of atomics."""
 
-    def __init__(self, e, c, bias, softcap, smooth, cfg, deterministic=False):
+    def __init__(self, e, c, bias, softcap, smooth, cfg, deterministic=False, temperature=1.0):
         k = cfg.recompute
         self.k, self.v, self.d = k, c.shape[0], e.shape[1]
         self.bias, self.deterministic = bias, deterministic
         self.e_desc = TensorDescriptor.from_tensor(e, [k.tiles.block_n, k.tiles.block_d])
         self.c_desc = TensorDescriptor.from_tensor(c, [k.tiles.block_v, k.tiles.block_d])
-        self.scalars = (*softcap_scalars(softcap), float(smooth))
+        self.scalars = (*softcap_scalars(softcap, temperature), float(smooth))
         self.flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
                           DOT_PRECISION=dot_precision(e.dtype), SUBTILES=k.subtiles,
                           GROUP_N=k.group_n, FLATTEN=k.flatten, **k.tiles.launch())
@@ -207,11 +226,12 @@ class RecomputeTma:
             self.bias if self.bias is not None else stand_in,
             rows.targets, rows.lse, rows.lse_lo_or_zeros(), rows.nll, rows.weight,
             rows.weight_lse if rows.weight_lse is not None else rows.weight,
-            rows.eps if filters else rows.weight,
+            *rows.entropy_args(), rows.eps if filters else rows.weight,
             sums.row_round, sums.col_round, sums.row_skip,
             sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
             sums.col_sum, part.buffer, n, self.v, v_start, width, *self.scalars, D=self.d,
-            FILTER=filters, HAS_GRAD_LSE=rows.weight_lse is not None, COL_ROUND=col_round,
+            FILTER=filters, HAS_GRAD_LSE=rows.weight_lse is not None,
+            HAS_ENTROPY=rows.weight_ent is not None, COL_ROUND=col_round,
             DETERMINISTIC=self.deterministic, **self.flags)
         part.add_to(sums, v_start, _written(col_round, self.bias is not None, filters))
 

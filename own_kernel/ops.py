@@ -25,16 +25,27 @@ from own_kernel.rows import Rows
 # ---- the passes, on plain tensors -------------------------------------------------------------
 
 def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
-    """(loss, lse, p_max, nll, lse_lo) per row (forward.py). cfg: the Config (None: this device's)."""
+    """(loss, lse, p_max, nll, lse_lo, entropy) per row (forward.py; entropy empty unless
+    opts.entropy). cfg: the Config (None: this device's)."""
     cfg = cfg or config_for(e.device, e.dtype)
     return forward(e, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index,
-                   cfg, skip_ignored=not opts.ignored_lse)
+                   cfg, skip_ignored=not opts.ignored_lse, temperature=opts.temperature,
+                   entropy=opts.entropy)
+
+
+def _row_weights(grad, used, temperature):
+    """An upstream per-row gradient as the kernels' fp32 weights: fresh, unit stride, 0 where
+    ignored (None stays None), over the temperature (dz/dx carries 1 / T; tile.py)."""
+    if grad is None:
+        return None
+    w = torch.where(used, grad.float(), 0.0)
+    return w / temperature if temperature != 1.0 else w
 
 
 def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options, cfg: Config,
-                  num_used=None, de_dtype=None):
-    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo]). num_used: the
-    number of
+                  num_used=None, de_dtype=None, grad_ent=None):
+    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo[, entropy]]).
+    grad_ent: the gradient into the entropy (opts.entropy), or None. num_used: the number of
     targets that are not ignore_index when the host knows it already (else read here, when it
     matters). cfg: the Config the forward ran with. de_dtype: dE's dtype (None: e's). Rows with
     no gradient are gathered out where that pays (gather_pays); low_memory runs on every row
@@ -42,14 +53,20 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     ignored ones' W zero)."""
     lse, nll, p_max = saved[:3]
     lse_lo = saved[3] if len(saved) > 3 else None
+    entropy = saved[4] if len(saved) > 4 and grad_ent is not None else None
     # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
-    # as one value expanded (stride 0). Else (reduction "none", an lse gradient) fp16 scales
-    # rows apart (backward.normalise_weights).
-    uniform = grad_lse is None and (grad_loss.numel() <= 1 or grad_loss.stride(0) == 0)
+    # as one value expanded (stride 0). Else (reduction "none", an lse or entropy gradient)
+    # fp16 scales rows apart (backward.normalise_weights).
+    uniform = (grad_lse is None and entropy is None
+               and (grad_loss.numel() <= 1 or grad_loss.stride(0) == 0))
     used = targets != opts.ignore_index
     # Fresh, unit-stride fp32 vectors whatever autograd hands over: the kernels index them.
-    rows = Rows(targets, lse, nll, torch.where(used, grad_loss.float(), 0.0),
-                grad_lse.float().contiguous() if grad_lse is not None else None, lse_lo=lse_lo)
+    # An lse gradient reaches ignored rows too (return_lse); an entropy gradient does not.
+    t = opts.temperature
+    weight_lse = None if grad_lse is None else (grad_lse.float() / t).contiguous()
+    rows = Rows(targets, lse, nll, _row_weights(grad_loss, used, t), weight_lse, lse_lo=lse_lo,
+                entropy=entropy,
+                weight_ent=_row_weights(grad_ent, used, t) if entropy is not None else None)
     if opts.low_memory:
         return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform,
                                    de_dtype=de_dtype)
@@ -65,8 +82,7 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     if gathered.numel() == 0:
         return de_zeros, torch.zeros_like(c), zeros_or_none(bias)
     e_used = e.index_select(0, gathered)
-    used_rows_ = Rows(targets[gathered], lse[gathered], nll[gathered], rows.weight[gathered],
-                      None, lse_lo=lse_lo[gathered] if lse_lo is not None else None)
+    used_rows_ = rows.gathered(gathered)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
     de_used, dc, dbias = backward(e_used, c, bias, used_rows_, opts, cfg, p_max=p_max[gathered],
                                   de_out=e_used, uniform=uniform, de_dtype=de_dtype)
@@ -127,20 +143,22 @@ def config_of(key: str, e: Tensor) -> Config:
 def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
-             deterministic: bool, config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor,
-                                                             Tensor]:
-    """(loss, lse, largest probability, -log p_target, lse's rounding residue) per row for 2-D
-    e; ignored rows have loss 0, and lse +inf unless ignored_lse. The filter and low_memory
-    only affect the
-    backward."""
+             deterministic: bool, temperature: float = 1.0, entropy: bool = False,
+             config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, lse, largest probability, -log p_target, lse's rounding residue, entropy) per
+    row for 2-D e (entropy: empty unless asked for); ignored rows have loss 0 and entropy 0,
+    and lse +inf unless ignored_lse. The filter and low_memory only affect the backward."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
-                                filter_min_p_max, ignored_lse, low_memory, deterministic)
+                                filter_min_p_max, ignored_lse, low_memory, deterministic,
+                                temperature, entropy)
     return rows_forward(e, c, targets, bias, opts, config_of(config, e))
 
 
 @lce_rows.register_fake
 def _(e, c, targets, bias, *options):
-    return tuple(e.new_empty(e.shape[0], dtype=torch.float32) for _ in range(5))
+    opts = Options.from_op_args(*options[:10])
+    return tuple(e.new_empty(e.shape[0] if i < 5 or opts.entropy else 0, dtype=torch.float32)
+                 for i in range(6))
 
 
 @torch.library.custom_op("own_kernel::lce_rows_backward", mutates_args=())
@@ -149,12 +167,16 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       grad_lse: Optional[Tensor],
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
-                      low_memory: bool, deterministic: bool,
-                      config: str = "") -> tuple[Tensor, Tensor, Tensor]:
+                      low_memory: bool, deterministic: bool, temperature: float = 1.0,
+                      entropy: bool = False, config: str = "",
+                      ent: Optional[Tensor] = None,
+                      grad_ent: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
-                                filter_min_p_max, ignored_lse, low_memory, deterministic)
-    de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
-                                  grad_lse, opts, config_of(config, e))
+                                filter_min_p_max, ignored_lse, low_memory, deterministic,
+                                temperature, entropy)
+    de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
+                                  grad_loss, grad_lse, opts, config_of(config, e),
+                                  grad_ent=grad_ent)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -166,18 +188,24 @@ def _(e, c, targets, bias, *rest):
 
 def _setup_context(ctx, inputs, output):
     e, c, targets, bias = inputs[:4]
-    ctx.save_for_backward(e, c, targets, bias, output[1], output[3], output[2], output[4])
+    ctx.save_for_backward(e, c, targets, bias, output[1], output[3], output[2], output[4],
+                          output[5])
     ctx.mark_non_differentiable(output[2], output[3], output[4])
     ctx.op_args = inputs[4:]
 
 
-def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
-    e, c, targets, bias, lse, nll, p_max, lse_lo = ctx.saved_tensors
+def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo, grad_ent):
+    e, c, targets, bias, lse, nll, p_max, lse_lo, ent = ctx.saved_tensors
     if grad_loss is None:
         grad_loss = torch.zeros_like(lse)
+    if grad_ent is not None and ent.numel() == 0:
+        grad_ent = None
+    # the options, with the defaults of those the caller left out (temperature, entropy, config)
+    args = tuple(ctx.op_args) + (1.0, False, "")[len(ctx.op_args) - 8:]
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
-                                      grad_lse, *ctx.op_args)
-    return (de, dc, None, dbias if bias is not None else None) + (None,) * 9
+                                      grad_lse, *args, ent=ent if grad_ent is not None else None,
+                                      grad_ent=grad_ent)
+    return (de, dc, None, dbias if bias is not None else None) + (None,) * len(ctx.op_args)
 
 
 lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -195,20 +223,21 @@ class LceRowsEager(torch.autograd.Function):
         # The backward runs with the forward's config (the route's), whatever target or
         # override is in force when autograd reaches it (use_target may have ended by then).
         lse_etc = rows_forward(e, c, targets, bias, opts, cfg)
-        loss, lse, p_max, nll, lse_lo = lse_etc
-        ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max, lse_lo)
+        loss, lse, p_max, nll, lse_lo, ent = lse_etc
+        ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, ent)
         ctx.mark_non_differentiable(p_max, nll, lse_lo)
         ctx.opts, ctx.counts, ctx.cfg = opts, counts, cfg
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
         return lse_etc
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo):
+    def backward(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo, grad_ent):
         refuse_create_graph()
-        e, c, targets, bias, lse, nll, p_max, lse_lo = ctx.saved_tensors
+        e, c, targets, bias, lse, nll, p_max, lse_lo, ent = ctx.saved_tensors
         if grad_loss is None:
             grad_loss = torch.zeros_like(lse)
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
-        de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo), grad_loss,
-                                      grad_lse, ctx.opts, ctx.cfg, num_used=num_used)
+        de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
+                                      grad_loss, grad_lse, ctx.opts, ctx.cfg, num_used=num_used,
+                                      grad_ent=grad_ent if ent.numel() else None)
         return de, dc, None, dbias if bias is not None else None, None, None, None

@@ -50,6 +50,8 @@ class Call:
     vocab_parallel: bool = False
     compiling: bool = False
     workspace_mib: int | None = None    # the caller's budget; None = the config's default
+    entropy: bool = False               # return_entropy: the entropy's sum and gradient
+    temperature: bool = False           # logits divided by a temperature other than 1
     # c (and bias) fp32 under 16-bit autocast (dtype: the GEMMs'): their gradients are fp32.
     # The three-matmul path sums dC in fp32 anyway and returns those sums as C's gradient;
     # every other path gets autocast's 16-bit copy and autograd casts dC back to fp32.
@@ -110,6 +112,8 @@ def _three_matmul_excluded(call: Call) -> str:
         (not call.needs_grad, "no gradient is needed"),
         (call.reduction == "none", 'reduction="none" has per-row upstream gradients'),
         (call.return_lse, "return_lse=True needs the lse's gradient"),
+        (call.entropy, "return_entropy=True needs the entropy's gradient"),
+        (call.temperature, "temperature= is applied on the recompute path only"),
         (call.low_memory, "low_memory=True asks for the low-memory backward"),
         (call.vocab_parallel, "vocab_parallel shards the vocabulary"),
         (call.compiling, "torch.compile runs the custom ops"),

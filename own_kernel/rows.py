@@ -10,7 +10,8 @@ import torch
 @dataclass(frozen=True)
 class Rows:
     """Per-row inputs of the softmax gradient, each (N,), unit stride:
-    d[n, v] = (w_n + w'_n) p[n, v] - w_n ((1 - ls) [v == t_n] + ls / V)."""
+    d[n, v] = (w_n + w'_n) p[n, v] - w_n ((1 - ls) [v == t_n] + ls / V)
+              - w_H,n p[n, v] (z[n, v] - mu_n)   (mu_n = sum_v p z = lse_n - H_n)."""
     targets: torch.Tensor             # int64
     lse: torch.Tensor                 # fp32, natural log
     nll: torch.Tensor                 # fp32, -log p_target (the target column, tile.py)
@@ -18,13 +19,30 @@ class Rows:
     weight_lse: torch.Tensor | None   # fp32 w'_n (a gradient into lse), or None
     eps: torch.Tensor | None = None   # fp32 filter thresholds (0: never skips), or None
     lse_lo: torch.Tensor | None = None  # fp32, what rounding lse removed (lse_combine.py); None: 0
+    entropy: torch.Tensor | None = None     # fp32 H_n (the forward's), with weight_ent
+    weight_ent: torch.Tensor | None = None  # fp32 w_H,n (a gradient into H), 0 where ignored
 
     def select(self, start: int, stop: int) -> "Rows":
         """Rows [start, stop)."""
         def cut(t):
             return t[start:stop] if t is not None else None
         return Rows(*(cut(getattr(self, f)) for f in
-                      ("targets", "lse", "nll", "weight", "weight_lse", "eps", "lse_lo")))
+                      ("targets", "lse", "nll", "weight", "weight_lse", "eps", "lse_lo",
+                       "entropy", "weight_ent")))
+
+    def gathered(self, index: torch.Tensor) -> "Rows":
+        """The rows at index (filter thresholds not carried: set after gathering)."""
+        def take(t):
+            return t[index] if t is not None else None
+        return Rows(*(take(getattr(self, f)) for f in
+                      ("targets", "lse", "nll", "weight", "weight_lse")), None,
+                    *(take(getattr(self, f)) for f in ("lse_lo", "entropy", "weight_ent")))
+
+    def entropy_args(self) -> tuple:
+        """(H, w_H) for the kernels: stand-ins (never read) without an entropy gradient."""
+        if self.weight_ent is None:
+            return self.lse, self.lse
+        return self.entropy, self.weight_ent
 
     def lse_lo_or_zeros(self) -> torch.Tensor:
         """lse_lo for the kernels, zeros where the caller had none."""

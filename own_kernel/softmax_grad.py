@@ -38,7 +38,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from own_kernel.autotune import shape_bucket, tune_key, tuned_launch, tunes
 from own_kernel.plan import cdiv
 from own_kernel.rows import Partials
-from own_kernel.tile import accumulate, num_sms, row_terms, softcap_scalars, softmax_grad_tile
+from own_kernel.tile import (accumulate, entropy_terms, num_sms, row_terms, softcap_scalars,
+                             softmax_ent_grad_tile)
 
 
 @triton.jit
@@ -67,13 +68,14 @@ def store_w(W, d, n0, col0, offs_n, offs_w, m, stride_wn, TMA: tl.constexpr):
 
 
 @triton.jit
-def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse, RowEps,
+def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse,
+                            Ent, RowWeightEnt, RowEps,
                             RowRound, ColRound, RowWSum, ColWSum, ColKeep, KeptCount, ColSum,
                             Part, N, V, v_start, width, rows_per_program, stride_xn, stride_wn,
                             tanh_scale, cap, smooth,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             FILTER: tl.constexpr, HAS_GRAD_LSE: tl.constexpr,
-                            DETERMINISTIC: tl.constexpr, TMA: tl.constexpr,
+                            HAS_ENTROPY: tl.constexpr, DETERMINISTIC: tl.constexpr, TMA: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     num_strips = tl.cdiv(width, BLOCK_V)
@@ -102,11 +104,12 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, Row
         m = n_mask[:, None] & w_mask[None, :]
         lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse,
                                                 Targets, offs_n, n_mask, HAS_GRAD_LSE)
+        ent, pz_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
         x = load_x(X, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_xn, TMA)
         if HAS_BIAS:
             x += b[None, :]
-        d = softmax_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
-                              HAS_SOFTCAP)
+        d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V,
+                                  smooth, tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
         d = tl.where(m, d, 0.0)
         d_used = store_w(W, d, n0, strip * BLOCK_V, offs_n, offs_w, m, stride_wn, TMA)
         d_used = d_used.to(tl.float32)
@@ -138,14 +141,14 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, Row
 
 
 def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,
-                        filters=False, kept_count=None, deterministic=False):
+                        filters=False, kept_count=None, deterministic=False, temperature=1.0):
     """W = the softmax gradient from fp32 logits X (both N x width, any row stride with unit
     column stride; inside dC's unwritten rows) at columns [v_start, v_start + width); the sums
     as dlogits_tma.py adds them, and, filtered, the number of newly kept columns into
     kept_count[0]. cfg: the Config; the portable target's pointer variant (tma False) takes
     tiles tuned on this GPU (autotune.py)."""
     k = cfg.softmax_grad
-    args = (x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic)
+    args = (x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic, temperature)
     if not k.tma and tunes(x, cfg, cfg.softmax_grad_candidates):
         n, width = x.shape
         kernel = "softmax_grad_filter" if filters else "softmax_grad"  # FILTER: more registers
@@ -156,8 +159,8 @@ def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *
     _launch(k, *args, sums, kept_count)
 
 
-def _launch(k, x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic, sums,
-            kept_count):
+def _launch(k, x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic,
+            temperature, sums, kept_count):
     """One launch of cce_softmax_grad_kernel with the launch shape k (a config.SoftmaxGrad)."""
     n, width = x.shape
     # Row blocks split across programs until the grid fills `waves` programs per SM.
@@ -171,14 +174,14 @@ def _launch(k, x, w, bias, rows, v_start, softcap, smooth, v, filters, determini
     cce_softmax_grad_kernel[(strips * cdiv(n, rows_per_program),)](
         x_in, w_out,
         bias if bias is not None else stand_in, rows.targets, rows.lse, rows.lse_lo_or_zeros(), rows.nll, rows.weight,
-        rows.weight_lse if rows.weight_lse is not None else rows.weight,
+        rows.weight_lse if rows.weight_lse is not None else rows.weight, *rows.entropy_args(),
         rows.eps if filters else rows.weight, sums.row_round, sums.col_round, sums.row_skip,
         sums.col_wsum if filters else stand_in, sums.col_keep if filters else stand_in,
         kept_count if filters else stand_in, sums.col_sum, part.buffer,
         n, v, v_start, width, rows_per_program, x.stride(0), w.stride(0),
-        *softcap_scalars(softcap), float(smooth),
+        *softcap_scalars(softcap, temperature), float(smooth),
         HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, FILTER=filters,
-        HAS_GRAD_LSE=rows.weight_lse is not None, DETERMINISTIC=deterministic, TMA=k.tma,
+        HAS_GRAD_LSE=rows.weight_lse is not None, HAS_ENTROPY=rows.weight_ent is not None, DETERMINISTIC=deterministic, TMA=k.tma,
         BLOCK_N=k.block_n, BLOCK_V=k.block_v, num_warps=k.num_warps, STAGES=k.stages)
     written = {"row_round", "col_round"} | ({"col_sum"} if bias is not None else set())
     part.add_to(sums, v_start, written | ({"row_skip", "col_wsum"} if filters else set()))

@@ -6,12 +6,12 @@ import triton
 import triton.language as tl
 
 from own_kernel.plan import cdiv
-from own_kernel.tile import softcap_scalars, softcap_tanh
+from own_kernel.tile import logits, softcap_scalars
 
 
 @triton.jit
 def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
-                            stride_en, stride_ed, stride_cv, stride_cd, softcap, tanh_scale,
+                            stride_en, stride_ed, stride_cv, stride_cd, tanh_scale, cap,
                             HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -30,13 +30,13 @@ def cce_target_logit_kernel(E, C, Bias, Targets, Out, N, V, D,
         acc += tl.sum(e * c, axis=1)
     if HAS_BIAS:
         acc += tl.load(Bias + tgt, mask=valid, other=0.0).to(tl.float32)
-    if HAS_SOFTCAP:
-        acc = softcap_tanh(acc, tanh_scale) * softcap
+    acc = logits(acc, tanh_scale, cap, HAS_SOFTCAP)
     tl.store(Out + offs_n, tl.where(valid, acc, 0.0), mask=n_mask)
 
 
-def target_logit(e, c, bias, targets, softcap):
-    """(N,) fp32: each row's target logit (0 where the target is out of range)."""
+def target_logit(e, c, bias, targets, softcap, temperature=1.0):
+    """(N,) fp32: each row's target logit softcap(x_t) / temperature (0 where the target is out
+    of range)."""
     n, d = e.shape
     out = torch.empty(n, device=e.device, dtype=torch.float32)
     if n:
@@ -44,7 +44,7 @@ def target_logit(e, c, bias, targets, softcap):
         cce_target_logit_kernel[(cdiv(n, block_n),)](
             e, c, bias if bias is not None else e, targets, out, n, c.shape[0], d,
             e.stride(0), e.stride(1), c.stride(0), c.stride(1),
-            float(softcap or 1.0), softcap_scalars(softcap)[0],
+            *softcap_scalars(softcap, temperature),
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
             BLOCK_N=block_n, BLOCK_D=min(128, triton.next_power_of_2(max(d, 16))))
     return out

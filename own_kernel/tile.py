@@ -63,17 +63,37 @@ def skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end):
 @triton.jit
 def lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap,
                     HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr):
+    # lse_ent_tile_update without the entropy's sum.
+    m, s, z_sum, _ = lse_ent_tile_update(x, m, s, z_sum, s, v_mask, tanh_scale, cap,
+                                         HAS_SOFTCAP, NEED_ZSUM, False)
+    return m, s, z_sum
+
+
+@triton.jit
+def lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
+                        HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                        NEED_ENT: tl.constexpr):
     # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the
     # rows' online log-sum-exp: running max m of z = softcap(x) (natural units, an exact logit)
     # and running sum s of exp(z - m), rescaled to each new max. Every tile has at least one
-    # column inside v_mask.
+    # column inside v_mask. NEED_ENT: also t = sum exp(z - m) (z - m) (<= 0), relative to the
+    # same max (the entropy is ln s - t / s: two non-negative terms, no cancellation on
+    # confident rows); a new max m' turns t into exp(m - m') (t + (m - m') s).
     z = logits(x, tanh_scale, cap, HAS_SOFTCAP)
-    z = tl.where(v_mask[None, :], z, float("-inf"))
+    # Outside v_mask a finite stand-in far below any logit: its exp2 is 0 and, unlike -inf,
+    # so is its product with that 0 (the entropy's sum needs no select).
+    z = tl.where(v_mask[None, :], z, -1e30)
     m_new = tl.maximum(m, tl.max(z, axis=1))
-    s = s * tl.exp2((m - m_new) * LOG2E) + tl.sum(tl.exp2((z - m_new[:, None]) * LOG2E), axis=1)
+    alpha = tl.exp2((m - m_new) * LOG2E)
+    z_rel = z - m_new[:, None]
+    ez = tl.exp2(z_rel * LOG2E)
+    if NEED_ENT:  # no inf * 0: m is -inf while s is 0
+        shift = tl.where(s > 0, m - m_new, 0.0) * s
+        t = alpha * (t + shift) + tl.sum(ez * z_rel, axis=1)
+    s = s * alpha + tl.sum(ez, axis=1)
     if NEED_ZSUM:
         z_sum += tl.sum(tl.where(v_mask[None, :], z, 0.0), axis=1)
-    return m_new, s, z_sum
+    return m_new, s, z_sum, t
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -101,22 +121,26 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 
 @triton.jit
-def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum,
-                         NEED_ZSUM: tl.constexpr):
-    # The forward's partials of one vocabulary split: running max, sum (and sum of logits),
-    # planes `plane` apart, for lse_combine.py.
+def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, t,
+                         NEED_ZSUM: tl.constexpr, NEED_ENT: tl.constexpr):
+    # The forward's partials of one vocabulary split, planes `plane` apart, for lse_combine.py:
+    # running max, sum, then the sum of logits (NEED_ZSUM), then the entropy's t (NEED_ENT).
     base = Part + split.to(tl.int64) * N + offs_n
     tl.store(base, m2, mask=n_mask)
     tl.store(base + plane, s, mask=n_mask)
     if NEED_ZSUM:
         tl.store(base + 2 * plane, z2_sum, mask=n_mask)
+    if NEED_ENT:
+        tl.store(base + (2 + NEED_ZSUM) * plane, t, mask=n_mask)
 
 
-def softcap_scalars(softcap):
-    """Host-side constants of the softcap: (2 log2(e) / s, s); (1, 1) for no softcap."""
+def softcap_scalars(softcap, temperature=1.0):
+    """Host-side constants of z = softcap(x) / temperature, for logits(): (2 log2(e) / s,
+    s / T), or (1, 1 / T) without a softcap. The derivative's 1 / T is not in them: the
+    backward puts it on the row weights (ops.rows_backward)."""
     if softcap is None:
-        return 1.0, 1.0
-    return 2.0 * LOG2E_F / softcap, float(softcap)
+        return 1.0, 1.0 / temperature
+    return 2.0 * LOG2E_F / softcap, float(softcap) / temperature
 
 
 @triton.jit
@@ -129,11 +153,11 @@ def softcap_tanh(x, tanh_scale):
 
 @triton.jit
 def logits(x, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
-    # z = softcap(x) = cap tanh(x / cap), or x
+    # z = cap tanh(x / s) (softcap s, cap = s / T), or cap x (cap = 1 / T; softcap_scalars)
     if HAS_SOFTCAP:
         return softcap_tanh(x, tanh_scale) * cap
     else:
-        return x
+        return x * cap
 
 
 @triton.jit
@@ -163,7 +187,8 @@ def row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
     # target, and p_t - 1 = expm1(-nll) for the target column (see softmax_grad_tile).
     # The target as int32: it is compared per element with the column (an ignored row's weight
     # is 0, so a wrapped ignore_index cannot matter).
-    lse = tl.load(Lse + offs_n, mask=n_mask, other=0.0)
+    # rows past N: lse +inf, as an ignored row's (p = 0, no exp2 overflow in their lanes)
+    lse = tl.load(Lse + offs_n, mask=n_mask, other=float("inf"))
     lo2 = tl.load(LseLo + offs_n, mask=n_mask, other=0.0) * LOG2E
     w = tl.load(RowWeight + offs_n, mask=n_mask, other=0.0)
     wp = w
@@ -175,8 +200,34 @@ def row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets, offs_n, n_mask,
 
 
 @triton.jit
+def entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY: tl.constexpr):
+    # Per row, for the entropy's gradient: H (the forward's), the target column's
+    # p_t (z_t - mu) = exp(-nll) (H - nll) (mu = sum p z; from the forward's numbers, as pt_m1
+    # is: p_t as 1 + pt_m1 would lose eps / p_t of it) and the weight w_H of a gradient into
+    # H. Zeros without HAS_ENTROPY (never read then).
+    ent = tl.zeros(offs_n.shape, tl.float32)
+    pz_t = ent
+    wh = ent
+    if HAS_ENTROPY:
+        ent = tl.load(Ent + offs_n, mask=n_mask, other=0.0)
+        wh = tl.load(RowWeightEnt + offs_n, mask=n_mask, other=0.0)
+        nll = tl.load(Nll + offs_n, mask=n_mask, other=0.0)
+        pz_t = tl.exp2(-nll * LOG2E) * (ent - nll)
+    return ent, pz_t, wh
+
+
+@triton.jit
 def softmax_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_scale, cap,
                       HAS_SOFTCAP: tl.constexpr):
+    # softmax_ent_grad_tile without an entropy gradient.
+    return softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, pt_m1, pt_m1, pt_m1, offs_v,
+                                 V, smooth, tanh_scale, cap, HAS_SOFTCAP, False)
+
+
+@triton.jit
+def softmax_ent_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V, smooth,
+                          tanh_scale, cap, HAS_SOFTCAP: tl.constexpr,
+                          HAS_ENTROPY: tl.constexpr):
     # d = (w + w') p - w ((1 - ls) [v == t] + ls / V), times softcap'(z) = 1 - tanh^2(x / s),
     # from a tile of raw logits x and the rows' lse as ref + off2 / log2(e) (ref: a logit-sized
     # value subtracted first, off2 a small base-2 remainder; see the module docstring).
@@ -184,14 +235,23 @@ def softmax_grad_tile(x, ref, off2, w, wp, tgt, pt_m1, offs_v, V, smooth, tanh_s
     # from the recomputed logit cancels to rounding on confident rows (p_t near 1), where the
     # whole row's gradient is that small difference. There d = w (p_t - 1) + w' p_t
     # + w ls (1 - 1 / V).
+    # HAS_ENTROPY: plus w_H dH/dz = -w_H p (z - mu), mu = sum p z, with z - mu = (z - lse) + H:
+    # z - lse is the probability's own exponent (exact near the max), so no logit-sized value
+    # is subtracted; at the target column p_t (z_t - mu) is the forward's (pz_t).
     if HAS_SOFTCAP:
         th = softcap_tanh(x, tanh_scale)
         z = th * cap
     else:
-        z = x
-    p = tl.exp2((z - ref[:, None]) * LOG2E - off2[:, None])
+        z = x * cap
+    log2_p = (z - ref[:, None]) * LOG2E - off2[:, None]
+    p = tl.exp2(log2_p)
     d = wp[:, None] * p - (w * (smooth / V))[:, None]
     d_target = w * pt_m1 + (wp - w) * (1.0 + pt_m1) + w * (smooth * (1.0 - 1.0 / V))
+    if HAS_ENTROPY:
+        # p = 0 where lse is +inf (an ignored row) or far below: no 0 * inf
+        z_mu = tl.where(p > 0, log2_p, 0.0) / LOG2E + ent[:, None]
+        d -= wh[:, None] * p * z_mu
+        d_target -= wh * pz_t
     d = tl.where(offs_v[None, :] == tgt[:, None], d_target[:, None], d)
     if HAS_SOFTCAP:
         d = d * (1.0 - th * th)

@@ -28,6 +28,10 @@ during the model's forward; an lm_head given its own ``fully_shard`` computes th
 own call (its hooks unshard the weight); a tensor-parallel lm_head (ColwiseParallel, a tp_plan)
 holds a vocabulary-sharded DTensor weight, which the kernel takes as it is (distributed.py).
 
+``token_logprobs(model, input_ids, labels, return_entropy=True, temperature=T)`` gives an RL
+trainer the per-token log-probabilities (and entropies) of the labels from the same hidden
+states, without logits (the model need not be patched).
+
 transformers is imported inside the functions: ``own_kernel`` needs only torch and triton.
 """
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from own_kernel.api import linear_cross_entropy
+from own_kernel.api import TokenLogprobs, linear_cross_entropy
 
 
 def _no_transform(model) -> tuple[float, float | None]:
@@ -283,6 +287,55 @@ def _causal_lm_loss(model, hidden: Tensor, labels: Tensor, head: _Head, options:
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+# ---- per-token log-probabilities for RL trainers -----------------------------------------------
+
+def token_logprobs(model, input_ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
+                   *, return_entropy: bool = False, temperature: float = 1.0,
+                   ignore_index: int = -100, low_memory: bool = False, **model_kwargs):
+    """Per-token log p(labels[:, j] | tokens before j) of a supported ``...ForCausalLM``
+    (patched or not), and with ``return_entropy=True`` the entropy of that next-token
+    distribution, without the N x V logits: the base model's hidden states and ``lm_head``
+    through ``own_kernel.token_logprobs``, with the model's logit transform (Gemma's softcap,
+    Cohere's and Granite's scales) and ``temperature`` dividing the transformed logits.
+
+    Shape ``labels.shape``, aligned with labels (entry j scores labels[:, j]); 0 at position 0
+    and wherever labels is ignore_index (e.g. the prompt and padding). Differentiable: e.g.
+    ``-(adv * (logp - old_logp).exp()).mean() - beta * entropy.mean()`` backpropagates into the
+    model in one backward. Returns a tensor, or ``TokenLogprobs(logprobs, entropy)``.
+    ``model_kwargs`` go to the base model (``model.model``)."""
+    cls = _stock_class(model)
+    if not _is_plain_linear(getattr(model, "lm_head", None)):
+        raise ValueError(f"model: lm_head must be a plain torch.nn.Linear; got "
+                         f"{type(getattr(model, 'lm_head', None)).__name__}")
+    if tuple(labels.shape) != tuple(input_ids.shape):
+        raise ValueError(f"labels: shape {tuple(labels.shape)} must equal input_ids' "
+                         f"{tuple(input_ids.shape)}")
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
+                         **model_kwargs).last_hidden_state
+    # Position i predicts labels[:, i + 1] (the last predicts nothing), as ForCausalLMLoss.
+    targets = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:].to(hidden.device)
+    scale, softcap = LOGIT_TRANSFORMS[cls.__name__](model)
+    if scale != 1.0:
+        hidden = hidden * scale
+
+    def per_token(hidden, weight, bias):
+        if scale != 1.0 and bias is not None:
+            bias = bias * scale
+        return linear_cross_entropy(hidden, weight, targets, bias=bias, softcap=softcap,
+                                    ignore_index=ignore_index, reduction="none",
+                                    temperature=temperature, low_memory=low_memory,
+                                    return_entropy=return_entropy)
+
+    out = _through_head(model.lm_head, hidden, per_token)
+
+    def aligned(x):  # entry j scores labels[:, j]: the prediction made at position j - 1
+        return nn.functional.pad(x[..., :-1], (1, 0))
+
+    if return_entropy:
+        return TokenLogprobs(aligned(out.loss.neg()), aligned(out.entropy))
+    return aligned(out.neg())
 
 
 # ---- lm_head under torch.distributed ---------------------------------------------------------

@@ -254,7 +254,7 @@ def combine_shards(shard, t_local: Tensor, call: _Call, checksum: Tensor):
     the module docstring), plus this shard's target logit z_t (0 off the owner; for the
     backward's smoothing term) and whether every rank's targets' checksum agrees (a 0-d bool).
     Two all-reduces."""
-    loss_r, lse_r, pmax_r, nll_r, _ = shard
+    loss_r, lse_r, pmax_r, nll_r = shard[:4]
     n = lse_r.shape[0]
     owner = t_local >= 0
     used = t_local != LOCAL_IGNORE

@@ -253,7 +253,7 @@ def _ignored_rows_case(monkeypatch, ops, config_for, Options, filter_eps, drop):
     loss.backward()  # a second backward reads what the first left (the gathered rows intact)
     assert torch.allclose(e.grad, 2 * first[0], rtol=1e-6) and torch.allclose(c.grad, 2 * first[1], rtol=1e-6)
     # lse of ignored rows, not asked for: +inf, inert in the backward
-    _, lse_rows, p_max, _, _ = ops.lce_rows(e.detach(), c.detach(), t, None,
+    _, lse_rows, p_max, *_ = ops.lce_rows(e.detach(), c.detach(), t, None,
                                             *Options(ignore_index=-100).op_args())
     assert torch.isinf(lse_rows[t == -100]).all() and not p_max[t == -100].any()
     assert torch.allclose(lse_rows[t != -100].double(), torch.logsumexp(z, 1)[t != -100], atol=1e-4)
@@ -816,7 +816,7 @@ def test_custom_ops_pass_opcheck(low_memory):
     args = (e, c, t, None, *options)
     torch.library.opcheck(lce_rows, args, test_utils=("test_schema", "test_faketensor",
                                                        "test_autograd_registration"))
-    loss, lse, p_max, nll, lse_lo = lce_rows(*args)
+    loss, lse, p_max, nll, lse_lo, _ = lce_rows(*args)
     torch.library.opcheck(lce_rows_backward, (e.detach(), c.detach(), t, None, lse, nll, p_max,
                                               lse_lo, torch.ones(9), None, *options),
                           test_utils=("test_schema", "test_faketensor"))
