@@ -13,13 +13,13 @@ point within that memory is slower. Measure with::
         --providers naive,torch_compile,...,own,own_recompute,own_low_memory,own_filter,\\
 own_ws256,...,own_ws8192 --n 8192 --d 2304 --v 256000 --softcap 30 --out results/frontier-<gpu>
 
-then ``python -m suite frontier results/frontier-<gpu>`` (tables; ``--plots DIR`` the figures).
+then ``python -m suite frontier results/frontier-<gpu>`` (the tables; ``python -m suite plots``
+draws one figure per cell of every curated ``frontier-*`` run).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from suite.registry import needs_triton_device, register
 from suite.report.formatting import fmt_err, fmt_mib, fmt_ms, num
@@ -66,7 +66,7 @@ def is_own(provider: str) -> bool:
     return provider.startswith("own") and "portable" not in provider
 
 
-def _points(rows: list[dict]) -> list[Point]:
+def points_of(rows: list[dict]) -> list[Point]:
     out = []
     for r in rows:
         if r["phase"] != PHASE or r["status"] != "ok":
@@ -102,7 +102,7 @@ def verdict(peer: Point, own: list[Point]) -> tuple[str, Point | None]:
     return f"above by {100 * (best.ms / peer.ms - 1):.1f} %", best
 
 
-def _is_exact(provider: str) -> bool:
+def is_exact(provider: str) -> bool:
     from suite import catalog
 
     try:
@@ -111,7 +111,7 @@ def _is_exact(provider: str) -> bool:
         return False
 
 
-def _cell_title(row: dict) -> str:
+def cell_title(row: dict) -> str:
     softcap = "" if row["softcap"] in ("", "None", None) else f", softcap {num(row['softcap']):g}"
     return (f"N {row['n']}, D {row['d']}, V {row['v']}, {row['dtype']}, {row['dist']} inputs"
             f"{softcap}")
@@ -119,8 +119,8 @@ def _cell_title(row: dict) -> str:
 
 def cell_table(rows: list[dict]) -> str:
     """One cell's markdown table: every exact point by memory, own front marked, verdicts."""
-    points = [p for p in _points(rows) if _is_exact(p.provider) or is_own(p.provider)]
-    own = [p for p in points if is_own(p.provider) and _is_exact(p.provider)]
+    points = [p for p in points_of(rows) if is_exact(p.provider) or is_own(p.provider)]
+    own = [p for p in points if is_own(p.provider) and is_exact(p.provider)]
     front = {p.provider for p in own_front(own)}
     lines = ["| provider | peak MiB | loss+grad ms (p20–p80) | dE err | own within its memory "
              "| verdict |", "|---|---|---|---|---|---|"]
@@ -128,7 +128,7 @@ def cell_table(rows: list[dict]) -> str:
         span = f"{fmt_ms(p.ms)} ({fmt_ms(p.p20)}–{fmt_ms(p.p80)})"
         if is_own(p.provider):
             kind = ("own, on the front" if p.provider in front else "own") \
-                if _is_exact(p.provider) else "own, filtered (not exact)"
+                if is_exact(p.provider) else "own, filtered (not exact)"
             lines.append(f"| `{p.provider}` | {fmt_mib(p.mib)} | {span} | {fmt_err(p.de_err)} "
                          f"| {kind} | |")
             continue
@@ -151,53 +151,12 @@ def by_cell(run_dirs) -> dict[str, list[dict]]:
 def report(run_dirs) -> str:
     parts = []
     for cell_id, rows in by_cell(run_dirs).items():
-        parts.append(f"**{_cell_title(rows[0])}** (`{cell_id}`)\n\n{cell_table(rows)}")
+        parts.append(f"**{cell_title(rows[0])}** (`{cell_id}`)\n\n{cell_table(rows)}")
     return "\n\n".join(parts)
-
-
-def plot(rows: list[dict], path: Path) -> Path:
-    """x: peak MiB (log), y: ms; own's front as a line, peers as points, the filter hollow."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from suite.plots import style_of
-
-    points = _points(rows)
-    own = [p for p in points if is_own(p.provider) and _is_exact(p.provider)]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    front = own_front(own)
-    on_front = {p.provider for p in front}
-    ax.plot([p.mib for p in front], [p.ms for p in front], color=VERMILLION, drawstyle="steps-post",
-            label="own kernel, exact (front)")
-    for p in points:
-        exact = _is_exact(p.provider)
-        if not exact and not is_own(p.provider):
-            continue
-        st = style_of(p.provider)
-        ax.errorbar([p.mib], [p.ms], yerr=[[p.ms - p.p20], [p.p80 - p.ms]], color=st["color"],
-                    marker=st["marker"], fillstyle="full" if exact else "none", linestyle="none",
-                    markersize=6, capsize=2)
-        if exact and is_own(p.provider) and p.provider not in on_front:
-            continue  # off the front: drawn, not named (they crowd the front's labels)
-        ax.annotate(p.provider, (p.mib, p.ms), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("peak memory beyond the inputs (MiB)")
-    ax.set_ylabel(f"{PHASE} time (ms, median; bars p20–p80)")
-    ax.set_title(_cell_title(rows[0]), fontsize=8)
-    ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("results", nargs="+", help="run folders of a frontier sweep")
-    parser.add_argument("--plots", metavar="DIR", help="also draw one figure per cell into DIR")
 
 
 def main(args) -> int:
@@ -206,7 +165,4 @@ def main(args) -> int:
         print(f"no {PHASE} rows in {', '.join(args.results)}")
         return 2
     print(report(args.results))
-    if args.plots:
-        for cell_id, rows in cells.items():
-            print(plot(rows, Path(args.plots) / f"frontier_{cell_id}.png"))
     return 0
