@@ -83,16 +83,21 @@ OKABE_ITO = {
 }
 
 
-def _registered_styles() -> dict:
+def _built_in_providers():
+    """The providers of suite/providers/, whatever plugin (suite.frontier's budget sweep, a
+    user's --plugin) was imported first: the figures' fixed styles and the manifest's generator
+    hash must not depend on import order (style_of still finds a plugin's style live)."""
     from suite import catalog
 
-    return {p.name: dict(p.style) for p in catalog.in_figure_order()}
+    return [p for p in catalog.in_figure_order() if p.fn.__module__.startswith("suite.providers.")]
+
+
+def _registered_styles() -> dict:
+    return {p.name: dict(p.style) for p in _built_in_providers()}
 
 
 def _registered_labels() -> dict:
-    from suite import catalog
-
-    return {p.name: p.label for p in catalog.in_figure_order()}
+    return {p.name: p.label for p in _built_in_providers()}
 
 
 PROVIDER_STYLE = _registered_styles()  # in the registry's figure order
