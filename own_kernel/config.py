@@ -330,7 +330,8 @@ INTERPRETER = Config(
 
 def with_overrides(cfg: Config, overrides: dict) -> Config:
     """cfg with fields replaced from a nested dict of field names ({"forward": {"tma": False}});
-    an unknown name raises, naming it."""
+    an unknown name raises, naming it. A Config's name gains the overrides, so that the name
+    tells configs apart (ops.config_key carries it from a forward to its backward)."""
     changes = {}
     for name, value in overrides.items():
         if not any(f.name == name for f in dataclasses.fields(cfg)):
@@ -341,6 +342,8 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
             value = with_overrides(current, value)
         changes[name] = value
+    if isinstance(cfg, Config) and "name" not in overrides:
+        changes["name"] = f"{cfg.name}+{json.dumps(overrides, sort_keys=True, default=repr)}"
     return dataclasses.replace(cfg, **changes)
 
 

@@ -120,15 +120,16 @@ def refuse_create_graph() -> None:
 
 # ---- the forward's config, carried to the backward ------------------------------------------
 # The custom ops' schema takes scalars and strings, not a Config: the forward's config travels
-# as a key of this table (the configs in force so far: a few frozen values), so the backward
-# op runs with the forward's config whatever override is in force when it runs.
+# as its name, a key of this table (the configs in force so far: a few frozen values), so the
+# backward op runs with the forward's config whatever override is in force when it runs. The
+# name says the target and its overrides (config.with_overrides), so no hash() is needed
+# (dynamo on torch 2.11 cannot trace hash() of a dataclass).
 _CONFIGS: dict[str, Config] = {}
 
 
 def config_key(cfg: Config) -> str:
-    key = f"{cfg.name}:{hash(cfg) & 0xFFFFFFFF:08x}"
-    _CONFIGS.setdefault(key, cfg)
-    return key
+    _CONFIGS.setdefault(cfg.name, cfg)
+    return cfg.name
 
 
 def config_of(key: str, e: Tensor) -> Config:

@@ -486,7 +486,7 @@ def test_the_custom_ops_schema_fake_and_autograd_with_the_entropy():
     assert ent.shape == (9,) and (ent[t == -100] == 0).all()
     assert lce_rows(e, c, t, None, *Options().op_args())[5].numel() == 0  # not asked for
     torch.library.opcheck(lce_rows_backward,
-                          (e.detach(), c, t, None, lse, nll, p_max, lse_lo, torch.ones(9), None,
+                          (e.detach(), c, t, None, lse, nll, p_max, lse_lo, torch.ones(9, device=DEVICE), None,
                            *options),
-                          {"ent": ent.detach(), "grad_ent": torch.ones(9)},
+                          {"ent": ent.detach(), "grad_ent": torch.ones(9, device=DEVICE)},
                           test_utils=("test_schema", "test_faketensor"))

@@ -150,6 +150,16 @@ def test_an_unused_budget_is_reported_by_plan():
     assert p.path == "recompute" and p.note.startswith("workspace_mib=512 unused")
 
 
+# Which launcher writes W shows the backward's config only where the plan has chunks outside the
+# tail: on the interpreter's config at these sizes. On a GPU's targets every chunk of so small a
+# call is a tail chunk, written by the pointer kernel whatever chunks.recompute says (seen on an
+# H200: ['pointer', 'pointer'] under both configs), so the writer cannot tell the configs apart.
+_WRITER_SHOWS_CONFIG = pytest.mark.skipif(
+    DEV.type == "cuda", reason="at this size a GPU target writes every chunk with the pointer "
+    "kernel (tail chunks) under either config: the writer does not show which config ran")
+
+
+@_WRITER_SHOWS_CONFIG
 def test_vocab_parallels_backward_keeps_the_forwards_config(monkeypatch):
     """The vocab-parallel entry's backward used to resolve its config when it ran: with the
     forward's override ended, it took another route. One process (world 1, gloo)."""
@@ -172,6 +182,7 @@ def test_vocab_parallels_backward_keeps_the_forwards_config(monkeypatch):
         dist.destroy_process_group()
 
 
+@_WRITER_SHOWS_CONFIG
 def test_the_compiled_backward_keeps_the_forwards_config(monkeypatch):
     from tests.test_own_kernel import _spy_w_writers
 
