@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -23,6 +22,8 @@ if not torch.cuda.is_available():  # before anything imports triton, here and in
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
+from tests.test_vocab_parallel import _free_port  # noqa: E402
 
 from own_kernel import linear_cross_entropy  # noqa: E402
 
@@ -251,12 +252,6 @@ def _worker(rank, world, port, out_dir):
             json.dump(res, f)
     finally:
         dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
