@@ -42,10 +42,13 @@ def _at_budget(mib: int):
     return provider
 
 
-for _mib in BUDGETS_MIB:
+# One marker per budget: no two providers may look alike in a figure (tests/test_providers.py).
+_MARKERS = ("1", "2", "3", "4", "+", "x", "|", "_")
+for _mib, _marker in zip(BUDGETS_MIB, _MARKERS, strict=True):
     register(f"own_ws{_mib}", summary=f"own Triton CCE, exact, workspace_mib={_mib}",
              features=("bias", "softcap"), requires=needs_triton_device,
-             style=dict(color=VERMILLION, marker=".", linestyle="-"), order=90)(_at_budget(_mib))
+             style=dict(color=VERMILLION, marker=_marker, linestyle="-"),
+             order=90)(_at_budget(_mib))
 
 
 @dataclass(frozen=True)
