@@ -33,7 +33,8 @@ PROOF=ok
 {
     echo "# Gate proof on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
     echo
-    echo "$(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    # CCE_BENCH_COMMIT wins, as in the suite's env.json: a GPU copy's .git may be older than its files
+    echo "$(date -u +%FT%TZ), commit ${CCE_BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     echo
     echo "| step | command | exit | expected | verdict | s |"
     echo "|---|---|---|---|---|---|"
