@@ -245,8 +245,9 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     ``shift=k`` pairs position i with ``targets[..., i + k]`` (sequence dim = e's dim -2) without
     copying e; ``reduction="none"`` then returns shape ``(..., T - k)``. A mean over targets that
     are all ignore_index is NaN, as in torch. Any tensor layout is accepted. The loss is bitwise
-    reproducible; the gradients are under ``torch.use_deterministic_algorithms(True)``. ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every
-    entry is below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
+    reproducible; the gradients are under ``torch.use_deterministic_algorithms(True)``.
+    ``filter_eps`` (None = exact, float or "auto") skips gradient tiles whose every entry is
+    below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
     (AUTO_FLAT_P_MAX). ``return_lse=True`` also returns the per-token log-sum-exp.
     ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
     gradients' size, at the cost of a second recompute of the logits (backward_low_memory.py);
@@ -286,12 +287,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
                     low_memory, temperature, return_entropy)
     lead = targets.shape
-    if shift:
-        # Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing
-        # (and the first `shift` targets are never used, so they are not checked either).
-        shifted = torch.full_like(targets, ignore_index)
-        shifted[..., :-shift] = targets[..., shift:]
-        targets = shifted
+    targets = _shifted(targets, shift, ignore_index)
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
     r = _route_of(_call(e2, c, bias, opts, reduction, workspace_mib, vocab_parallel,
                         _needs_grad(e2, c, bias)), e2.device)
@@ -309,7 +305,22 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     else:
         loss_rows, lse, ent_rows = _eager_rows(e2, c, t2, bias, opts, r.cfg, check)
     raise_on_bad_targets(check, targets, v_total, ignore_index)
+    return _outputs(loss_rows, lse if return_lse else None, ent_rows if return_entropy else None,
+                    lead, shift, reduction, count)
 
+
+def _shifted(targets: Tensor, shift: int, ignore_index: int) -> Tensor:
+    """Position i predicts targets[..., i + shift]; the last `shift` positions predict nothing
+    (and the first `shift` targets are never used, so they are not checked either)."""
+    if not shift:
+        return targets
+    shifted = torch.full_like(targets, ignore_index)
+    shifted[..., :-shift] = targets[..., shift:]
+    return shifted
+
+
+def _outputs(loss_rows, lse, ent_rows, lead, shift: int, reduction: str, count):
+    """The call's return value from its per-row results (lse / ent_rows None: not asked for)."""
     def reduced(rows):
         # A sum over every row (the last `shift` positions are ignored, their loss 0): its
         # gradient reaches the backward as one expanded value: the rows weigh alike.
@@ -317,13 +328,13 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
             return rows.view(lead)[..., :-shift] if shift else rows.view(lead)
         return rows.sum() if reduction == "sum" else rows.sum() / count
 
-    if return_lse:
+    if lse is not None:
         lse = lse.view(lead)[..., :-shift] if shift else lse.view(lead)
     loss = reduced(loss_rows)
-    if return_entropy:
+    if ent_rows is not None:
         entropy = reduced(ent_rows)
-        return LossEntropyLse(loss, entropy, lse) if return_lse else LossEntropy(loss, entropy)
-    return (loss, lse) if return_lse else loss
+        return LossEntropyLse(loss, entropy, lse) if lse is not None else LossEntropy(loss, entropy)
+    return (loss, lse) if lse is not None else loss
 
 
 def token_logprobs(e: Tensor, c: Tensor, targets: Tensor, *, return_entropy: bool = False,
