@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel.autotune import time_launch
-
 from suite.kernel.common import require_cuda
 
 # route name -> (keyword arguments, config overrides)
