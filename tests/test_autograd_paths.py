@@ -125,9 +125,12 @@ def check_sequence(problem, opts, reduction, steps, accumulate, dtype, tol, comp
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+# One test per path (xdist spreads them; on a GPU each example compiles kernels for its
+# specialisations, so one test over every path outlived any per-test timeout).
+@pytest.mark.parametrize("path", sorted(PATHS))
+@settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.sampled_from(sorted(PATHS)), reduction=st.sampled_from(["mean", "sum", "none"]),
+@given(reduction=st.sampled_from(["mean", "sum", "none"]),
        dtype=st.sampled_from(DTYPES), n=st.integers(1, 24), d=st.sampled_from([8, 16, 32]),
        v=st.integers(2, 80), steps=st.integers(1, 3), accumulate=st.booleans(),
        tie=st.booleans(), has_bias=st.booleans(), ignored=st.booleans(),
