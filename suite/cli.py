@@ -92,6 +92,20 @@ def fraction_list(text: str) -> list[float]:
     return out
 
 
+def entropy_list(text: str) -> list[float]:
+    out = []
+    for t in _split(text):
+        try:
+            value = float(t)
+        except ValueError:
+            value = -1.0
+        if not value > 0.0:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated entropies in nats above 0 (e.g. 2.2,3), got {t!r}")
+        out.append(value)
+    return out
+
+
 def nonneg_int(text: str) -> int:
     if not re.fullmatch(r"\d+", text.strip()):
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
@@ -129,6 +143,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="give the classifier a bias (--no-bias: none; default: the preset's)")
     p.add_argument("--seed", type=int_list, help="input seeds (default 0)")
+    p.add_argument("--lm-entropy", type=entropy_list,
+                   help="mean softmax entropy (nats) of --dist lm's inputs (default 2.2)")
     p.add_argument("--phases", type=choice_list(("fwd", "loss", "grad", "loss+grad")),
                    help="phases to measure (default: fwd,loss,grad,loss+grad)")
     p.add_argument("--reps", type=positive_int, help="timed repetitions (default 10 on GPU, 3 on CPU)")
@@ -294,7 +310,8 @@ def cmd_bench(args, parser) -> int:
 
     overrides = dict(n=args.n, d=args.d, v=args.v, dtype=args.dtype, dist=args.dist,
                      softcap=args.softcap, ignore_frac=args.ignore_frac,
-                     bias=None if args.bias is None else [args.bias], seed=args.seed)
+                     bias=None if args.bias is None else [args.bias], seed=args.seed,
+                     lm_entropy=args.lm_entropy)
     try:
         cells = runner.preset_cells(preset, file=args.file, **overrides)
     except ValueError as err:

@@ -25,6 +25,7 @@ ZIPF_EXPONENT = 1.1
 ALPHA = 4.0         # length of the shared hidden direction in E
 C_OFFSET = 2.0      # common component of every classifier row along that direction
 SIGMA = 0.5         # per-row noise in E
+LM_ENTROPY = 2.2    # default mean softmax entropy (nats) of the lm generator
 CALIB_ROWS = 1024   # rows used to calibrate beta: per-row entropy has std ~1.5 nats, so the
                     # sample mean is within ~0.05 nats of the full set's
 ROW_CHUNK_ELEMS = 1 << 28  # at most this many logits (fp32: 1 GiB) materialised at a time
@@ -50,7 +51,7 @@ def entropy_of(logits: torch.Tensor) -> torch.Tensor:
 def make_inputs(dist: str, n: int, d: int, v: int, dtype, *, seed: int, device="cpu",
                 softcap: float | None = None, ignore_frac: float = 0.0, bias: bool = False,
                 ignore_index: int = -100, path: str | Path | None = None,
-                target_entropy: float = 2.2) -> dict:
+                target_entropy: float = LM_ENTROPY) -> dict:
     """Return ``dict(e, c, targets, bias)`` on ``device``; ``bias`` is None unless asked for.
 
     For ``file``, ``n``, ``d``, ``v`` may be None (taken from the file); when given they must

@@ -30,7 +30,7 @@ import torch
 
 from suite import catalog, presets, registry
 from suite.isolate import Worker, serve
-from suite.inputs import make_inputs
+from suite.inputs import LM_ENTROPY, make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
 from suite.reference import reference
 from suite.results import ResultsWriter, done_pairs, environment, read_rows
@@ -52,12 +52,15 @@ class Cell:
     bias: bool = False
     seed: int = 0
     file: str | None = None
+    lm_entropy: float = LM_ENTROPY  # the lm generator's mean softmax entropy (nats)
 
     @property
     def cell_id(self) -> str:
         dist = self.dist if self.file is None else f"file:{Path(self.file).stem}"
         sc = "none" if self.softcap is None else f"{self.softcap:g}"
-        return (f"{dist}-n{self.n}-d{self.d}-v{self.v}-{self.dtype}-sc{sc}"
+        # the entropy only where it is not the default: earlier runs' ids stay valid
+        h = f"-h{self.lm_entropy:g}" if self.dist == "lm" and self.lm_entropy != LM_ENTROPY else ""
+        return (f"{dist}{h}-n{self.n}-d{self.d}-v{self.v}-{self.dtype}-sc{sc}"
                 f"-ig{self.ignore_frac:g}-b{int(self.bias)}-s{self.seed}")
 
     def fields(self) -> dict:
@@ -67,7 +70,7 @@ class Cell:
 
 
 # Each preset is a list of axis products; command-line axes replace the preset's.
-AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed")
+AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed", "lm_entropy")
 GRID_V = [20000, 32000, 50257, 128256, 151936, 256000]
 SLICE_V = [32000, 128256, 256000]
 PRESETS = {
@@ -98,7 +101,8 @@ PRESETS = {
         dict(dist=["uniform", "lm"], n=[2048], d=[2304], v=SLICE_V, dtype=["fp32"]),
     ],
 }
-DEFAULTS = dict(softcap=[None], ignore_frac=[0.0], bias=[False], seed=[0])
+DEFAULTS = dict(softcap=[None], ignore_frac=[0.0], bias=[False], seed=[0],
+                lm_entropy=[LM_ENTROPY])
 
 
 def preset_cells(preset: str, file: str | None = None, **overrides) -> list[Cell]:
@@ -171,7 +175,7 @@ def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer,
     try:
         inputs = make_inputs(cell.dist, cell.n, cell.d, cell.v, cell.dtype, seed=cell.seed,
                              device=device, softcap=cell.softcap, ignore_frac=cell.ignore_frac,
-                             bias=cell.bias, path=cell.file)
+                             bias=cell.bias, path=cell.file, target_entropy=cell.lm_entropy)
         stage = "reference"
         ref = reference(inputs["e"], inputs["c"], inputs["targets"], bias=inputs["bias"],
                         softcap=cell.softcap)

@@ -294,7 +294,7 @@ def _shard_and_reference(cell: Cell, device, start: int, stop: int):
     dbias cut alike); the whole C is freed once the reference has it."""
     inputs = make_inputs(cell.dist, cell.n, cell.d, cell.v, cell.dtype, seed=cell.seed,
                          device=device, softcap=cell.softcap, ignore_frac=cell.ignore_frac,
-                         bias=cell.bias, path=cell.file)
+                         bias=cell.bias, path=cell.file, target_entropy=cell.lm_entropy)
     ref = reference(inputs["e"], inputs["c"], inputs["targets"], bias=inputs["bias"],
                     softcap=cell.softcap)
     def cut(t):  # the rows [start, stop) as their own tensor; host copies stay pinned

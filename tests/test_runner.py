@@ -153,6 +153,25 @@ def test_preset_cells_and_overrides():
         runner.preset_cells("smoke", vocab=[5])
 
 
+def test_the_lm_entropy_axis_names_its_cells_and_reaches_the_inputs(tmp_path):
+    """--lm-entropy: a cell whose lm inputs have another mean entropy is another cell (its id
+    says so; the default's id is unchanged), and the run's inputs have that entropy."""
+    default, hot = runner.preset_cells("smoke", lm_entropy=[2.2, 3.0])
+    assert default.cell_id == runner.preset_cells("smoke")[0].cell_id
+    assert hot.cell_id.startswith("lm-h3-") and hot.lm_entropy == 3.0
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--preset", "smoke-sweep",
+           "--dist", "lm", "--n", "512", "--v", "300", "--lm-entropy", "3", "--providers", "naive",
+           "--phases", "loss", "--quiet", "--out", str(out)]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rows = read_rows(out)
+    assert rows and all(r["cell_id"].startswith("lm-h3-") for r in rows)
+    assert abs(float(rows[0]["entropy"]) - 3.0) < 0.15  # calibrated on 512 rows, std ~1.5/sqrt
+    bad = subprocess.run(cmd[:-2] + ["--lm-entropy", "0", "--out", str(out)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "--lm-entropy" in bad.stderr
+
+
 def test_isolate_records_a_crashing_provider_and_goes_on(tmp_path):
     """A provider that kills its process (as a segfault would) is recorded as ``crashed``;
     the providers after it in the same cell are still measured by a fresh child."""
