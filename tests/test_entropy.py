@@ -446,7 +446,8 @@ def test_hf_token_logprobs_match_the_models_logits(arch):
 
 # ---- the GPU measuring tool's CPU-checkable part ------------------------------------------------
 
-def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
+def _run_rl_tool(tmp_path, *extra):
+    """The rl tool at a tiny shape on DEVICE; its rows by method."""
     import argparse
     import csv
 
@@ -455,13 +456,27 @@ def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
     ap = argparse.ArgumentParser()
     rl.add_arguments(ap)
     args = ap.parse_args(["--out", str(tmp_path), "--device", DEVICE, "--models", "llama3-8b",
-                          "--n", "12", "--d", "16", "--v", "48", "--reps", "1",
-                          "--check-rows", "6", "--no-compiled"])
+                          "--n", "12", "--d", "16", "--v", "48", "--check-rows", "6",
+                          "--no-compiled", *extra])
     assert rl.main(args) == 0
     rows = list(csv.DictReader(open(tmp_path / "rl.csv")))
-    assert [r["method"] for r in rows] == ["own_loss_grad", "own_logp_entropy", "naive"]
-    assert all(r["status"] == "ok" for r in rows)
-    by = {r["method"]: r for r in rows}
+    return {r["method"]: r for r in rows}, [r["method"] for r in rows]
+
+
+def _liger_installed():
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
+    from suite.kernel import rl
+
+    by, order = _run_rl_tool(tmp_path, "--reps", "1")
+    assert order == ["own_loss_grad", "own_logp_entropy", "naive", "liger_flce_logp",
+                     "liger_grpo"]
+    own_rows = ("own_loss_grad", "own_logp_entropy", "naive")
+    assert all(by[m]["status"] == "ok" for m in own_rows)
     # fp32 on the CPU (bf16 on CUDA): within twice naive same-dtype's error of fp64, plus a
     # few fp32 roundings of the logits' size
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -470,6 +485,73 @@ def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
     for col in ("logp_max_abs_err", "entropy_max_abs_err"):
         assert float(by["own_logp_entropy"][col]) <= 2 * float(by["naive"][col]) + floor, col
     assert (tmp_path / "env.json").exists()
+
+
+def test_the_rl_tool_records_the_p20_p80_range_of_each_method(tmp_path):
+    import argparse
+
+    from suite.kernel import rl
+
+    ap = argparse.ArgumentParser()
+    rl.add_arguments(ap)
+    assert ap.parse_args(["--out", "x"]).reps == 7  # enough calls for p20 and p80 to differ
+    by, _ = _run_rl_tool(tmp_path, "--reps", "3", "--methods", "own_loss_grad,naive")
+    for method, row in by.items():
+        assert row["status"] == "ok" and row["reps"] == "3", method
+        p20, med, p80, fastest = (float(row[k]) for k in ("ms_p20", "ms_median", "ms_p80",
+                                                          "ms_min"))
+        assert 0 < fastest <= p20 <= med <= p80, (method, row)
+
+
+def test_the_rl_tool_liger_rows_say_what_they_measure(tmp_path):
+    # Liger's fused linear CE is Triton: it runs on CUDA and, under TRITON_INTERPRET=1, on the
+    # CPU; its GRPO head is torch. Neither exposes an entropy, and the GRPO head no logp either.
+    by, _ = _run_rl_tool(tmp_path, "--reps", "1", "--methods", "naive,liger_flce_logp,liger_grpo")
+    if not _liger_installed():
+        for m in ("liger_flce_logp", "liger_grpo"):
+            assert by[m]["status"] == "not installed" and "pip install" in by[m]["note"]
+        return
+    flce, grpo = by["liger_flce_logp"], by["liger_grpo"]
+    assert flce["status"] == "ok" and grpo["status"] == "ok", (flce["note"], grpo["note"])
+    assert float(flce["logp_max_abs_err"]) <= 2 * float(by["naive"]["logp_max_abs_err"]) + 1e-4
+    assert flce["entropy_max_abs_err"] == "nan" and "no entropy" in flce["note"]
+    assert grpo["logp_max_abs_err"] == "nan" and grpo["entropy_max_abs_err"] == "nan"
+    assert "GRPO" in grpo["note"] and float(grpo["ms_median"]) > 0
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's reason: Triton needs the interpreter")
+def test_the_rl_tool_liger_flce_row_says_why_it_cannot_run_on_the_cpu(tmp_path, monkeypatch):
+    if not _liger_installed():
+        pytest.skip("liger-kernel is not installed (the row's status then says so)")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    by, _ = _run_rl_tool(tmp_path, "--reps", "1", "--methods", "liger_flce_logp,liger_grpo")
+    row = by["liger_flce_logp"]
+    assert row["status"] == "unsupported" and "TRITON_INTERPRET=1" in row["note"]
+    assert row["ms_median"] == "nan" and row["logp_max_abs_err"] == "nan"
+    assert by["liger_grpo"]["status"] == "ok"  # torch only: no Triton kernel
+
+
+def test_the_rl_tool_liger_rows_say_when_liger_is_missing(tmp_path, monkeypatch):
+    from suite.kernel import rl
+
+    monkeypatch.setattr(rl, "LIGER_MODULE", "liger_kernel_not_here")
+    by, order = _run_rl_tool(tmp_path, "--reps", "1", "--methods", "liger_flce_logp,liger_grpo")
+    assert order == ["liger_flce_logp", "liger_grpo"]
+    for row in by.values():
+        assert row["status"] == "not installed" and "pip install liger-kernel" in row["note"]
+        assert row["ms_p20"] == "nan" and row["ms_p80"] == "nan"
+
+
+def test_grpo_extras_split_the_tokens_into_whole_sequences():
+    from suite.kernel import rl
+
+    e, c, t, _, _ = rl.make_call_inputs(12, 16, 48, torch.float32, DEVICE)
+    batch, seq_len, advantages, ref = rl.grpo_extras(e, c, t)
+    assert (batch, seq_len) == (3, 4) and advantages.shape == (3,) and ref.shape == (3, 4)
+    logp = torch.log_softmax(e.double() @ c.double().T, -1).gather(1, t[:, None]).squeeze(1)
+    assert (ref.flatten().double() - logp).abs().max() < 0.1  # near the policy: small KL
+    again = rl.grpo_extras(e, c, t)
+    assert torch.equal(again[2], advantages) and torch.equal(again[3], ref)  # seeded
 
 
 def test_the_custom_ops_schema_fake_and_autograd_with_the_entropy():
