@@ -31,7 +31,8 @@ max_memory_allocated over the whole run (model, optimizer states, steps).
 
 Host synchronisations: the last warm-up step runs under ``torch.cuda.set_sync_debug_mode("warn")``
 with ``torch.cuda.Event.synchronize`` counted too (HostSyncCounter): ``host_syncs_per_step``
-(the most of any rank) and ``host_sync_sites`` (where). Under FSDP2 the host must run ahead of
+(the most of any rank), ``host_sync_wait_ms`` (the host's time blocked in those Event waits)
+and ``host_sync_sites`` (where). Under FSDP2 the host must run ahead of
 the GPU to queue the backward's all-gathers and reduce-scatters; a wait at the loss stops it.
 
 ``--max-batch CAP``: after each configuration, its per-rank batch doubled in fresh worlds of
@@ -76,7 +77,8 @@ RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error"
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
                  "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
-                 "final_rel_diff", "verdict", "host_syncs_per_step", "host_sync_sites",
+                 "final_rel_diff", "verdict", "host_syncs_per_step", "host_sync_wait_ms",
+                 "host_sync_sites",
                  "largest_batch_per_rank", "largest_batch_ms", "largest_batch_tokens_per_s",
                  "max_batch_stop", "device", "run_id"]
 NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
@@ -196,7 +198,9 @@ class HostSyncCounter:
     ``torch.cuda.Event.synchronize``, which that mode does not see (own_kernel's HostScalar
     reads wait on one). Under FSDP2 such a wait at the loss stops the host from running ahead
     to queue the backward's all-gathers and reduce-scatters. ``sites``: where they were
-    called (file:line of the first frames outside torch), at most ``MAX_SITES``."""
+    called (file:line of the first frames outside torch), at most ``MAX_SITES``.
+    ``event_wait_ms``: the host's time blocked in those Event waits (a wait on work already
+    done costs ~0: a count alone does not tell a harmless read from a stall)."""
 
     MAX_SITES = 6
 
@@ -205,6 +209,7 @@ class HostSyncCounter:
         self.event_cls = event_cls if event_cls is not None else (
             torch.cuda.Event if cuda else None)
         self.count = 0
+        self.event_wait_ms = 0.0
         self.sites: list[str] = []
 
     def _add(self, site: str) -> None:
@@ -223,7 +228,11 @@ class HostSyncCounter:
 
             def synchronize(event, *args, **kwargs):
                 self._add(_caller_sites(traceback.extract_stack()[:-1]))
-                return original(event, *args, **kwargs)
+                t0 = time.perf_counter()
+                try:
+                    return original(event, *args, **kwargs)
+                finally:
+                    self.event_wait_ms += (time.perf_counter() - t0) * 1e3
             self.event_cls.synchronize = synchronize
         return self
 
@@ -297,7 +306,7 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
             whole /= cfg.world
         losses.append(float(whole))
     return {"losses": losses, "ms": times, "host_syncs": syncs.count,
-            "host_sync_sites": syncs.sites}
+            "host_sync_wait_ms": syncs.event_wait_ms, "host_sync_sites": syncs.sites}
 
 
 def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[dict]:
@@ -509,6 +518,7 @@ def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
                peak_mib_per_rank=";".join(f"{p:.0f}" for p in peaks) if None not in peaks else "",
                final_loss=statistics.fmean(first["losses"][-10:]),
                host_syncs_per_step=max(r.get("host_syncs", 0) for r in ranks),
+               host_sync_wait_ms=max(r.get("host_sync_wait_ms", 0.0) for r in ranks),
                host_sync_sites=";".join(first.get("host_sync_sites", [])))
     return row
 
