@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from own_kernel.check_targets import check_and_count_targets, raise_on_bad_targets
+from own_kernel.check_targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
 from own_kernel.config import Config, config_for, forced_target
 from own_kernel.distributed import accepts_dtensors, is_plain
 from own_kernel.fused import FusedLce
@@ -237,7 +237,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                          filter_eps: float | str | None = None, return_lse: bool = False,
                          low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
                          workspace_mib: int | None = None, temperature: float = 1.0,
-                         return_entropy: bool = False):
+                         return_entropy: bool = False,
+                         targets_check: TargetsCheck | None = None):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
     Same value and gradients as ``F.cross_entropy(softcap(e @ c.T + bias).float(), targets,
@@ -291,8 +292,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
     r = _route_of(_call(e2, c, bias, opts, reduction, workspace_mib, vocab_parallel,
                         _needs_grad(e2, c, bias)), e2.device)
-    check, count = check_and_count_targets(t2, v_total, ignore_index,
-                                           split=r.fused.rows if r.fused else 0)
+    check, count = queued_or_new_check(targets_check, t2, v_total, ignore_index,
+                                       split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
         return FusedLce.apply(e2, c, t2, bias, opts, r.cfg, r.fused, check, reduction == "mean")
     c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies

@@ -42,9 +42,12 @@ import types
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
-from own_kernel.api import TokenLogprobs, linear_cross_entropy
+from own_kernel.api import TokenLogprobs, linear_cross_entropy, plan
+from own_kernel.check_targets import TargetsCheck, queue_targets_check
+from own_kernel.distributed import is_plain
 
 
 def _no_transform(model) -> tuple[float, float | None]:
@@ -244,9 +247,13 @@ def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: 
     return_dict = kwargs.pop("return_dict", None)
     if return_dict is None:
         return_dict = getattr(model.config, "return_dict", True)
+    # The targets and their check first: queued before the trunk, the check is long done when
+    # the loss reads it (a read right after the trunk would wait for the whole forward).
+    targets, check = _targets_and_check(model, labels, head, options, **kwargs)
     # The stock forward passes its **kwargs to both the base model and the loss; so do we.
     outputs = model.model(**base_inputs, **kwargs)
-    loss = _causal_lm_loss(model, outputs.last_hidden_state, labels, head, options, **kwargs)
+    loss = _causal_lm_loss(model, outputs.last_hidden_state, targets, check, head, options,
+                           **kwargs)
     result = head.output_class(loss=loss, logits=None, hidden_states=outputs.hidden_states,
                                attentions=outputs.attentions,
                                **{cache_name: getattr(outputs, cache_name)})
@@ -260,15 +267,44 @@ def _check_stock_loss(model, head: _Head) -> None:
                          f"to use it")
 
 
-def _causal_lm_loss(model, hidden: Tensor, labels: Tensor, head: _Head, options: PatchOptions, *,
-                    num_items_in_batch=None, ignore_index: int = -100,
-                    shift_labels: Tensor | None = None, **_unused) -> Tensor:
-    """ForCausalLMLoss(logits=transform(lm_head(hidden)), labels, ...) without the logits."""
-    _check_stock_loss(model, head)
+def _targets_and_check(model, labels: Tensor, head: _Head, options: PatchOptions, *,
+                       num_items_in_batch=None, ignore_index: int = -100,
+                       shift_labels: Tensor | None = None,
+                       **_unused) -> tuple[Tensor, TargetsCheck | None]:
+    """The loss's targets (contiguous int64, where lm_head's weight is) and, where lm_head's
+    weight is a plain tensor, their check queued now with the split the kernel's call will use
+    (own_kernel.plan at the hidden states' shape and dtype, as the trunk will return them; a
+    call that turns out otherwise checks anew)."""
     if shift_labels is None:
         # As ForCausalLMLoss: position i predicts labels[i + 1]; the last predicts nothing.
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    targets = shift_labels.to(hidden.device)
+    weight, bias = model.lm_head.weight, model.lm_head.bias
+    targets = shift_labels.to(weight.device)
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        return targets, None  # the call refuses them, naming their dtype
+    targets = targets.to(torch.int64).contiguous()  # the kernels' layout: no copy in the call
+    if not (is_plain(weight) and is_plain(bias)) or torch.compiler.is_compiling():
+        return targets, None  # a sharded head (DTensor): its call checks its own targets
+    hidden = torch.empty((), dtype=weight.dtype, device=weight.device).expand(
+        *targets.shape, weight.shape[1])
+    try:
+        route = plan(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
+                     softcap=head.logit_transform(model)[1],
+                     reduction="mean" if num_items_in_batch is None else "sum",
+                     filter_eps=options.filter_eps, low_memory=options.low_memory)
+    except (TypeError, ValueError):
+        return targets, None  # the call itself raises, naming what is wrong
+    split = route.chunk_size if route.path == "three-matmul" else 0
+    return targets, queue_targets_check(targets, weight.shape[0], ignore_index, split)
+
+
+def _causal_lm_loss(model, hidden: Tensor, targets: Tensor, targets_check: TargetsCheck | None,
+                    head: _Head, options: PatchOptions, *, num_items_in_batch=None,
+                    ignore_index: int = -100, **_unused) -> Tensor:
+    """ForCausalLMLoss(logits=transform(lm_head(hidden)), labels, ...) without the logits;
+    ``targets``: the labels shifted (_targets_and_check)."""
+    _check_stock_loss(model, head)
+    targets = targets.to(hidden.device)
     scale, softcap = head.logit_transform(model)
     if scale != 1.0:
         hidden = hidden * scale
@@ -279,7 +315,8 @@ def _causal_lm_loss(model, hidden: Tensor, labels: Tensor, head: _Head, options:
             bias = bias * scale
         return linear_cross_entropy(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
                                     softcap=softcap, reduction=reduction,
-                                    filter_eps=options.filter_eps, low_memory=options.low_memory)
+                                    filter_eps=options.filter_eps, low_memory=options.low_memory,
+                                    targets_check=targets_check)
 
     loss = _through_head(model.lm_head, hidden, loss_of)
     if num_items_in_batch is not None:

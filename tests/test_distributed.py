@@ -362,6 +362,109 @@ def test_two_rank_training_equals_the_single_rank_run_of_the_same_global_batch(t
     assert (out / "env.json").exists() and (out / "nccl_allreduce.csv").exists()
 
 
+def _fake_trials(oom_from: int | None = None, error_at: int | None = None):
+    """A try_batch that runs out of memory from batch ``oom_from`` on (or fails at
+    ``error_at``), else runs at 10 ms per sequence; and the batches it was asked for."""
+    from suite.train.distributed import BatchTrial
+    asked = []
+
+    def attempt(batch):
+        asked.append(batch)
+        if oom_from is not None and batch >= oom_from:
+            return BatchTrial(batch, "oom", "oom: CUDA out of memory")
+        if batch == error_at:
+            return BatchTrial(batch, "error", "NCCL timeout")
+        return BatchTrial(batch, "ok", ms=10.0 * batch)
+    return attempt, asked
+
+
+@pytest.mark.parametrize("start, cap, oom_from, error_at, want_asked, largest, ms, stop", [
+    (2, 64, 16, None, [4, 8, 16], 8, 80.0, "oom@16"),     # OOM ends it: the last that ran
+    (2, 8, None, None, [4, 8], 8, 80.0, "cap"),           # the cap is tried, never passed
+    (3, 20, None, None, [6, 12], 12, 120.0, "cap"),       # doubling from the configured batch
+    (2, 64, 4, None, [4], 2, None, "oom@4"),              # none larger: the configured batch
+    (2, 64, None, 8, [4, 8], 4, 40.0, "error@8"),         # any failure ends it too
+    (4, 6, None, None, [], 4, None, "cap"),               # nothing to try under the cap
+])
+def test_largest_batch_search_doubles_until_oom_or_the_cap(start, cap, oom_from, error_at,
+                                                           want_asked, largest, ms, stop):
+    from suite.train.distributed import search_largest_batch
+    attempt, asked = _fake_trials(oom_from, error_at)
+    found = search_largest_batch(start, cap, 1e9, attempt)
+    assert asked == want_asked
+    assert (found.largest, found.ms, found.stop) == (largest, ms, stop)
+    assert [t.batch for t in found.trials] == want_asked
+
+
+def test_largest_batch_search_stops_starting_trials_once_its_budget_is_spent():
+    from suite.train.distributed import search_largest_batch
+    attempt, asked = _fake_trials()
+    now = [0.0]
+
+    def clock():  # each call after a trial: 100 s later
+        return now[0]
+
+    def timed(batch):
+        now[0] += 100.0
+        return attempt(batch)
+    found = search_largest_batch(1, 64, 150.0, timed, clock=clock)
+    assert asked == [2, 4] and found.largest == 4 and found.stop == "budget"
+
+
+def test_a_trial_gives_each_rank_the_batch_it_names():
+    from suite.train.distributed import RunConfig, Settings, _step_batch, trial_settings
+    s = Settings("llama", True, "cpu", "fp32", 5, 1, 2, 4, 1e-3, 1, 0, max_world=2)
+    ids = torch.arange(64 * 4).view(64, 4)
+    for cfg in (RunConfig("own", 1, False), RunConfig("own", 2, False),
+                RunConfig("own", 2, True)):
+        t = trial_settings(cfg, s, 8, steps=3)
+        assert (t.steps, t.warmup) == (3, 1)
+        for rank in range(cfg.world):
+            got, _, _ = _step_batch(cfg, t, ids, ids, 1, rank)
+            assert got.shape[0] == 8, cfg
+    from suite.train.distributed import is_oom
+    assert is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not is_oom("ProcessExitedException: process 1 terminated with signal SIGTERM")
+
+
+def test_host_sync_counter_counts_event_waits_and_sync_warnings_and_restores():
+    import warnings
+    from suite.train.distributed import HostSyncCounter
+
+    class Event:
+        def synchronize(self):
+            return "waited"
+
+    original = Event.synchronize
+    with HostSyncCounter(cuda=False, event_cls=Event) as syncs:
+        assert Event().synchronize() == "waited"
+        Event().synchronize()
+        warnings.warn("called a synchronizing CUDA operation")  # as the sync debug mode does
+    assert syncs.count == 3 and Event.synchronize is original and syncs.event_wait_ms >= 0
+    assert syncs.sites[0].startswith("test_distributed.py:")
+    with warnings.catch_warnings(record=True) as other:
+        warnings.simplefilter("always")
+        with HostSyncCounter(cuda=False, event_cls=Event) as syncs:
+            warnings.warn("something else")
+    assert syncs.count == 0 and [str(w.message) for w in other] == ["something else"]
+
+
+def test_training_step_writes_host_syncs_and_the_largest_batch(tmp_path):
+    """--max-batch on the CPU: no OOM there, so the search doubles up to the cap in fresh
+    worlds; the sync count is 0 (no CUDA: nothing to wait for), a column all the same."""
+    import csv
+    from suite.train.distributed import main
+    out = tmp_path / "maxbatch"
+    rc = main(["--out", str(out), "--tiny", "--device", "cpu", "--dtype", "fp32", "--steps", "2",
+               "--warmup", "1", "--batch", "1", "--seq-len", "8", "--lr-warmup", "1",
+               "--configs", "own@2", "--max-batch", "3", "--max-batch-steps", "2"])
+    row, = csv.DictReader(open(out / "results.csv"))
+    assert rc == 0 and row["status"] == "ok", row
+    assert row["host_syncs_per_step"] == "0" and float(row["host_sync_wait_ms"]) == 0
+    assert (row["largest_batch_per_rank"], row["max_batch_stop"]) == ("2", "cap")
+    assert float(row["largest_batch_ms"]) > 0 and float(row["largest_batch_tokens_per_s"]) > 0
+
+
 # ---- the scaling note and the vocab-parallel tables (suite/report), on synthetic inputs ---------
 
 def _bench_folder(path, rows):

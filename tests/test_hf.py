@@ -489,3 +489,63 @@ def test_the_module_imports_transformers_lazily():
     assert "transformers" not in top_level
     assert top_level <= {"__future__", "functools", "inspect", "types", "dataclasses", "typing",
                          "torch", "triton", "own_kernel"}, top_level
+
+
+def _launch_order(monkeypatch, model):
+    """Records "check" for each launch of the targets' check and "trunk" for each call of the
+    base model, in order."""
+    import own_kernel.check_targets as ct
+    events = []
+    launch = ct.check_and_count_targets
+
+    def check(*args, **kwargs):
+        events.append("check")
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(ct, "check_and_count_targets", check)
+    trunk = model.model.forward
+    model.model.forward = lambda *a, **k: (events.append("trunk"), trunk(*a, **k))[1]
+    return events
+
+
+@pytest.mark.parametrize("items", [None, torch.tensor(37)])
+def test_the_targets_check_is_queued_before_the_trunk_once(monkeypatch, kernel_calls, items):
+    """Queued right before the loss, reading the check waits for the whole forward (under FSDP2
+    the host then stops queueing the backward's collectives ahead): the patch queues it before
+    the trunk, and the kernel's call uses that one (one launch per step), with the same loss
+    and gradients as the model's own."""
+    model = tiny_model("llama")
+    input_ids, labels = batch()
+    reference = loss_and_grads(model, input_ids=input_ids, labels=labels, num_items_in_batch=items)
+    patch(model)
+    events = _launch_order(monkeypatch, model)
+    out = loss_and_grads(model, input_ids=input_ids, labels=labels, num_items_in_batch=items)
+    assert events == ["check", "trunk"]
+    assert kernel_calls[0]["targets_check"] is not None
+    assert_same(reference, out)
+
+
+def test_a_queued_targets_check_is_used_only_for_what_it_checked():
+    """A check queued for other targets, a vocabulary size, a split, or targets modified since
+    (their version) is not used: the call checks anew, so it never reads a stale count."""
+    from own_kernel.check_targets import queue_targets_check, queued_or_new_check
+    t = torch.tensor([[1, 2, -100], [4, -100, 6]])
+    q = queue_targets_check(t, 10, -100, split=2)
+    assert q.check.values() == [0.0, 4.0, 2.0] and int(q.count) == 4
+    flat = t.reshape(-1)
+    assert queued_or_new_check(q, flat, 10, -100, 2)[1] is q.count
+    for args in ((flat.clone(), 10, -100, 2), (flat, 11, -100, 2), (flat, 10, -100, 3),
+                 (flat, 10, 0, 2)):
+        assert queued_or_new_check(q, *args)[1] is not q.count
+    t[0, 2] = 7  # in place: a new version, one more used target
+    check, count = queued_or_new_check(q, flat, 10, -100, 2)
+    assert count is not q.count and int(count) == 5
+    assert queue_targets_check(t.int(), 10, -100) is None  # the call would copy these
+    assert queue_targets_check(t.t(), 10, -100) is None
+
+
+def test_a_bad_label_still_raises_naming_it_with_the_check_queued_early(kernel_calls):
+    model = patch(tiny_model("llama"))
+    input_ids, labels = batch()
+    labels[1, 4] = VOCAB + 3
+    with pytest.raises(ValueError, match=f"targets: value {VOCAB + 3} is outside"):
+        model(input_ids=input_ids, labels=labels)

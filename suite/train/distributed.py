@@ -29,6 +29,17 @@ sharded gradients. Every step is timed (CUDA events); steps after ``--warmup`` g
 step time and tokens/s (global tokens per step over it). Peak memory: each rank's
 max_memory_allocated over the whole run (model, optimizer states, steps).
 
+Host synchronisations: the last warm-up step runs under ``torch.cuda.set_sync_debug_mode("warn")``
+with ``torch.cuda.Event.synchronize`` counted too (HostSyncCounter): ``host_syncs_per_step``
+(the most of any rank), ``host_sync_wait_ms`` (the host's time blocked in those Event waits)
+and ``host_sync_sites`` (where). Under FSDP2 the host must run ahead of
+the GPU to queue the backward's all-gathers and reduce-scatters; a wait at the loss stops it.
+
+``--max-batch CAP``: after each configuration, its per-rank batch doubled in fresh worlds of
+``--max-batch-steps`` steps until one runs out of memory (a result, not an error), the next
+would pass CAP, or ``--max-batch-budget-s`` is spent: ``largest_batch_per_rank``, its step time
+and tokens/s, and ``max_batch_stop`` (why the search stopped: oom@B, error@B, cap, budget).
+
 A world of 2 first measures NCCL's all-reduce (``nccl_allreduce.csv``: bytes, dtype, ms,
 algorithm and bus bandwidth) for the scaling note (suite/report/scaling.py).
 
@@ -48,8 +59,11 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,7 +77,10 @@ RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error"
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
                  "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
-                 "final_rel_diff", "verdict", "device", "run_id"]
+                 "final_rel_diff", "verdict", "host_syncs_per_step", "host_sync_wait_ms",
+                 "host_sync_sites",
+                 "largest_batch_per_rank", "largest_batch_ms", "largest_batch_tokens_per_s",
+                 "max_batch_stop", "device", "run_id"]
 NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
 NCCL_SIZES = [2 ** k for k in range(12, 30, 2)] + [2 ** 29]  # 4 KiB .. 512 MiB
 
@@ -174,7 +191,88 @@ def _step_batch(cfg: RunConfig, s: Settings, idx, labels, step: int, rank: int):
     return ids[mine], lab[mine], count / cfg.world
 
 
+class HostSyncCounter:
+    """Counts the host's waits for the GPU inside a ``with`` block: the synchronising CUDA calls
+    that torch's sync debug mode reports as warnings (.item(), float(tensor), nonzero, boolean
+    mask indexing, a blocking copy, stream or device synchronize) and every
+    ``torch.cuda.Event.synchronize``, which that mode does not see (own_kernel's HostScalar
+    reads wait on one). Under FSDP2 such a wait at the loss stops the host from running ahead
+    to queue the backward's all-gathers and reduce-scatters. ``sites``: where they were
+    called (file:line of the first frames outside torch), at most ``MAX_SITES``.
+    ``event_wait_ms``: the host's time blocked in those Event waits (a wait on work already
+    done costs ~0: a count alone does not tell a harmless read from a stall)."""
+
+    MAX_SITES = 6
+
+    def __init__(self, cuda: bool, event_cls: type | None = None):
+        self.cuda = cuda
+        self.event_cls = event_cls if event_cls is not None else (
+            torch.cuda.Event if cuda else None)
+        self.count = 0
+        self.event_wait_ms = 0.0
+        self.sites: list[str] = []
+
+    def _add(self, site: str) -> None:
+        self.count += 1
+        if site not in self.sites and len(self.sites) < self.MAX_SITES:
+            self.sites.append(site)
+
+    def __enter__(self) -> "HostSyncCounter":
+        self._catch = warnings.catch_warnings(record=True)
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always")  # every sync, not the first per call site
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        if self.event_cls is not None:
+            original = self._original = self.event_cls.synchronize
+
+            def synchronize(event, *args, **kwargs):
+                self._add(_caller_sites(traceback.extract_stack()[:-1]))
+                t0 = time.perf_counter()
+                try:
+                    return original(event, *args, **kwargs)
+                finally:
+                    self.event_wait_ms += (time.perf_counter() - t0) * 1e3
+            self.event_cls.synchronize = synchronize
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode(0)
+        if self.event_cls is not None:
+            self.event_cls.synchronize = self._original
+        self._catch.__exit__(*exc)
+        for w in self._caught:
+            if "synchroniz" in str(w.message):
+                self._add(f"{Path(w.filename).name}:{w.lineno}")
+            else:  # not ours: shown as it would have been
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _caller_sites(stack) -> str:
+    """'gemm.py:120<fused.py:245': the two innermost frames outside torch and this file."""
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [f for f in reversed(stack)
+              if not f.filename.startswith(torch_dir) and f.filename != __file__]
+    return "<".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[:2])
+
+
+def _step(cfg: RunConfig, s: Settings, model, opt, device, batch) -> torch.Tensor:
+    """One optimizer step on this rank's (input ids, labels, num_items_in_batch); the loss."""
+    ids, lab, items = batch
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.dtype == "bf16"):
+        loss = model(input_ids=ids, labels=lab, num_items_in_batch=items).loss
+    loss.backward()
+    _clip_(list(model.parameters()), 1.0, cfg.world)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
+    """Every step timed (CUDA events); the last warm-up step (untimed, past the first calls'
+    one-time work: autotuning, cuBLAS probes) counts the host's waits for the GPU
+    (HostSyncCounter) from the forward to the optimizer step."""
     from suite.train import hf
     from suite.train.convergence import lr_at
 
@@ -182,22 +280,22 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
     idx, labels = hf.corpus(model.config.vocab_size, s.steps * s.global_seqs, s.seq_len,
                             prompt_frac=(0.5, 0.7), seed=s.seed + 1, device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.1)  # foreach: DTensor-safe
-    losses, times = [], []
+    probe_step = min(max(s.warmup - 1, 0), s.steps - 1)
+    losses, times, syncs = [], [], HostSyncCounter(cuda)
     for step in range(s.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps=s.steps, lr=s.lr, warmup=s.lr_warmup)
-        ids, lab, items = _step_batch(cfg, s, idx, labels, step, rank)
+        batch = _step_batch(cfg, s, idx, labels, step, rank)
         t0 = time.perf_counter()
         start = torch.cuda.Event(enable_timing=True) if cuda else None
         end = torch.cuda.Event(enable_timing=True) if cuda else None
         if cuda:
             start.record()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.dtype == "bf16"):
-            loss = model(input_ids=ids, labels=lab, num_items_in_batch=items).loss
-        loss.backward()
-        _clip_(list(model.parameters()), 1.0, cfg.world)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if step == probe_step:
+            with syncs:
+                loss = _step(cfg, s, model, opt, device, batch)
+        else:
+            loss = _step(cfg, s, model, opt, device, batch)
         if cuda:
             end.record()
             end.synchronize()
@@ -207,7 +305,8 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
             dist.all_reduce(whole)
             whole /= cfg.world
         losses.append(float(whole))
-    return {"losses": losses, "ms": times}
+    return {"losses": losses, "ms": times, "host_syncs": syncs.count,
+            "host_sync_wait_ms": syncs.event_wait_ms, "host_sync_sites": syncs.sites}
 
 
 def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[dict]:
@@ -278,19 +377,124 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool) -> list[dict] | str:
-    """Every rank's result of one configuration (a fresh world), or why it failed."""
+def is_oom(text: str) -> bool:
+    """Whether a rank's error is CUDA running out of memory (torch.OutOfMemoryError)."""
+    return "out of memory" in text.lower() or "OutOfMemoryError" in text
+
+
+def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool,
+               timeout_s: float | None = None) -> list[dict] | str:
+    """Every rank's result of one configuration (a fresh world), or why it failed: an OOM
+    reads "oom: ..." (its message's tail, which names no OOM, would not say so). A rank that
+    raises ends the world (torch.multiprocessing stops the others, which would wait in a
+    collective); past ``timeout_s`` the world is stopped: "timeout ...". """
     import torch.multiprocessing as mp
 
     parts = out / "ranks"
     parts.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
     try:
-        mp.start_processes(_rank_main, args=(cfg, s, _free_port(), str(parts), with_nccl),
-                           nprocs=cfg.world, start_method="spawn", join=True)
+        ctx = mp.start_processes(_rank_main, args=(cfg, s, _free_port(), str(parts), with_nccl),
+                                 nprocs=cfg.world, start_method="spawn", join=False)
+        while not ctx.join(timeout=2):
+            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                for p in ctx.processes:
+                    p.terminate()
+                return f"timeout after {timeout_s:.0f} s"
     except Exception as exc:  # noqa: BLE001 - a failed configuration is a row
-        return " ".join(str(exc).split())[-400:]
+        text = " ".join(str(exc).split())
+        return f"oom: {text[-300:]}" if is_oom(text) else text[-400:]
     return [json.loads((parts / f"{cfg.name}.rank{r}.json").read_text())
             for r in range(cfg.world)]
+
+
+# ---- the largest batch per configuration -------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One attempt at a per-rank batch: status "ok", "oom" or "error" (error: why), and the
+    median step time after its first step (ok only)."""
+    batch: int
+    status: str
+    error: str = ""
+    ms: float | None = None
+
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """The search's outcome: the largest per-rank batch that ran (the configured one when no
+    larger did), its step time (None: the configured run's), why the search stopped ("oom@B",
+    "error@B", "cap", "budget") and every trial."""
+    largest: int
+    ms: float | None
+    stop: str
+    trials: list[BatchTrial] = field(default_factory=list)
+
+
+def next_batch(start: int, cap: int, trials: list[BatchTrial]) -> int | None:
+    """The next per-rank batch to try: double the last one that ran (the configured ``start``
+    first), until a trial fails or the cap would be passed (None)."""
+    if trials and trials[-1].status != "ok":
+        return None
+    nxt = 2 * (trials[-1].batch if trials else start)
+    return nxt if nxt <= cap else None
+
+
+def search_largest_batch(start: int, cap: int, budget_s: float,
+                         try_batch: Callable[[int], BatchTrial],
+                         clock: Callable[[], float] = time.monotonic) -> BatchSearch:
+    """Doubling search above the configured per-rank batch ``start`` (which ran): each batch
+    through ``try_batch`` (a fresh world in the benchmark, a fake in the tests) until one
+    runs out of memory or fails, the next would pass ``cap``, or ``budget_s`` is spent (checked
+    before each trial: the last may overrun it by its own time). OOM is a result, not an
+    error: the largest batch is the last that ran."""
+    t0, trials = clock(), []
+    stop = "cap"
+    while (batch := next_batch(start, cap, trials)) is not None:
+        if clock() - t0 > budget_s:
+            stop = "budget"
+            break
+        trials.append(try_batch(batch))
+    if trials and trials[-1].status != "ok":
+        stop = f"{trials[-1].status}@{trials[-1].batch}"
+    ran = [t for t in trials if t.status == "ok"]
+    return BatchSearch(ran[-1].batch if ran else start, ran[-1].ms if ran else None, stop, trials)
+
+
+def trial_settings(cfg: RunConfig, s: Settings, batch_per_rank: int, steps: int) -> Settings:
+    """Settings whose step gives each rank of ``cfg`` ``batch_per_rank`` sequences: data
+    parallel, a global batch of world x batch; +tp, every rank the whole (global) batch."""
+    return replace(s, batch=batch_per_rank, max_world=1 if cfg.tp_head else cfg.world,
+                   steps=steps, warmup=1, lr_warmup=1)
+
+
+def _try_batch(cfg: RunConfig, s: Settings, out: Path, steps: int,
+               timeout_s: float) -> Callable[[int], BatchTrial]:
+    def attempt(batch: int) -> BatchTrial:
+        ranks = run_config(cfg, trial_settings(cfg, s, batch, steps), out / "max-batch",
+                           False, timeout_s)
+        if isinstance(ranks, str):
+            return BatchTrial(batch, "oom" if ranks.startswith("oom: ") else "error", ranks)
+        ms = [max(r["ms"][i] for r in ranks) for i in range(1, steps)] or [ranks[0]["ms"][0]]
+        print(f"train-2gpu: {cfg.name}: batch {batch} per rank ran "
+              f"({statistics.median(ms):.0f} ms/step)", flush=True)
+        return BatchTrial(batch, "ok", ms=statistics.median(ms))
+    return attempt
+
+
+def _largest_batch_fields(cfg: RunConfig, s: Settings, row: dict, out: Path, cap: int,
+                          budget_s: float, steps: int) -> dict:
+    """The row's largest-batch columns: a search above its configured batch (when it ran)."""
+    if row.get("status") != "ok":
+        return {"max_batch_stop": "the configured batch did not run"}
+    start = int(row["batch_per_rank"])
+    found = search_largest_batch(start, cap, budget_s,
+                                 _try_batch(cfg, s, out, steps, timeout_s=max(budget_s, 60)))
+    ms = found.ms if found.ms is not None else row["ms"]
+    seqs = found.largest * (1 if cfg.tp_head else cfg.world)
+    return {"largest_batch_per_rank": found.largest, "largest_batch_ms": ms,
+            "largest_batch_tokens_per_s": seqs * s.seq_len / (ms / 1e3),
+            "max_batch_stop": found.stop}
 
 
 def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
@@ -312,7 +516,10 @@ def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
                tokens_per_s=s.global_seqs * s.seq_len / (statistics.median(ms) / 1e3),
                peak_mib_max=max(peaks) if None not in peaks else "",
                peak_mib_per_rank=";".join(f"{p:.0f}" for p in peaks) if None not in peaks else "",
-               final_loss=statistics.fmean(first["losses"][-10:]))
+               final_loss=statistics.fmean(first["losses"][-10:]),
+               host_syncs_per_step=max(r.get("host_syncs", 0) for r in ranks),
+               host_sync_wait_ms=max(r.get("host_sync_wait_ms", 0.0) for r in ranks),
+               host_sync_sites=";".join(first.get("host_sync_sites", [])))
     return row
 
 
@@ -344,9 +551,19 @@ def _write_csv(path: Path, fields, rows) -> None:
         w.writerows(rows)
 
 
+@dataclass(frozen=True)
+class MaxBatchOptions:
+    """--max-batch: the per-rank batch cap of the search (0: no search), the seconds each
+    configuration's search may start trials in, and the steps of each trial."""
+    cap: int = 0
+    budget_s: float = 150.0
+    steps: int = 3
+
+
 def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, tol: float,
-        window: int) -> list[dict]:
-    """Every configuration in turn (those past ``budget_s`` are ``skipped`` rows); the CSVs and
+        window: int, max_batch: MaxBatchOptions = MaxBatchOptions()) -> list[dict]:
+    """Every configuration in turn (those past ``budget_s`` are ``skipped`` rows), each
+    followed by its largest-batch search where ``max_batch.cap`` is set; the CSVs and
     env.json into ``out``."""
     from suite.results import environment
 
@@ -366,12 +583,17 @@ def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, to
         want_nccl = not nccl and cfg.world >= 2
         ranks = run_config(cfg, s, out, want_nccl)
         rows.append(_row(cfg, s, ranks, common))
+        if max_batch.cap:
+            rows[-1].update(_largest_batch_fields(cfg, s, rows[-1], out, max_batch.cap,
+                                                  max_batch.budget_s, max_batch.steps))
         if not isinstance(ranks, str):
             curves[cfg.name] = ranks[0]["losses"]
             nccl = nccl or ranks[0].get("nccl", [])
         print(f"train-2gpu: {cfg.name}: {rows[-1]['status']} "
               f"{rows[-1].get('tokens_per_s', '')} tokens/s, peak "
-              f"{rows[-1].get('peak_mib_per_rank', '')} MiB ({time.monotonic() - t0:.0f} s)",
+              f"{rows[-1].get('peak_mib_per_rank', '')} MiB, "
+              f"{rows[-1].get('host_syncs_per_step', '')} host syncs/step, largest batch "
+              f"{rows[-1].get('largest_batch_per_rank', '-')} ({time.monotonic() - t0:.0f} s)",
               flush=True)
     _parity(rows, curves, tol, window)
     _write_csv(out / "results.csv", RESULT_FIELDS, rows)
@@ -404,14 +626,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--smooth", type=int, default=10, help="parity's moving-average window (default 10)")
     a("--budget-s", type=float, default=330,
       help="configurations starting after this many seconds are skipped (default 330)")
+    a("--max-batch", type=int, default=0, metavar="CAP",
+      help="after each configuration, double its per-rank batch until CUDA runs out of memory "
+      "or CAP is passed (each a fresh world of --max-batch-steps steps); the largest that ran "
+      "is the row's largest_batch_per_rank (default 0: no search)")
+    a("--max-batch-budget-s", type=float, default=150,
+      help="seconds per configuration in which the search starts trials (default 150)")
+    a("--max-batch-steps", type=int, default=3, help="steps per trial (default 3)")
 
 
 def settings_from(args, configs: list[RunConfig]) -> Settings:
     from suite.train import hf
     hf.arch_of(f"hf:{args.arch}")
-    for name in ("steps", "batch", "seq_len", "lr_warmup"):
+    for name in ("steps", "batch", "seq_len", "lr_warmup", "max_batch_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.max_batch < 0:
+        raise ValueError("--max-batch: a per-rank batch cap >= 0 (0: no search)")
     if args.device == "cuda" and max(c.world for c in configs) > torch.cuda.device_count():
         raise ValueError(f"--configs: a world of {max(c.world for c in configs)} needs as many "
                          f"GPUs; {torch.cuda.device_count()} visible")
@@ -433,7 +664,9 @@ def main(argv=None) -> int:
     except ValueError as err:
         parser.error(str(err))
     rows = run(configs, s, Path(args.out), budget_s=args.budget_s, tol=args.tol,
-               window=args.smooth)
+               window=args.smooth, max_batch=MaxBatchOptions(args.max_batch,
+                                                             args.max_batch_budget_s,
+                                                             args.max_batch_steps))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
