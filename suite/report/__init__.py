@@ -177,16 +177,16 @@ def results_doc_text() -> str:
 
 def _rewrite_notes(args) -> int:
     """`--notes`: every note under results/notes with its table blocks regenerated in place."""
-    from suite.report.notes import NOTES, rewrite_notes
+    from suite.report import notes
 
     if args.results or args.update_readme or args.results_doc:
         raise ValueError("--notes rewrites the notes under results/notes from their CSVs: give "
                          "no folders, no --update-readme and no --results-doc")
-    changed = rewrite_notes()
+    changed = notes.rewrite_notes(notes.NOTES)  # read now: a test points NOTES elsewhere
     for path in changed:
-        print(f"report: {path.relative_to(NOTES.parent.parent)} rewritten")
-    print(f"report: {len(changed)} note(s) under {NOTES.relative_to(NOTES.parent.parent)} "
-          "changed" if changed else "report: every note's tables were up to date")
+        print(f"report: {notes.shown(path)} rewritten")
+    print(f"report: {len(changed)} note(s) rewritten" if changed
+          else "report: every note's tables were up to date")
     return 0
 
 

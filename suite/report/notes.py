@@ -21,7 +21,7 @@ A note marks a table copied from a CSV with two comments; what lies between them
 - ``format`` (optional): ``sig4`` (the default: ``formatting.fmt_sig``, numbers to 4
   significant digits, integers and words as written) or ``raw`` (cells as the CSV wrote them).
 
-An empty cell prints as – in both formats. A block naming a missing CSV, an unknown column or
+Both markers start a line. An empty cell prints as – in both formats. A block naming a missing CSV, an unknown column or
 key, or an opening without its end is an error naming the note and the block.
 """
 from __future__ import annotations
@@ -37,10 +37,13 @@ from suite.report.readme import ROOT
 NOTES = ROOT / "results" / "notes"
 OPEN = "<!-- table:"
 END = "<!-- end table -->"
-# the body may not hold another opening: an opening without its end stays unmatched (an error)
-# instead of swallowing the next block's table
-BLOCK = re.compile(re.escape(OPEN) + r"(?P<spec>.*?)-->(?P<body>(?:(?!" + re.escape(OPEN)
-                   + r").)*?)" + re.escape(END), re.S)
+# markers count only at the start of a line, so prose may name them in backticks; the body may
+# not hold another opening: an opening without its end stays unmatched (an error) instead of
+# swallowing the next block's table
+OPENS = re.compile("^" + re.escape(OPEN), re.M)
+ENDS = re.compile("^" + re.escape(END), re.M)
+BLOCK = re.compile("^" + re.escape(OPEN) + r"(?P<spec>.*?)-->(?P<body>(?:(?!\n"
+                   + re.escape(OPEN) + r").)*?)^" + re.escape(END), re.S | re.M)
 FORMATS = ("sig4", "raw")
 
 
@@ -117,7 +120,7 @@ def table_markdown(spec: TableSpec, note_path: Path, label: str) -> str:
     return md_table([header for _, header in columns], body)
 
 
-def _shown(note_path: Path) -> Path:
+def shown(note_path: Path) -> Path:
     """The note as errors name it: relative to the checkout when inside it."""
     path = note_path.resolve()
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else note_path
@@ -127,13 +130,14 @@ def render_note(text: str, note_path: Path) -> str:
     """``text`` with every table block's body generated from its CSV (blank lines around the
     table keep it a markdown table between two HTML comments)."""
     note_path = Path(note_path)
-    if text.count(OPEN) != len(BLOCK.findall(text)) or text.count(END) != text.count(OPEN):
-        raise NoteTableError(f"{_shown(note_path)}: each '{OPEN} ... -->' needs its own '{END}' "
-                             f"({text.count(OPEN)} openings, {text.count(END)} ends)")
+    opens, ends = len(OPENS.findall(text)), len(ENDS.findall(text))
+    if not opens == ends == len(BLOCK.findall(text)):
+        raise NoteTableError(f"{shown(note_path)}: each '{OPEN} ... -->' needs its own '{END}' "
+                             f"at the start of a line ({opens} openings, {ends} ends)")
     pieces, done = [], 0
     for index, match in enumerate(BLOCK.finditer(text), 1):
         csv_named = (match["spec"].strip().splitlines() or ["no CSV named"])[0]
-        label = f"{_shown(note_path)}: table {index} ({csv_named})"
+        label = f"{shown(note_path)}: table {index} ({csv_named})"
         table = table_markdown(parse_spec(match["spec"], label), note_path, label)
         pieces += [text[done:match.start()], f"{OPEN}{match['spec']}-->\n\n{table}\n\n{END}"]
         done = match.end()
