@@ -53,7 +53,7 @@ class NoteTableError(ValueError):
 
 @dataclass(frozen=True)
 class TableSpec:
-    csv_path: str                        # as written in the block, relative to the note
+    csv_path: str                         # as written in the block, relative to the note
     columns: tuple[tuple[str, str], ...]  # (CSV column, header); empty: every column
     where: tuple[tuple[str, str], ...]    # (CSV column, value as written)
     format: str
@@ -81,7 +81,8 @@ def parse_spec(spec: str, label: str) -> TableSpec:
     for line in lines[1:]:
         name, colon, value = (s.strip() for s in line.partition(":"))
         if colon and name in options:
-            key, options[key] = name, value
+            key = name
+            options[key] = value
         elif key is not None:  # a long list goes on over several lines
             options[key] = f"{options[key]} {line}"
         else:
@@ -145,6 +146,7 @@ def render_note(text: str, note_path: Path) -> str:
 
 
 def note_paths(folder: Path = NOTES) -> list[Path]:
+    """Every markdown file under ``folder`` (the notes and their README), in a stable order."""
     return sorted(Path(folder).rglob("*.md"))
 
 
