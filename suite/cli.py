@@ -19,7 +19,8 @@ EXTERNAL = {
     "plots": ("suite.plots", "draw every figure from the curated runs into plots/"),
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
     "gate": ("suite.gate", "regression gates (pytest-benchmark) against this GPU's baseline"),
-    "report": ("suite.report", "markdown tables from run folders; --update-readme; --results-doc"),
+    "report": ("suite.report",
+               "markdown tables from run folders; --update-readme; --results-doc; --notes"),
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
     "frontier": ("suite.frontier", "time-memory frontier of exact loss+grad per shape"),
 }

@@ -8,13 +8,15 @@
     python -m suite report results/grid-h200* --targets
     python -m suite report results/train-h200
     python -m suite report --results-doc    # results/RESULTS.md, whole, from the curated runs
+    python -m suite report --notes          # the tables of results/notes/*.md, from their CSVs
 
 Every table that compares providers takes its rows from one run folder (several folders: a
 table each); "faster" / "slower" follow suite.report.verdict's one rule.
 
 The tables live in their modules: kernel_tables (a run folder), train_tables (training-step
 folders), claims (the own kernel's targets and the paper's claims), readme (the README's
-headline and the writers), document (results/RESULTS.md), curated (the runs they read).
+headline and the writers), document (results/RESULTS.md), curated (the runs they read), notes
+(the measurement notes' tables copied from the kernel tools' CSVs).
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--results-doc", action="store_true",
                         help="rewrite results/RESULTS.md whole from the curated runs "
                              "(suite/report/document.py); give no folders")
+    parser.add_argument("--notes", action="store_true",
+                        help="regenerate the tables of every note under results/notes from the "
+                             "CSVs their table blocks name (suite/report/notes.py); give no "
+                             "folders")
     parser.add_argument("--headline", action="store_true",
                         help="one compact table per run folder (one folder per GPU, its Gemma 2 "
                              "(2B) rows from one run) (section headline)")
@@ -169,8 +175,25 @@ def results_doc_text() -> str:
     return render_document(table_text)
 
 
+def _rewrite_notes(args) -> int:
+    """`--notes`: every note under results/notes with its table blocks regenerated in place."""
+    from suite.report import notes
+
+    if args.results or args.update_readme or args.results_doc:
+        raise ValueError("--notes rewrites the notes under results/notes from their CSVs: give "
+                         "no folders, no --update-readme and no --results-doc")
+    changed = notes.rewrite_notes(notes.NOTES)  # read now: a test points NOTES elsewhere
+    for path in changed:
+        print(f"report: {notes.shown(path)} rewritten")
+    print(f"report: {len(changed)} note(s) rewritten" if changed
+          else "report: every note's tables were up to date")
+    return 0
+
+
 def main(args) -> int:
     try:
+        if args.notes:
+            return _rewrite_notes(args)
         if args.results_doc:
             if args.results or args.update_readme:
                 raise ValueError("--results-doc writes results/RESULTS.md whole from the curated "

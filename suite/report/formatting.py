@@ -57,6 +57,21 @@ def fmt_ratio(ours, theirs) -> str:
     return f"{num(ours) / num(theirs):.2f}x"
 
 
+def fmt_sig(text: str, digits: int = 4) -> str:
+    """A CSV cell for a table copied from a tool's CSV (the measurement notes): integers as
+    written (a shape's 32768 stays 32768), other numbers to ``digits`` significant digits,
+    words as written, an empty cell as –."""
+    text = text.strip()
+    if not text:
+        return "–"
+    if text.lstrip("+-").isdigit():
+        return text
+    try:
+        return f"{float(text):.{digits}g}"
+    except ValueError:
+        return text
+
+
 def fmt_gib(mib) -> str:
     v = num(mib) / 1024
     if math.isnan(v):

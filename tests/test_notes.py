@@ -1,0 +1,155 @@
+"""suite.report.notes: the measurement notes' tables are generated from the CSVs their table
+blocks name; a stale copy (a number edited in the note or in the CSV) fails here."""
+import argparse
+import shutil
+from pathlib import Path
+
+import pytest
+
+from suite import report
+from suite.report import notes
+from suite.report.formatting import fmt_sig
+from suite.report.notes import NOTES, NoteTableError, note_paths, render_note, rewrite_notes
+
+# the notes whose tables are copies of a kernel tool's CSV: each keeps its table in a block
+CONVERTED = {"rl-entropy.md": "../rl-h200/rl.csv",
+             "autocast-fp32-weight.md": "../autocast-h200/autocast.csv",
+             "accuracy-by-route.md": "../accuracy-h100/accuracy.csv"}
+
+
+@pytest.mark.parametrize("path", note_paths(), ids=lambda p: str(p.relative_to(NOTES)))
+def test_every_note_regenerates_byte_identical(path):
+    """`python -m suite report --notes` would change nothing: no table is stale."""
+    text = path.read_text()
+    assert render_note(text, path) == text
+
+
+@pytest.mark.parametrize("name,csv_path", CONVERTED.items())
+def test_notes_copied_from_csvs_keep_their_tables_in_blocks(name, csv_path):
+    text = (NOTES / name).read_text()
+    assert f"<!-- table: {csv_path}\n" in text and "\n<!-- end table -->" in text
+
+
+def _copy_rl_note(tmp_path: Path) -> Path:
+    """rl-entropy.md and its CSV, at the same relative places under tmp_path."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "rl-h200").mkdir()
+    shutil.copy(NOTES / "rl-entropy.md", tmp_path / "notes")
+    shutil.copy(NOTES.parent / "rl-h200" / "rl.csv", tmp_path / "rl-h200")
+    return tmp_path / "notes" / "rl-entropy.md"
+
+
+def test_an_edited_number_in_the_note_or_in_the_csv_makes_the_note_stale(tmp_path):
+    note = _copy_rl_note(tmp_path)
+    text = note.read_text()
+    assert render_note(text, note) == text
+    assert "| 215.9 | 208.5 |" in text
+    edited = text.replace("| 215.9 | 208.5 |", "| 215.8 | 208.5 |")
+    assert render_note(edited, note) == text  # the CSV wins over the hand edit
+    csv_path = tmp_path / "rl-h200" / "rl.csv"
+    csv_path.write_text(csv_path.read_text().replace("215.888", "216.888"))
+    regenerated = render_note(text, note)
+    assert regenerated != text and "| 216.9 | 208.5 |" in regenerated
+
+
+CSV = ("name,n,ms,err,status,note\n"
+       "a,32768,215.888,1.292e-04,ok,\n"
+       "b,8192,1.0,nan,ok,x|y\n"
+       "c,2048,95040.4,0.108,failed,oom\n")
+NOTE = ("# A note\n\nProse with 3.14 stays.\n\n"
+        "<!-- table: data/run.csv\n"
+        "     columns: name, n=N, ms=ms (median),\n"
+        "       err, note\n"
+        "     where: status=ok\n"
+        "-->\n"
+        "| stale |\n"
+        "<!-- end table -->\n\n"
+        "<!-- table: data/run.csv\n"
+        "     columns: name, err\n"
+        "     format: raw\n"
+        "-->\n"
+        "<!-- end table -->\n\nAfter.\n")
+EXPECTED = ("# A note\n\nProse with 3.14 stays.\n\n"
+            "<!-- table: data/run.csv\n"
+            "     columns: name, n=N, ms=ms (median),\n"
+            "       err, note\n"
+            "     where: status=ok\n"
+            "-->\n\n"
+            "| name | N | ms (median) | err | note |\n"
+            "|---|---|---|---|---|\n"
+            "| a | 32768 | 215.9 | 0.0001292 | – |\n"
+            "| b | 8192 | 1 | nan | x\\|y |\n\n"
+            "<!-- end table -->\n\n"
+            "<!-- table: data/run.csv\n"
+            "     columns: name, err\n"
+            "     format: raw\n"
+            "-->\n\n"
+            "| name | err |\n"
+            "|---|---|\n"
+            "| a | 1.292e-04 |\n"
+            "| b | nan |\n"
+            "| c | 0.108 |\n\n"
+            "<!-- end table -->\n\nAfter.\n")
+
+
+def _tiny_note(tmp_path: Path, text: str = NOTE) -> Path:
+    (tmp_path / "notes" / "data").mkdir(parents=True)
+    (tmp_path / "notes" / "data" / "run.csv").write_text(CSV)
+    note = tmp_path / "notes" / "tiny.md"
+    note.write_text(text)
+    return note
+
+
+def test_round_trip_on_a_tiny_note(tmp_path):
+    note = _tiny_note(tmp_path)
+    assert render_note(NOTE, note) == EXPECTED
+    assert render_note(EXPECTED, note) == EXPECTED
+    assert rewrite_notes(tmp_path / "notes") == [note]
+    assert note.read_text() == EXPECTED
+    assert rewrite_notes(tmp_path / "notes") == []
+
+
+def test_the_notes_flag_rewrites_the_notes_and_takes_no_folders(tmp_path, monkeypatch, capsys):
+    note = _tiny_note(tmp_path)
+    monkeypatch.setattr(notes, "NOTES", tmp_path / "notes")
+    parser = argparse.ArgumentParser()
+    report.add_arguments(parser)
+    assert report.main(parser.parse_args(["--notes"])) == 0
+    assert note.read_text() == EXPECTED and "1 note(s) rewritten" in capsys.readouterr().out
+    assert report.main(parser.parse_args(["--notes", "results/x"])) == 1
+    assert "give no folders" in capsys.readouterr().out
+
+
+def test_four_significant_digits_integers_and_words_as_written():
+    assert [fmt_sig(x) for x in ["32768", "95040.4", "0.000129", "1.0", "", "nan", "ok"]] == \
+        ["32768", "9.504e+04", "0.000129", "1", "–", "nan", "ok"]
+
+
+@pytest.mark.parametrize("block,message", [
+    ("<!-- table: data/missing.csv -->\n<!-- end table -->\n",
+     "tiny.md: table 1 (data/missing.csv): no CSV at"),
+    ("<!-- table: data/run.csv\n columns: name, wall_ms\n-->\n<!-- end table -->\n",
+     "tiny.md: table 1 (data/run.csv): unknown column(s) wall_ms"),
+    ("<!-- table: data/run.csv\n where: device=h100\n-->\n<!-- end table -->\n",
+     "tiny.md: table 1 (data/run.csv): unknown column(s) device"),
+    ("<!-- table: data/run.csv\n where: status\n-->\n<!-- end table -->\n",
+     "'where' item 'status' is not column=value"),
+    ("<!-- table: data/run.csv\n rows: 3\n-->\n<!-- end table -->\n",
+     "tiny.md: table 1 (data/run.csv): unknown line 'rows: 3'"),
+    ("<!-- table: data/run.csv\n format: 3g\n-->\n<!-- end table -->\n",
+     "format '3g' is not one of sig4, raw"),
+    ("<!-- table: data/run.csv -->\n| a |\n", "needs its own '<!-- end table -->'"),
+])
+def test_a_bad_block_is_an_error_naming_the_note_and_the_block(tmp_path, block, message):
+    note = _tiny_note(tmp_path, "# A note\n\n" + block)
+    with pytest.raises(NoteTableError, match="tiny.md") as err:
+        render_note(note.read_text(), note)
+    assert message in str(err.value)
+
+
+def test_an_opening_without_its_end_does_not_swallow_the_next_block(tmp_path):
+    text = ("<!-- table: data/run.csv -->\n\n"
+            "<!-- table: data/run.csv -->\n<!-- end table -->\n")
+    note = _tiny_note(tmp_path, text)
+    with pytest.raises(NoteTableError, match="2 openings, 1 ends"):
+        render_note(text, note)
