@@ -1,7 +1,6 @@
 """suite.report.notes: the measurement notes' tables are generated from the CSVs their table
 blocks name; a stale copy (a number edited in the note or in the CSV) fails here."""
 import argparse
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from suite.report.formatting import fmt_sig
 from suite.report.notes import NOTES, NoteTableError, note_paths, render_note, rewrite_notes
 
 # the notes whose tables are copies of a kernel tool's CSV: each keeps its table in a block
-CONVERTED = {"rl-entropy.md": "../rl-h200/rl.csv",
+CONVERTED = {"rl-entropy.md": "../rl-h100/rl.csv",
              "autocast-fp32-weight.md": "../autocast-h200/autocast.csv",
              "accuracy-by-route.md": "../accuracy-h100/accuracy.csv"}
 
@@ -30,26 +29,19 @@ def test_notes_copied_from_csvs_keep_their_tables_in_blocks(name, csv_path):
     assert f"<!-- table: {csv_path}\n" in text and "\n<!-- end table -->" in text
 
 
-def _copy_rl_note(tmp_path: Path) -> Path:
-    """rl-entropy.md and its CSV, at the same relative places under tmp_path."""
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "rl-h200").mkdir()
-    shutil.copy(NOTES / "rl-entropy.md", tmp_path / "notes")
-    shutil.copy(NOTES.parent / "rl-h200" / "rl.csv", tmp_path / "rl-h200")
-    return tmp_path / "notes" / "rl-entropy.md"
-
-
 def test_an_edited_number_in_the_note_or_in_the_csv_makes_the_note_stale(tmp_path):
-    note = _copy_rl_note(tmp_path)
-    text = note.read_text()
+    (tmp_path / "data").mkdir()
+    csv_path = tmp_path / "data" / "run.csv"
+    csv_path.write_text(CSV)
+    note = tmp_path / "note.md"
+    text = render_note(NOTE, note)
     assert render_note(text, note) == text
-    assert "| 215.9 | 208.5 |" in text
-    edited = text.replace("| 215.9 | 208.5 |", "| 215.8 | 208.5 |")
+    assert "| a | 32768 | 215.9 |" in text
+    edited = text.replace("| a | 32768 | 215.9 |", "| a | 32768 | 215.8 |")
     assert render_note(edited, note) == text  # the CSV wins over the hand edit
-    csv_path = tmp_path / "rl-h200" / "rl.csv"
-    csv_path.write_text(csv_path.read_text().replace("215.888", "216.888"))
+    csv_path.write_text(CSV.replace("215.888", "216.888"))
     regenerated = render_note(text, note)
-    assert regenerated != text and "| 216.9 | 208.5 |" in regenerated
+    assert regenerated != text and "| a | 32768 | 216.9 |" in regenerated
 
 
 CSV = ("name,n,ms,err,status,note\n"
