@@ -515,3 +515,20 @@ def test_versus_marks_comparisons_across_sessions_of_a_resumed_run():
     assert "| 0.50 faster † |" in next(line for line in lines if "| 100 |" in line)
     assert "| 0.50 faster |" in next(line for line in lines if "| 50 |" in line)
     assert any(line.startswith("- †: the two rows come from different sessions") for line in lines)
+
+
+def test_multi_gpu_training_tables_show_syncs_and_the_largest_batch_where_recorded():
+    """A multi-GPU run's training tables: each train-2gpu* folder a table titled with its GPU;
+    the host-sync and largest-batch columns only where the run recorded them."""
+    from suite.report.vocab_parallel_tables import multi_gpu_text, training_table
+
+    results_dir = Path(__file__).resolve().parent.parent / "results"
+
+    old = training_table(results_dir / "multigpu-2xh100")
+    assert "(NVIDIA H100 80GB HBM3)" in old and "host syncs" not in old
+    text = multi_gpu_text(results_dir / "multigpu-2xh200")
+    step, search = text.split("\n\n### ")
+    assert "(NVIDIA H200)" in step and "host syncs / step (wait ms)" in step
+    assert "largest batch" not in step
+    assert "largest-batch search" in search and "largest batch per rank" in search
+    assert "stop: oom@" in search or "stop: cap" in search

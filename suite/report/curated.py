@@ -47,7 +47,11 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("frontier-d1152-h200", "time-memory frontier, N 16384 D 1152 V 262144, lm inputs "
                "of entropy 3 nats, H200"),
     CuratedRun("multigpu-2xh100", "vocab-parallel loss and an FSDP2 training step, two H100s"),
+    CuratedRun("multigpu-2xh200", "the FSDP2 training step with host syncs, and the largest "
+               "batch per rank, two H200s"),
     CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
+    CuratedRun("quack-h100", "QuACK beside own and torch.compile at three model shapes, lm "
+               "inputs, H100"),
     CuratedRun("gemma2-2b-h200", "every provider at the Gemma 2 (2B) shape, H200",
                OWN_WAS_RECOMPUTE),
     CuratedRun("grid-h200", "bf16 grid, N 8192, H200", OWN_WAS_RECOMPUTE),

@@ -49,12 +49,15 @@ SECTIONS = (
     Section(
         "Which is fastest at my shape?",
         "Every provider at the Gemma 2 (2B) shape in one H100 run; every peer at three model shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 "
-        "(7B)); every provider at the Gemma 2 (2B) shape on the H200; the three-matmul path "
+        "(7B)); QuACK beside own and torch.compile at those shapes on the H100 (QuACK and its CuTe "
+        "DSL installed into a folder named `site-packages`, which its import needs); every "
+        "provider at the Gemma 2 (2B) shape on the H200; the three-matmul path "
         "(`own_fused`: loss and gradients in the forward, a row chunk at a time in a workspace) "
         "against torch.compile over a grid of shapes on the H100; `own_filter` against Apple's "
         "CCE and torch.compile over the H200 grids.",
         ("results/headline-h100",
          "results/peers-h100",
+         "results/quack-h100",
          "results/gemma2-2b-h200",
          "results/fused-grid-h100-3-lm results/fused-grid-h100-3-uniform "
          "results/fused-n32768-h100-4 results/fused-qwen-h100-3 --versus own_fused "
@@ -97,9 +100,13 @@ SECTIONS = (
         "weight sharded on the vocabulary) against one GPU of the same host, then a whole "
         "training step of a Llama-architecture model under FSDP2 on one and two GPUs, each "
         "backend's loss curve checked against its single-GPU run of the same global batch. "
+        "Then the same step on two H200s with the current kernel (its targets check queued "
+        "before the model's trunk, so the loss does not wait for the forward), with the host "
+        "syncs of one step, and each configuration's largest batch per rank (doubling until "
+        "CUDA runs out of memory or 64 is passed). "
         "What larger counts would give, from these measurements: "
         "[notes/scaling.md](notes/scaling.md).",
-        ("results/multigpu-2xh100",)),
+        ("results/multigpu-2xh100", "results/multigpu-2xh200")),
     Section(
         "Does it train the same?",
         "Whole training steps: the GPT bench at two vocabularies on the H200 (peak memory by "

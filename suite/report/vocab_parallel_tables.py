@@ -80,42 +80,79 @@ def vocab_parallel_section(run_dir) -> str:
 # ---- the multi-GPU training step (suite/train/distributed.py's results.csv) ------------------
 
 TRAIN_DIR = "train-2gpu"
+# Training-step folders a multi-GPU run may hold, in the order they are shown: the step itself,
+# then the largest-batch search (suite.train.distributed --max-batch).
+TRAIN_DIRS = (TRAIN_DIR, "train-2gpu-maxbatch")
+TRAIN_HEADER = ["config", "GPUs", "lm_head", "batch per rank x seq", "step ms (p20–p80)",
+                "tokens/s", "peak MiB per rank", "final loss", "parity against", "verdict"]
 
 
-def training_table(run_dir) -> str:
-    """Markdown: one row per training configuration of ``run_dir/train-2gpu`` (world size, head,
-    step time with its p20–p80, tokens/s, peak per rank, loss parity); "" when there is none."""
-    path = Path(run_dir) / TRAIN_DIR / "results.csv"
-    if not path.exists():
-        return ""
+def _train_rows(folder: Path) -> list[dict]:
     import csv
 
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    header = ["config", "GPUs", "lm_head", "batch per rank x seq", "step ms (p20–p80)", "tokens/s",
-              "peak MiB per rank", "final loss", "parity against", "verdict"]
-    body = []
-    for r in rows:
-        if r["status"] != "ok":
-            body.append([f"`{r['config']}`", r["world_size"], "", "", r["status"], "", "", "",
-                         "", (r.get("error") or "")[:80]])
-            continue
-        head = "vocab-sharded (ColwiseParallel)" if r["tp_head"] == "1" else "FSDP2 / plain"
-        body.append([f"`{r['config']}`", r["world_size"], head,
-                     f"{r['batch_per_rank']} x {r['seq_len']}",
-                     f"{fmt_ms(r['ms'])} ({fmt_ms(r['ms_p20'])}–{fmt_ms(r['ms_p80'])})",
-                     f"{float(r['tokens_per_s']):,.0f}", r["peak_mib_per_rank"].replace(";", " / "),
-                     f"{float(r['final_loss']):.4f}", r["parity_ref"] or "–", r["verdict"]])
+    with open(folder / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _gpu_name(folder: Path) -> str:
+    import json
+
+    env = folder / "env.json"
+    return json.loads(env.read_text()).get("gpu_name", "") if env.exists() else ""
+
+
+def _optional_columns(rows: list[dict]) -> list[tuple[str, callable]]:
+    """Columns of the runs that recorded them: host syncs (the probe step) and the largest
+    batch found (the --max-batch search)."""
+    cols = []
+    if any(r.get("host_syncs_per_step") for r in rows):
+        cols.append(("host syncs / step (wait ms)", lambda r: (
+            f"{r['host_syncs_per_step']} ({float(r['host_sync_wait_ms'] or 'nan'):.2f})"
+            if r.get("host_syncs_per_step") else "–")))
+    if any(r.get("largest_batch_per_rank") for r in rows):
+        cols.append(("largest batch per rank (tokens/s there)", lambda r: (
+            f"{r['largest_batch_per_rank']} ({float(r['largest_batch_tokens_per_s']):,.0f}), "
+            f"stop: {r['max_batch_stop']}" if r.get("largest_batch_per_rank") else "–")))
+    return cols
+
+
+def _train_line(r: dict) -> list[str]:
+    if r["status"] != "ok":
+        return [f"`{r['config']}`", r["world_size"], "", "", r["status"], "", "", "", "",
+                (r.get("error") or "")[:80]]
+    head = "vocab-sharded (ColwiseParallel)" if r["tp_head"] == "1" else "FSDP2 / plain"
+    return [f"`{r['config']}`", r["world_size"], head, f"{r['batch_per_rank']} x {r['seq_len']}",
+            f"{fmt_ms(r['ms'])} ({fmt_ms(r['ms_p20'])}–{fmt_ms(r['ms_p80'])})",
+            f"{float(r['tokens_per_s']):,.0f}", r["peak_mib_per_rank"].replace(";", " / "),
+            f"{float(r['final_loss']):.4f}", r["parity_ref"] or "–", r["verdict"]]
+
+
+def training_table(run_dir, folder: str = TRAIN_DIR) -> str:
+    """Markdown: one row per training configuration of ``run_dir/<folder>`` (world size, head,
+    step time with its p20–p80, tokens/s, peak per rank, loss parity, and where recorded the
+    host syncs and the largest batch); "" when there is none."""
+    path = Path(run_dir) / folder
+    if not (path / "results.csv").exists():
+        return ""
+    rows = _train_rows(path)
+    extra = _optional_columns(rows)
+    body = [_train_line(r) + [fmt(r) for _, fmt in extra] for r in rows]
     first = rows[0]
-    title = (f"### Training step on {first['world_size'] if len(rows) == 1 else 'one and two'} "
-             f"GPUs: {first['model']}, {int(first['n_params']) / 1e9:.2f}B parameters, "
-             f"V {first['vocab']}, {first['steps']} steps, {first['global_tokens']} tokens a step")
-    return f"{title}\n\n{md_table(header, body)}"
+    worlds = sorted({int(r["world_size"]) for r in rows})
+    gpus = " and ".join(str(w) for w in worlds)
+    gpu = _gpu_name(path)
+    title = (f"### Training step on {gpus} GPU{'s' if worlds != [1] else ''}"
+             f"{f' ({gpu})' if gpu else ''}: {first['model']}, "
+             f"{int(first['n_params']) / 1e9:.2f}B parameters, V {first['vocab']}, "
+             f"{first['steps']} steps, {first['global_tokens']} tokens a step"
+             f"{', largest-batch search' if folder != TRAIN_DIR else ''}")
+    return f"{title}\n\n{md_table(TRAIN_HEADER + [h for h, _ in extra], body)}"
 
 
 def is_multi_gpu_run(run_dir) -> bool:
-    return (Path(run_dir) / "vp").is_dir() or (Path(run_dir) / TRAIN_DIR).is_dir()
+    return (Path(run_dir) / "vp").is_dir() or any((Path(run_dir) / d).is_dir() for d in TRAIN_DIRS)
 
 
 def multi_gpu_text(run_dir) -> str:
-    return "\n\n".join(t for t in (vocab_parallel_section(run_dir), training_table(run_dir)) if t)
+    parts = [vocab_parallel_section(run_dir)] + [training_table(run_dir, d) for d in TRAIN_DIRS]
+    return "\n\n".join(t for t in parts if t)
