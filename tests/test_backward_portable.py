@@ -59,6 +59,7 @@ def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=2
     return SimpleNamespace(e=e, c=c, x=x, w=w, w_buf=w_buf, bias=b, rows=rows, sums=sums, v=v,
                            v_start=v_start, softcap=softcap, ls=ls, filters=filters,
                            d=d[:, v_start:v_start + width], eps=eps, pad=pad,
+                           mag=mag.amax(1, keepdim=True),
                            d_err=(EPS32 * grow * mag.amax(1, keepdim=True)).expand(n, width))
 
 
@@ -195,6 +196,10 @@ def test_pointer_dlogits_writes_a_strided_w():
     # The builder's E and C give the same gradient when dlogits.py recomputes the logits.
     case = chunk_case(torch.float32)
     recompute_chunk(case, INTERPRETER)
-    assert (case.w.double() - case.d).abs().max() <= 1e-5 * case.d.abs().max()
+    # Beyond d_err (W written from given fp32 logits), the recomputed logits carry the fp32
+    # dot's rounding over D, at most D * eps32 * sum_k |e_k c_k|, in exp's argument.
+    dot = (case.e.abs().double() @ case.c.abs().double().T).max().item()
+    bound = case.d_err + EPS32 * case.e.shape[1] * dot * case.mag
+    assert ((case.w.double() - case.d).abs() <= bound).all()
     assert torch.isnan(case.w_buf[:, :case.pad]).all()
     assert torch.isnan(case.w_buf[:, case.pad + case.x.shape[1]:]).all()

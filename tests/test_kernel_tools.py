@@ -56,11 +56,20 @@ def test_check_refuses_what_it_cannot_do_here(capsys, monkeypatch, device):
 
 
 def test_check_compares_gradients_on_the_cpu(capsys):
-    cli.main(["kernel", "check", "--n", "8", "--d", "16", "--v", "40", "--device", "cpu"])
+    import torch
+
+    from own_kernel.api import AUTO_EPS
+
+    n, d, v = 8, 16, 40
+    cli.main(["kernel", "check", "--n", str(n), "--d", str(d), "--v", str(v), "--device", "cpu"])
     lines = capsys.readouterr().out.splitlines()
     errors = {line.split()[0]: float(line.split()[2]) for line in lines[1:]}
     assert set(errors) == {"naive", "own", "own_filter", "own_low_memory"}
-    assert max(errors.values()) < 0.05
+    # fp32 inputs: each provider's three reductions (over D, V and N) round at most
+    # eps * (N + D + V) apart from the reference's; the filter drops entries below its fp32
+    # threshold, at most V per row.
+    eps = torch.finfo(torch.float32).eps
+    assert max(errors.values()) < 2 * eps * (n + d + v) + AUTO_EPS[torch.float32] * v, errors
 
 
 def test_memory_peak_lists_the_blocks_alive_at_the_peak():

@@ -16,8 +16,9 @@ from suite.reference import reference, rel_err
 # ignore mask gives errors of 1e-2 or more.
 N, D, V = 48, 32, 100
 EXACT_TOL = torch.finfo(torch.float32).eps * (D + V + N)
-# Approximate providers (gradient filtering) may drop gradient entries below their threshold.
-FILTER_TOL = 2e-2
+# Approximate providers (gradient filtering) may drop gradient entries below their threshold,
+# at most 2**-12 (the largest default: Apple's and own's for 16-bit inputs), V of them per row.
+FILTER_TOL = EXACT_TOL + 2.0**-12 * V
 
 CASES = {
     "plain": dict(softcap=None, bias=False, ignore_frac=0.0),
