@@ -145,3 +145,10 @@ def test_an_opening_without_its_end_does_not_swallow_the_next_block(tmp_path):
     note = _tiny_note(tmp_path, text)
     with pytest.raises(NoteTableError, match="2 openings, 1 ends"):
         render_note(text, note)
+
+
+def test_where_keeps_rows_matching_any_of_its_alternatives(tmp_path):
+    note = _tiny_note(tmp_path)
+    text = "<!-- table: data/run.csv\n columns: name\n where: name=a|c\n-->\n<!-- end table -->\n"
+    out = render_note(text, note)
+    assert "| a |" in out and "| c |" in out and "| b |" not in out

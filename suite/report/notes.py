@@ -17,7 +17,7 @@ A note marks a table copied from a CSV with two comments; what lies between them
 - ``columns`` (optional; default: every column of the CSV): the CSV's columns in the table's
   order, each ``name`` or ``name=header`` (the header the table shows; no ``,`` or ``=`` in it);
 - ``where`` (optional): comma-separated ``column=value``; a row is kept when each named cell
-  is ``value`` as the CSV wrote it;
+  is ``value`` as the CSV wrote it (``column=a|b``: any of them);
 - ``format`` (optional): ``sig4`` (the default: ``formatting.fmt_sig``, numbers to 4
   significant digits, integers and words as written) or ``raw`` (cells as the CSV wrote them).
 
@@ -116,7 +116,7 @@ def table_markdown(spec: TableSpec, note_path: Path, label: str) -> str:
     if unknown:
         raise NoteTableError(f"{label}: unknown column(s) {', '.join(unknown)} "
                              f"(the CSV has: {', '.join(fields)})")
-    kept = [r for r in rows if all((r.get(c) or "") == v for c, v in spec.where)]
+    kept = [r for r in rows if all((r.get(c) or "") in v.split("|") for c, v in spec.where)]
     body = [[_cell(r.get(name), spec.format) for name, _ in columns] for r in kept]
     return md_table([header for _, header in columns], body)
 
