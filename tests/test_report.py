@@ -532,3 +532,14 @@ def test_multi_gpu_training_tables_show_syncs_and_the_largest_batch_where_record
     assert "largest batch" not in step
     assert "largest-batch search" in search and "largest batch per rank" in search
     assert "stop: oom@" in search or "stop: cap" in search
+
+
+def test_a_not_installed_peer_says_when_it_could_not_run_the_cell_anyway():
+    from suite.report.readme import _not_run_text
+
+    row = {"status": "unavailable", "error": "quack-kernels is not installed", "softcap": "30.0",
+           "bias": "0"}
+    assert _not_run_text("quack", row).endswith(
+        "; installed, it could not run this cell either: quack has no softcap option")
+    assert "either" not in _not_run_text("quack", dict(row, softcap=""))
+    assert "either" not in _not_run_text("own", row)  # own has a softcap

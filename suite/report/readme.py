@@ -138,7 +138,25 @@ def headline_table(run_dir) -> str:
 def _not_run_text(provider: str, row) -> str:
     reason = " ".join((row.get("error") or "").split())
     reason = reason if len(reason) <= NOT_RUN_CHARS else reason[:NOT_RUN_CHARS] + "..."
-    return f"`{provider}`: {row['status']}" + (f" ({reason})" if reason else "")
+    also = _unsupported_anyway(provider, row)
+    return (f"`{provider}`: {row['status']}" + (f" ({reason})" if reason else "")
+            + (f"; installed, it could not run this cell either: {also}" if also else ""))
+
+
+def _unsupported_anyway(provider: str, row) -> str | None:
+    """Why a provider that was unavailable (not installed) would not run the cell anyway (an
+    option it lacks, e.g. a softcap), or None: "not installed" alone would not say it."""
+    if row["status"] != "unavailable":
+        return None
+    from suite import catalog
+
+    try:
+        p = catalog.get(provider)
+    except ValueError:
+        return None  # a provider this checkout no longer registers
+    softcap = row.get("softcap")
+    return p.unsupported_reason(bias=row.get("bias") in ("1", "True", "true"),
+                                softcap=num(softcap) if softcap not in (None, "", "None") else None)
 
 
 def headline(run_dirs, command: str) -> str:
