@@ -8,6 +8,7 @@ from importlib import metadata as _metadata
 
 from own_kernel.api import (LinearCrossEntropy, LossEntropy, LossEntropyLse, TokenLogprobs,
                             linear_cross_entropy, plan, token_logprobs)
+from own_kernel.check_targets import queue_targets_check
 from own_kernel.route import Plan
 from own_kernel.vocab_parallel import VocabParallel
 
@@ -15,4 +16,5 @@ from own_kernel.vocab_parallel import VocabParallel
 __version__ = next((d.version for d in _metadata.distributions(name="cce-bench")), "0+unknown")
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropy", "VocabParallel", "plan", "Plan",
-           "token_logprobs", "TokenLogprobs", "LossEntropy", "LossEntropyLse"]
+           "token_logprobs", "TokenLogprobs", "LossEntropy", "LossEntropyLse",
+           "queue_targets_check"]

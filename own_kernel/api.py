@@ -275,12 +275,19 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     Returns ``LossEntropy(loss, entropy)``, or ``LossEntropyLse(loss, entropy, lse)`` with
     return_lse (plain ``(loss, lse)`` without return_entropy). Exact gradients only (no
     filter_eps), not with vocab_parallel; such calls take the recompute (or low-memory) path.
+    ``targets_check``: these targets' check queued earlier (``queue_targets_check``; the
+    Hugging Face patch queues it before the model's trunk, so the call's one host read does not
+    wait for the forward); used only where it was made for exactly these targets, vocabulary,
+    ignore_index and chunk split, else the call checks anew.
     """
     e, c, bias = _autocast(e, c, bias)
     _validate_tensors(e, c, targets, bias)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
     _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
+    if targets_check is not None and not isinstance(targets_check, TargetsCheck):
+        raise TypeError(f"targets_check: expected what own_kernel.queue_targets_check returns "
+                        f"(or None); got {type(targets_check).__name__}")
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)

@@ -549,3 +549,15 @@ def test_a_bad_label_still_raises_naming_it_with_the_check_queued_early(kernel_c
     labels[1, 4] = VOCAB + 3
     with pytest.raises(ValueError, match=f"targets: value {VOCAB + 3} is outside"):
         model(input_ids=input_ids, labels=labels)
+
+
+def test_targets_check_of_another_type_is_refused_by_name():
+    import own_kernel
+
+    e, c = torch.randn(4, 8), torch.randn(10, 8)
+    t = torch.randint(0, 10, (4,))
+    with pytest.raises(TypeError, match="targets_check"):
+        own_kernel.linear_cross_entropy(e, c, t, targets_check=(None, None))
+    q = own_kernel.queue_targets_check(t, 10, -100)
+    assert torch.allclose(own_kernel.linear_cross_entropy(e, c, t, targets_check=q),
+                          own_kernel.linear_cross_entropy(e, c, t))
