@@ -62,49 +62,35 @@ def choice_list(choices):
     return parse
 
 
-def softcap_list(text: str) -> list[float | None]:
+def _float_list(text: str, ok, expected: str, none_ok: bool = False) -> list:
+    """Comma-separated numbers each passing ``ok`` (and 'none' where ``none_ok``), else an
+    argparse error saying what was ``expected``."""
     out = []
     for t in _split(text):
-        if t.lower() == "none":
+        if none_ok and t.lower() == "none":
             out.append(None)
             continue
         try:
             value = float(t)
         except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated positive numbers or 'none' (e.g. 30,none), got {t!r}")
+            value = float("nan")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {expected}, got {t!r}")
         out.append(value)
     return out
+
+
+def softcap_list(text: str) -> list[float | None]:
+    return _float_list(text, lambda x: x > 0, "positive numbers or 'none' (e.g. 30,none)",
+                       none_ok=True)
 
 
 def fraction_list(text: str) -> list[float]:
-    out = []
-    for t in _split(text):
-        try:
-            value = float(t)
-        except ValueError:
-            value = -1.0
-        if not 0.0 <= value < 1.0:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated fractions in [0, 1) (e.g. 0,0.5), got {t!r}")
-        out.append(value)
-    return out
+    return _float_list(text, lambda x: 0.0 <= x < 1.0, "fractions in [0, 1) (e.g. 0,0.5)")
 
 
 def entropy_list(text: str) -> list[float]:
-    out = []
-    for t in _split(text):
-        try:
-            value = float(t)
-        except ValueError:
-            value = -1.0
-        if not value > 0.0:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated entropies in nats above 0 (e.g. 2.2,3), got {t!r}")
-        out.append(value)
-    return out
+    return _float_list(text, lambda x: x > 0.0, "entropies in nats above 0 (e.g. 2.2,3)")
 
 
 def nonneg_int(text: str) -> int:
