@@ -44,9 +44,12 @@ def _check_runnable(device: torch.device, dtype: torch.dtype) -> None:
 
 # ---- the public function ---------------------------------------------------------------------
 
-def _validate_tensors(e, c, targets, bias):
+def _validate_tensors(e, c, targets, bias, targets_check=None):
     if not isinstance(e, Tensor) or not isinstance(c, Tensor) or not isinstance(targets, Tensor):
         raise TypeError("e, c and targets must be torch.Tensors")
+    if targets_check is not None and not isinstance(targets_check, TargetsCheck):
+        raise TypeError(f"targets_check: expected what own_kernel.queue_targets_check returns "
+                        f"(or None); got {type(targets_check).__name__}")
     if e.dtype not in DTYPES:
         raise TypeError(f"e: dtype must be one of bfloat16, float16, float32; got {e.dtype}")
     if e.dim() < 1:
@@ -275,19 +278,14 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     Returns ``LossEntropy(loss, entropy)``, or ``LossEntropyLse(loss, entropy, lse)`` with
     return_lse (plain ``(loss, lse)`` without return_entropy). Exact gradients only (no
     filter_eps), not with vocab_parallel; such calls take the recompute (or low-memory) path.
-    ``targets_check``: these targets' check queued earlier (``queue_targets_check``; the
-    Hugging Face patch queues it before the model's trunk, so the call's one host read does not
-    wait for the forward); used only where it was made for exactly these targets, vocabulary,
-    ignore_index and chunk split, else the call checks anew.
+    ``targets_check``: ``queue_targets_check``'s check of these targets, queued before the
+    model's trunk so that the call's host read does not wait for it (used only if it matches).
     """
     e, c, bias = _autocast(e, c, bias)
-    _validate_tensors(e, c, targets, bias)
+    _validate_tensors(e, c, targets, bias, targets_check)
     _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
                       workspace_mib)
     _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
-    if targets_check is not None and not isinstance(targets_check, TargetsCheck):
-        raise TypeError(f"targets_check: expected what own_kernel.queue_targets_check returns "
-                        f"(or None); got {type(targets_check).__name__}")
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)
