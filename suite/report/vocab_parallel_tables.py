@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite import results
+from suite.report.envs import read_envs
 from suite.report.formatting import fmt_err, fmt_mib, fmt_ms, fmt_ratio, md_table
 
 PROVIDERS = ("own", "own_filter", "own_low_memory")
@@ -87,20 +88,6 @@ TRAIN_HEADER = ["config", "GPUs", "lm_head", "batch per rank x seq", "step ms (p
                 "tokens/s", "peak MiB per rank", "final loss", "parity against", "verdict"]
 
 
-def _train_rows(folder: Path) -> list[dict]:
-    import csv
-
-    with open(folder / "results.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _gpu_name(folder: Path) -> str:
-    import json
-
-    env = folder / "env.json"
-    return json.loads(env.read_text()).get("gpu_name", "") if env.exists() else ""
-
-
 def _optional_columns(rows: list[dict]) -> list[tuple[str, callable]]:
     """Columns of the runs that recorded them: host syncs (the probe step) and the largest
     batch found (the --max-batch search)."""
@@ -134,13 +121,13 @@ def training_table(run_dir, folder: str = TRAIN_DIR) -> str:
     path = Path(run_dir) / folder
     if not (path / "results.csv").exists():
         return ""
-    rows = _train_rows(path)
+    rows = results.read_train_csv(path, "results.csv")
     extra = _optional_columns(rows)
     body = [_train_line(r) + [fmt(r) for _, fmt in extra] for r in rows]
     first = rows[0]
     worlds = sorted({int(r["world_size"]) for r in rows})
     gpus = " and ".join(str(w) for w in worlds)
-    gpu = _gpu_name(path)
+    gpu = next((env.get("gpu_name", "") for env in read_envs(path)), "")
     title = (f"### Training step on {gpus} GPU{'s' if worlds != [1] else ''}"
              f"{f' ({gpu})' if gpu else ''}: {first['model']}, "
              f"{int(first['n_params']) / 1e9:.2f}B parameters, V {first['vocab']}, "
