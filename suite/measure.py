@@ -32,10 +32,13 @@ def is_oom(exc: BaseException) -> bool:
     its workspace (seen in training steps at the edge of memory)."""
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text.lower() or "can't allocate memory" in text.lower()
-        or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+    return isinstance(exc, RuntimeError) and is_oom_text(str(exc))
+
+
+def is_oom_text(text: str) -> bool:
+    """is_oom for an error known only by its text (e.g. a child process's traceback)."""
+    return ("out of memory" in text.lower() or "can't allocate memory" in text.lower()
+            or "CUBLAS_STATUS_ALLOC_FAILED" in text or "OutOfMemoryError" in text)
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

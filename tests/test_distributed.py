@@ -422,7 +422,7 @@ def test_a_trial_gives_each_rank_the_batch_it_names():
         for rank in range(cfg.world):
             got, _, _ = _step_batch(cfg, t, ids, ids, 1, rank)
             assert got.shape[0] == 8, cfg
-    from suite.train.distributed import is_oom
+    from suite.measure import is_oom_text as is_oom
     assert is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert not is_oom("ProcessExitedException: process 1 terminated with signal SIGTERM")
 

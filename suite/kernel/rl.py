@@ -259,7 +259,9 @@ def measure(method, e, c, t, w, beta, reps, device) -> dict:
     except (RuntimeError, ValueError, AssertionError) as err:
         # e.g. inductor's own allocation failures, or a peer rejecting these inputs: data, not a
         # crash
-        status = "oom" if "out of memory" in str(err).lower() else "error"
+        from suite.measure import is_oom_text
+
+        status = "oom" if is_oom_text(str(err)) else "error"
         line = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         print(f"{method}: {line}", flush=True)
         return _failed(status, line)

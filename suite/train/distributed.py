@@ -377,11 +377,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def is_oom(text: str) -> bool:
-    """Whether a rank's error is CUDA running out of memory (torch.OutOfMemoryError)."""
-    return "out of memory" in text.lower() or "OutOfMemoryError" in text
-
-
 def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool,
                timeout_s: float | None = None) -> list[dict] | str:
     """Every rank's result of one configuration (a fresh world), or why it failed: an OOM
@@ -402,8 +397,10 @@ def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool,
                     p.terminate()
                 return f"timeout after {timeout_s:.0f} s"
     except Exception as exc:  # noqa: BLE001 - a failed configuration is a row
+        from suite.measure import is_oom_text
+
         text = " ".join(str(exc).split())
-        return f"oom: {text[-300:]}" if is_oom(text) else text[-400:]
+        return f"oom: {text[-300:]}" if is_oom_text(text) else text[-400:]
     return [json.loads((parts / f"{cfg.name}.rank{r}.json").read_text())
             for r in range(cfg.world)]
 
