@@ -23,7 +23,7 @@ import time
 import torch
 
 from own_kernel import linear_cross_entropy
-from suite.inputs import make_inputs
+from suite.inputs import LM_ENTROPY, make_inputs
 from suite.kernel.common import add_call_arguments, require_cuda
 from suite.kernel.internals import config_override, forward_lse
 
@@ -32,6 +32,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("what", choices=("fwd", "bwd", "bwd-filter", "host"))
     add_call_arguments(ap, note=" (host only)")
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
+    ap.add_argument("--lm-entropy", type=float, default=LM_ENTROPY,
+                    help=f"lm inputs: the targets' mean entropy in nats (default {LM_ENTROPY})")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
     ap.add_argument("--workspace-mib", type=int, default=0,
                     help="host: the three-matmul path's budget (default 0: the recompute path)")
@@ -41,7 +43,8 @@ def add_arguments(ap) -> None:
 
 def main(args) -> int:
     require_cuda("profile")
-    inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda", softcap=30.0)
+    inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda",
+                      softcap=args.softcap or None, target_entropy=args.lm_entropy)
     e, c, t = inp["e"], inp["c"], inp["targets"]
     if args.what == "host":
         loss_fn = None
