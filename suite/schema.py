@@ -118,6 +118,8 @@ TRAIN_BENCH_FIELDS = [
     "max_batch_peak_mib", "max_batch_tokens_per_s",  # that try's peak and rough throughput
     "search_log",        # every try as batch+ (fits) or batch- (OOM)
     "search_s",          # the search's wall time
+    "loss_path",         # the own kernel's path in one profiled step at the common batch
+                         # (three-matmul or recompute, from its kernels' names; "" otherwise)
 ]
 TRAIN_CURVE_FIELDS = ["run", "backend", "step", "loss", "lr", "ms_step"]
 TRAIN_CONVERGENCE_FIELDS = [

@@ -109,6 +109,23 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
     assert kernel_family("cce_lse_combine_kernel") == "forward"
 
 
+def test_the_step_bench_names_the_path_from_the_kernels_that_ran():
+    # The kernels' names as torch.profiler reports them on an H100 (three-matmul: cuBLAS
+    # logits, the Triton pass, cuBLAS dE/dC; recompute: forward, recompute, cuBLAS).
+    from suite.kernel.profile import own_path_of
+
+    three = ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "_logits_to_grad_kernel",
+             "nvjet_sm90_tss_192x192_badd", "_scale_kernel"]
+    recompute = ["cce_fwd_tma_kernel", "cce_lse_combine_kernel", "cce_dlogits_tma_kernel",
+                 "nvjet_sm90_tss_192x192_badd", "cce_finalize_de_kernel"]
+    portable = ["cce_fwd_kernel", "cce_softmax_grad_kernel", "sm80_xmma_gemm_bf16"]
+    assert own_path_of(three) == "three-matmul"
+    assert own_path_of(recompute) == "recompute"
+    assert own_path_of(portable) == "recompute"
+    assert own_path_of(["cce_fwd_tma_kernel", "cce_lse_combine_kernel"]) == ""  # no backward
+    assert own_path_of(["ampere_bf16_s16816gemm", "triton_red_fused_0"]) == ""  # another backend
+
+
 def test_version_is_the_installed_distributions():
     import importlib.metadata
 

@@ -152,6 +152,19 @@ def kernel_family(name: str) -> str:
     return "torch ops, copies, memsets"
 
 
+def own_path_of(kernel_names) -> str:
+    """Which path of the own kernel a loss+grad ran, from the names of the GPU kernels it
+    launched: "three-matmul" (its logits-to-gradient pass ran), "recompute" (a backward that
+    recomputes the logits: the recompute or the low-memory path), or "" (no own backward ran:
+    another backend, or the forward only)."""
+    names = list(kernel_names)
+    if any(name.startswith("_logits_to_grad") for name in names):
+        return "three-matmul"
+    if any(name.startswith(("cce_dlogits", "cce_softmax_grad")) for name in names):
+        return "recompute"
+    return ""
+
+
 def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
                    floor_ms: float | None = None, calls: int = 1) -> None:
     """Where the GPU idled in a torch.profiler trace: its busy time against the span of the

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from suite.kernel.profile import own_path_of
 from suite.measure import MIB, RegionTimer, free_memory, is_oom, time_calls, time_stats
 from suite.results import CsvAppender
 from suite.schema import TRAIN_BENCH_CSV, TRAIN_BENCH_FIELDS
@@ -202,9 +203,20 @@ def _measure_batch(s: _Setup, job: dict, batch: int) -> dict:
                tokens_per_s=batch * s.seq_len / (stats["ms"] / 1e3))
     if cuda:
         row.update(peak_mib=peak / MIB, saved_act_mib=split["saved_act"] / MIB,
-                   split_peak_mib=split["peak"] / MIB,
+                   split_peak_mib=split["peak"] / MIB, loss_path=_loss_path(s, batch),
                    **memory_breakdown_mib(peak, s.static, split["loss"]))
     return row
+
+
+def _loss_path(s: _Setup, batch: int) -> str:
+    """The own kernel's path in one step at ``batch`` (profile.own_path_of over the GPU
+    kernels the step launched): what ran, as the step's autocast and weights chose it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s.step(batch)
+        torch.cuda.synchronize(s.dev)
+    return own_path_of(ev.name for ev in prof.events())
 
 
 def _common_batch(batch, row: dict):
