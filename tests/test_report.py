@@ -107,6 +107,25 @@ def test_a_later_failure_does_not_hide_an_earlier_success_and_mixed_runs_say_so(
     assert f"ok: own (`{RUN_A.as_posix()}`)" in v1000
 
 
+def test_the_own_kernels_path_is_a_column_where_the_step_bench_recorded_it(tmp_path):
+    run = tmp_path / "train-paths"
+    run.mkdir()
+    shutil.copy(RUN_A / "env.json", run / "env.json")
+    with open(RUN_A / "train_bench.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["vocab"] == "1000"]
+    for r in rows:
+        r["loss_path"] = "three-matmul" if r["backend"] == "own" else ""
+    with open(run / "train_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, BENCH_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    text = report.render_train([run])
+    assert "| backend | peak GiB | loss GiB | tokens/s | largest batch | own kernel's path |" in text
+    assert "| own | 8.50 | 0.50 | 900 | >= 64 (cap) | three-matmul |" in text
+    assert "| naive | 20.0 | 12.0 | 1,000 | 12 | – |" in text
+    assert "own kernel's path" not in report.render_train([RUN_A])  # runs before the column
+
+
 def _main(argv):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)

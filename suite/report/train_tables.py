@@ -91,6 +91,9 @@ def train_bench_table(rows: list[dict], superseded: list[dict]) -> str:
             f"{first['optimizer']}, {first['device']}; from "
             + ", ".join(f"`{s}`" for s in sources))
     cols = ["backend", "peak GiB", "loss GiB", "tokens/s", "largest batch"]
+    paths = any(r.get("loss_path") for r in rows)  # runs since the step bench records it
+    if paths:
+        cols.append("own kernel's path")
     if mixed:
         cols += ["batch", "run"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -104,6 +107,8 @@ def train_bench_table(rows: list[dict], superseded: list[dict]) -> str:
         else:
             cells = [name, r["status"], "–", "–", fmt_max_batch(r)]
             notes.append(_note(name, r))
+        if paths:
+            cells.append(r.get("loss_path") or "–")
         if mixed:
             cells += [r["batch"] or "–", f"`{r['source']}`"]
         lines.append("| " + " | ".join(cells) + " |")
