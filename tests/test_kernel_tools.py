@@ -98,7 +98,7 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
               for n, ts, dur in ops]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    print_gpu_gaps(str(path), floor_ms=0.1, calls=2)
+    floors = print_gpu_gaps(str(path), floor_ms=0.1, calls=2)
     out = capsys.readouterr().out
     lines = {line.split(None, 1)[1]: float(line.split()[0]) for line in
              out.split("Per call, in floors")[1].splitlines()[1:] if line.strip()}
@@ -106,7 +106,32 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
                      "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)": 1.2, "other own kernels": 0.05,
                      "torch ops, copies, memsets": 0.05, "GPU idle": 0.5,
                      "span of the traced calls": 4.3}
+    assert {k: round(x, 6) for k, x in floors.items()} == lines  # what --csv writes
     assert kernel_family("cce_lse_combine_kernel") == "forward"
+
+
+def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
+    import argparse
+    import csv
+
+    from suite.kernel import profile
+
+    names = ["cce_fwd_tma_kernel", "cce_dlogits_tma_kernel", "_logits_to_grad_kernel",
+             "nvjet_sm90", "cce_finalize_de_kernel", "triton_red_fused_0", "Memset (Device)"]
+    families = {profile.kernel_family(n) for n in names}
+    assert families <= set(profile.FAMILY_COLUMNS)
+    args = argparse.Namespace(n=8, d=4, v=16, softcap=0.0, lm_entropy=3.0, dist="lm",
+                              provider=None, filter=True, low_memory=False, workspace_mib=0)
+    measured = dict(host_ms=1.0, wall_ms=9.0, floor_ms=2.0,
+                    floors={"forward": 1.0, "GPU idle": 0.25, "span of the traced calls": 4.5})
+    path = tmp_path / "p.csv"
+    profile.append_profile_row(str(path), args, measured)
+    profile.append_profile_row(str(path), argparse.Namespace(**{**vars(args), "provider":
+                                                                "torch_compile"}), measured)
+    rows = list(csv.DictReader(open(path)))
+    assert [r["call"] for r in rows] == ["own filter", "torch_compile"]
+    assert rows[0]["wall_floors"] == "4.5" and rows[0]["forward_floors"] == "1"
+    assert rows[0]["cublas_floors"] == "0" and rows[0]["softcap"] == ""
 
 
 def test_the_step_bench_names_the_path_from_the_kernels_that_ran():

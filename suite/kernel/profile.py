@@ -39,6 +39,8 @@ def add_arguments(ap) -> None:
                     help="host: the three-matmul path's budget (default 0: the recompute path)")
     ap.add_argument("--provider", help="host: profile this registered provider's call instead "
                     "(e.g. torch_compile, own_fused)")
+    ap.add_argument("--csv", help="host, with --trace: append the call's row (shape, host and "
+                    "wall ms, each kernel family's floors) to this CSV")
 
 
 def main(args) -> int:
@@ -56,9 +58,13 @@ def main(args) -> int:
 
             def loss_fn(e, c, t, softcap, **_):  # the provider's own options
                 return provider_fn(e, c, t, softcap=softcap)
-        host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None, args.trace,
-                     low_memory=args.low_memory, workspace_mib=args.workspace_mib,
-                     loss_fn=loss_fn)
+        if args.csv and not args.trace:
+            raise SystemExit("--csv: needs --trace (the floors come from the trace)")
+        measured = host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None,
+                                args.trace, low_memory=args.low_memory,
+                                workspace_mib=args.workspace_mib, loss_fn=loss_fn)
+        if args.csv:
+            append_profile_row(args.csv, args, measured)
     elif args.what == "fwd":
         e @ c.T
         for tma in (False, True):
@@ -95,9 +101,10 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=
         torch.cuda.synchronize()
         queued.append((t1 - t0) * 1e3)
         wall.append((time.perf_counter() - t0) * 1e3)
+    measured = dict(host_ms=statistics.median(queued), wall_ms=statistics.median(wall))
     print(f"N={e.shape[0]} D={e.shape[1]} V={c.shape[0]} softcap={softcap} filter={filter_eps}: "
-          f"host {statistics.median(queued):.3f} ms to queue a call, wall "
-          f"{statistics.median(wall):.3f} ms (medians of {calls})")
+          f"host {measured['host_ms']:.3f} ms to queue a call, wall "
+          f"{measured['wall_ms']:.3f} ms (medians of {calls})")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -115,7 +122,49 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=
                 call()
             torch.cuda.synchronize()
         p.export_chrome_trace(trace)
-        print_gpu_gaps(trace, floor_ms=floor_ms(e, c), calls=3)
+        measured["floor_ms"] = floor_ms(e, c)
+        measured["floors"] = print_gpu_gaps(trace, floor_ms=measured["floor_ms"], calls=3)
+    return measured
+
+
+# A kernel family's column in the profile CSV (--csv), in floors per call.
+FAMILY_COLUMNS = {
+    "forward": "forward_floors",
+    "recompute + softmax gradient": "recompute_floors",
+    "logits -> gradient pass (three-matmul path)": "logits_grad_floors",
+    "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)": "cublas_floors",
+    "other own kernels": "other_own_floors",
+    "torch.compile's generated kernels": "compile_kernels_floors",
+    "torch ops, copies, memsets": "torch_ops_floors",
+    "GPU idle": "idle_floors",
+    "span of the traced calls": "span_floors",
+}
+PROFILE_FIELDS = (["n", "d", "v", "softcap", "lm_entropy", "call", "host_ms", "wall_ms",
+                   "floor_ms", "wall_floors"] + list(FAMILY_COLUMNS.values()))
+
+
+def append_profile_row(path: str, args, measured: dict) -> None:
+    """One profiled call as a CSV row (PROFILE_FIELDS; a family that did not run: 0). call
+    names what ran: the provider, or own with its options."""
+    import csv
+    from pathlib import Path
+
+    call = args.provider or "own" + "".join(
+        f" {flag}" for flag, on in (("filter", args.filter), ("low_memory", args.low_memory),
+                                    (f"workspace_mib={args.workspace_mib}", args.workspace_mib))
+        if on)
+    floors = measured["floors"]
+    row = dict(n=args.n, d=args.d, v=args.v, softcap=args.softcap or "",
+               lm_entropy=args.lm_entropy if args.dist == "lm" else "", call=call,
+               host_ms=measured["host_ms"], wall_ms=measured["wall_ms"],
+               floor_ms=measured["floor_ms"], wall_floors=measured["wall_ms"] / measured["floor_ms"],
+               **{col: floors.get(family, 0.0) for family, col in FAMILY_COLUMNS.items()})
+    new = not Path(path).exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, PROFILE_FIELDS)
+        if new:
+            w.writeheader()
+        w.writerow({k: f"{x:.4g}" if isinstance(x, float) else x for k, x in row.items()})
 
 
 def floor_ms(e, c, reps=20) -> float:
@@ -166,12 +215,13 @@ def own_path_of(kernel_names) -> str:
 
 
 def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
-                   floor_ms: float | None = None, calls: int = 1) -> None:
+                   floor_ms: float | None = None, calls: int = 1) -> dict:
     """Where the GPU idled in a torch.profiler trace: its busy time against the span of the
     traced calls, and the longest gaps between GPU operations, each with the host operation
     that launched the next one (the host was still busy there, or waiting). With floor_ms (one
     E @ C.T) and the number of traced calls: each kernel family's time per call in floors
-    (four matmuls' worth is the least a loss+grad call can cost)."""
+    (four matmuls' worth is the least a loss+grad call can cost), printed and returned (with
+    "GPU idle" and "span of the traced calls"); else {}."""
     with open(trace_path) as f:
         events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
     gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
@@ -219,5 +269,10 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
         print(f"Per call, in floors (one E @ C.T = {floor_ms:.3f} ms):")
         for family, us in sorted(families.items(), key=lambda x: -x[1]):
             print(f"  {us / per_call:6.3f}  {family}")
-        print(f"  {(span - busy) / per_call:6.3f}  GPU idle")
-        print(f"  {span / per_call:6.3f}  span of the traced calls")
+        floors = {family: us / per_call for family, us in families.items()}
+        floors["GPU idle"] = (span - busy) / per_call
+        floors["span of the traced calls"] = span / per_call
+        for family in ("GPU idle", "span of the traced calls"):
+            print(f"  {floors[family]:6.3f}  {family}")
+        return floors
+    return {}
