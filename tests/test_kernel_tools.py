@@ -132,6 +132,7 @@ def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
     assert [r["call"] for r in rows] == ["own filter", "torch_compile"]
     assert rows[0]["wall_floors"] == "4.5" and rows[0]["forward_floors"] == "1"
     assert rows[0]["cublas_floors"] == "0" and rows[0]["softcap"] == ""
+    assert json.loads((tmp_path / "env.json").read_text())["torch"]  # the run's environment
 
 
 def test_the_step_bench_names_the_path_from_the_kernels_that_ran():

@@ -144,8 +144,9 @@ PROFILE_FIELDS = (["n", "d", "v", "softcap", "lm_entropy", "call", "host_ms", "w
 
 
 def append_profile_row(path: str, args, measured: dict) -> None:
-    """One profiled call as a CSV row (PROFILE_FIELDS; a family that did not run: 0). call
-    names what ran: the provider, or own with its options."""
+    """One profiled call as a CSV row (PROFILE_FIELDS; a family that did not run: 0), and the
+    run's env.json beside the CSV if none is there. call names what ran: the provider, or own
+    with its options."""
     import csv
     from pathlib import Path
 
@@ -160,6 +161,10 @@ def append_profile_row(path: str, args, measured: dict) -> None:
                floor_ms=measured["floor_ms"], wall_floors=measured["wall_ms"] / measured["floor_ms"],
                **{col: floors.get(family, 0.0) for family, col in FAMILY_COLUMNS.items()})
     new = not Path(path).exists()
+    env = Path(path).with_name("env.json")  # the run's GPU, versions and commit, once
+    if not env.exists():
+        from suite.results import environment
+        env.write_text(json.dumps(environment("cuda"), indent=2, default=str))
     with open(path, "a", newline="") as f:
         w = csv.DictWriter(f, PROFILE_FIELDS)
         if new:
