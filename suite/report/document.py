@@ -74,8 +74,8 @@ SECTIONS = (
         "`own_fused_6g`: 4 and 6 GiB); `own_low_memory` holds close to the gradients alone, "
         "against the exact recompute path `own_recompute`.",
         ("results/frontier-llama3-8b-h100 results/frontier-gemma2-2b-h100 "
-         "results/frontier-qwen25-7b-h200 results/frontier-d5120-h200 "
-         "results/frontier-d1152-h200 --frontier",
+         "results/frontier-qwen25-7b-h100 results/frontier-d5120-h100 "
+         "results/frontier-d1152-h100 --frontier",
          "results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
          "results/fused-budget-h100 --versus own_fused_4g --peers torch_compile,own_fused",
          "results/fused-budget-h100 --versus own_fused_6g --peers torch_compile,own_fused",
