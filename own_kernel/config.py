@@ -59,6 +59,7 @@ class Forward:
     tma: bool = False        # TMA loads where the inputs allow (Hopper)
     flatten: bool = False    # pipeline loads across vocabulary tiles
     l2_mib: int = 0          # E bytes the resident programs may share in L2; 0 = no bound
+    warp_specialize: bool = False  # TMA loop: Triton's producer/consumer warp groups (sm90+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Recompute:
     persistent: bool = False
     flatten: bool = False
     col_round: bool = True   # sum what rounding W removed per column (dC's correction)
+    warp_specialize: bool = False  # the tile loop in Triton's producer/consumer warp groups
 
     def __post_init__(self):
         if self.subtiles not in (1, 2, 4) or self.tiles.block_v % self.subtiles:

@@ -115,7 +115,8 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
                            DETERMINISTIC: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                            SUBTILES: tl.constexpr, GROUP_N: tl.constexpr, FLATTEN: tl.constexpr,
-                           D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                           WARP_SPECIALIZE: tl.constexpr):
     # Tiles in groups of GROUP_N row blocks x every column tile of the chunk, row blocks fastest:
     # the resident programs share a few blocks of E and the chunk's C in L2. Row blocks fastest
     # over all of E (as forward.py does) let W's stores evict E from L2 between its re-reads.
@@ -129,7 +130,8 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
     # per row block, columns (ColRound, ColSum, ColWSum).
     col_part = Part + 2 * num_vb * N
     col_plane = num_nb * width
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         first_nb = (tile // per_group) * GROUP_N
         group_size = tl.minimum(num_nb - first_nb, GROUP_N)
         n0 = (first_nb + (tile % per_group) % group_size) * BLOCK_N
@@ -207,7 +209,8 @@ class RecomputeTma:
         self.scalars = (*softcap_scalars(softcap, temperature), float(smooth))
         self.flags = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
                           DOT_PRECISION=dot_precision(e.dtype), SUBTILES=k.subtiles,
-                          GROUP_N=k.group_n, FLATTEN=k.flatten, **k.tiles.launch())
+                          GROUP_N=k.group_n, FLATTEN=k.flatten,
+                          WARP_SPECIALIZE=k.warp_specialize, **k.tiles.launch())
         self.slots = num_sms(e.device)
 
     def write(self, w, rows, sums, v_start, filters=False, col_round=True, e_desc=None):

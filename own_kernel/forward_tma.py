@@ -27,7 +27,8 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                        NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                       D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       WARP_SPECIALIZE: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
@@ -43,7 +44,8 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part,
     s = tl.zeros((BLOCK_N,), dtype=tl.float32)
     z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     t = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
+    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN,
+                       warp_specialize=WARP_SPECIALIZE):
         acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             acc = tl.dot(E.load([n0, d0]), C.load([v0, d0]).T, acc, input_precision=DOT_PRECISION)
@@ -72,4 +74,5 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, D=d,
-        FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype), **k.launch())
+        FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype),
+        WARP_SPECIALIZE=cfg.forward.warp_specialize, **k.launch())

@@ -72,6 +72,16 @@ def test_check_compares_gradients_on_the_cpu(capsys):
     assert max(errors.values()) < 2 * eps * (n + d + v) + AUTO_EPS[torch.float32] * v, errors
 
 
+def test_check_runs_the_providers_under_a_config_override(capsys):
+    # An override the config refuses proves it reached the kernel's config; a valid one is
+    # named in the output.
+    shape = ["--n", "8", "--d", "16", "--v", "40", "--device", "cpu", "--providers", "own"]
+    with pytest.raises(ValueError, match="recompute.subtiles"):
+        cli.main(["kernel", "check", *shape, "--override", '{"recompute": {"subtiles": 3}}'])
+    cli.main(["kernel", "check", *shape, "--override", '{"forward": {"warp_specialize": true}}'])
+    assert 'config override: {"forward": {"warp_specialize": true}}' in capsys.readouterr().out
+
+
 def test_memory_peak_lists_the_blocks_alive_at_the_peak():
     from suite.kernel.memory import peak_breakdown
 

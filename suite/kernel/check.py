@@ -1,10 +1,13 @@
 """Gradient agreement of own / own_filter with the naive baseline on the suite's inputs:
-`python -m suite kernel check [--n 4096 --v 50257 --d 2304 --dist lm]`. Prints the reference's
-loss and each provider's relative error of dE and dC (Frobenius norms). Without CUDA it runs
-on the CPU under the Triton interpreter (use small shapes there)."""
+`python -m suite kernel check [--n 4096 --v 50257 --d 2304 --dist lm] [--override JSON]`.
+Prints the reference's loss and each provider's relative error of dE and dC (Frobenius
+norms). Without CUDA it runs on the CPU under the Triton interpreter (use small shapes there)."""
+import json
+
 import torch
 
 from suite.inputs import make_inputs
+from suite.kernel.internals import config_override
 from suite.reference import reference
 from suite.catalog import get
 
@@ -22,6 +25,10 @@ def add_arguments(ap) -> None:
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--providers", default=PROVIDERS,
                     help="comma-separated providers to compare (default: %(default)s)")
+    ap.add_argument("--override", type=json.loads, default={},
+                    help="JSON config override the providers run under (e.g. "
+                         "'{\"recompute\": {\"warp_specialize\": true}}'): an experimental "
+                         "kernel variant checked against the same reference")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
                     help="inputs' dtype (default bf16 on CUDA, fp32 on the CPU, where the "
                          "interpreter's bf16 is not the GPU's)")
@@ -47,10 +54,13 @@ def main(args) -> int:
     ref = reference(inp["e"], inp["c"], inp["targets"], softcap=30.0)
     print({k: (float(v) if torch.is_tensor(v) and v.numel() == 1 else None) for k, v in ref.items()
            if not torch.is_tensor(v) or v.numel() == 1})
+    if args.override:
+        print(f"config override: {json.dumps(args.override)}")
     for name in args.providers.split(","):
         e = inp["e"].clone().requires_grad_()
         c = inp["c"].clone().requires_grad_()
-        get(name).fn(e, c, inp["targets"], softcap=30.0).backward()
+        with config_override(args.override):
+            get(name).fn(e, c, inp["targets"], softcap=30.0).backward()
         print(f"{name:12s} dE {relative_error(e.grad, ref['de']):.2e} "
               f"dC {relative_error(c.grad, ref['dc']):.2e}")
     return 0
