@@ -12,7 +12,7 @@ from suite.report.notes import NOTES, NoteTableError, note_paths, render_note, r
 
 # the notes whose tables are copies of a kernel tool's CSV: each keeps its table in a block
 CONVERTED = {"rl-entropy.md": "../rl-h100/rl.csv",
-             "autocast-fp32-weight.md": "../autocast-h200/autocast.csv",
+             "autocast-fp32-weight.md": "../autocast-h100/autocast.csv",
              "accuracy-by-route.md": "../accuracy-h100/accuracy.csv"}
 
 
