@@ -77,6 +77,10 @@ CURATED: tuple[CuratedRun, ...] = (
                OWN_WAS_RECOMPUTE),
     CuratedRun("train-hf-gemma2-h100", "training step, Gemma 2 architecture, H100",
                OWN_WAS_RECOMPUTE),
+    CuratedRun("train-hf-llama-autocast-h100", "training step under bf16 autocast over fp32 "
+               "weights with the own kernel's path per step, Llama architecture, H100"),
+    CuratedRun("train-hf-gemma2-autocast-h100", "training step under bf16 autocast over fp32 "
+               "weights with the own kernel's path per step, Gemma 2 architecture, H100"),
 )
 
 

@@ -111,10 +111,15 @@ SECTIONS = (
         "Does it train the same?",
         "Whole training steps: the GPT bench at two vocabularies on the H200 (peak memory by "
         "component, tokens/s, the largest batch that fits, and loss curves against naive CE), "
-        "then Hugging Face architectures on the H100 against the model's own loss.",
+        "then Hugging Face architectures on the H100 against the model's own loss, and the "
+        "same steps measured again with the path the own kernel took in each (under autocast "
+        "an fp32 `lm_head.weight` takes the three-matmul path by default; the filter stays on "
+        "the recompute path).",
         ("results/train-h200",
          "results/train-h200-v151936",
-         "results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline")),
+         "results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline",
+         "results/train-hf-llama-autocast-h100",
+         "results/train-hf-gemma2-autocast-h100")),
 )
 
 
