@@ -29,11 +29,6 @@ from own_kernel.tile import (accumulate, dot_precision, entropy_terms, num_sms, 
 
 
 @triton.jit
-def _sum_and_max(a_sum, a_max, b_sum, b_max):
-    return a_sum + b_sum, tl.maximum(a_max, b_max)
-
-
-@triton.jit
 def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                   n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
                   ent, pz_t, wh, eps, V, v_start, width,
@@ -69,12 +64,11 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
         may_skip = eps > 0
         d_skip = tl.where(may_skip[:, None], d_used, 0.0)
         row_wsum = tl.sum(d_skip, axis=1)
+        accumulate(ColWSum + offs_v, part + 2 * col_plane, tl.sum(d_skip, axis=0), w_mask,
+                   DETERMINISTIC)
         over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
-        # Both column reductions in one pass across the tile's rows: each pass crosses warps
-        # through shared memory, the epilogue's dearest step (results/notes/filter-epilogue.md).
-        col_wsum, col_over = tl.reduce((d_skip, over), 0, _sum_and_max)
-        accumulate(ColWSum + offs_v, part + 2 * col_plane, col_wsum, w_mask, DETERMINISTIC)
-        tl.atomic_max(ColKeep + offs_v, (col_over > 0).to(tl.int32), mask=w_mask)
+        keep = (tl.max(over, axis=0) > 0).to(tl.int32)
+        tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
     return tl.sum(r, axis=1), row_wsum
 
 
