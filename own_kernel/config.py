@@ -166,9 +166,18 @@ class Fused:
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
     # give naive 16-bit accuracy on confident rows (own_kernel/README.md, "Accuracy").
     logits_fp32: bool = True
+    # 16-bit inputs on the TMA forward: each logit in the input dtype relative to its row's
+    # largest in its forward tile (forward_tma.py), written by the forward beside its lse:
+    # half fp32's bytes at about its accuracy; the loss and lse come from the forward's sums.
+    # Takes precedence over logits_fp32 where the TMA forward runs. y_slices: the tile's
+    # stores in 1 or 2 column slices (shared memory for the store's staging).
+    logits_shifted: bool = False
+    y_slices: int = 2
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
+        if self.y_slices not in (1, 2):
+            raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
         for name in ("default_workspace_mib", "default_workspace_mib_fp32"):

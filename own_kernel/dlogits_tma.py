@@ -24,8 +24,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.plan import cdiv
 from own_kernel.rows import Partials
-from own_kernel.tile import (accumulate, dot_precision, entropy_terms, num_sms, row_terms,
-                             softcap_scalars, softmax_ent_grad_tile)
+from own_kernel.tile import (accumulate, dot_precision, entropy_terms, halves, num_sms,
+                             row_terms, softcap_scalars, softmax_ent_grad_tile)
 
 
 @triton.jit
@@ -73,12 +73,6 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
 
 
 @triton.jit
-def _halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
-    # columns [0, HALF) and [HALF, 2 HALF) of x as two tensors
-    return tl.split(tl.permute(tl.reshape(x, (BLOCK_N, 2, HALF)), (0, 2, 1)))
-
-
-@triton.jit
 def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
                ent, pz_t, wh, eps, V, v_start, width,
@@ -88,7 +82,7 @@ def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
                SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
-    a0, a1 = _halves(x, BLOCK_N, SUB_V)
+    a0, a1 = halves(x, BLOCK_N, SUB_V)
     r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
                           ent, pz_t, wh, eps, V, v_start, width,
@@ -170,7 +164,7 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
                                BLOCK_V // 2)
         else:
             tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
-            h0, h1 = _halves(acc, BLOCK_N, BLOCK_V // 2)
+            h0, h1 = halves(acc, BLOCK_N, BLOCK_V // 2)
             r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
                                n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
                                ent, pz_t, wh, eps, V, v_start, width,

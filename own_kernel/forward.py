@@ -78,7 +78,7 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
 
 
 def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
-            skip_ignored=False, temperature=1.0, entropy=False):
+            skip_ignored=False, temperature=1.0, entropy=False, shifted=None):
     """Returns (loss, lse, p_max, nll, lse_lo, entropy), each (N,) fp32, natural log units:
     each row's loss (0 where the target is ignore_index), log-sum-exp, largest softmax probability (the
     gradient filter's flatness test), -log of the target's probability (the backward's target
@@ -89,18 +89,26 @@ def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
     not ignore_index get a loss without the target term (the caller raises on them).
     skip_ignored: rows whose target is ignore_index get lse +inf and p_max 0 (no gradient flows
     through them: the backward's softmax exp(z - lse) is 0 there), and row blocks with only
-    such rows compute no logits."""
+    such rows compute no logits. shifted: None, or (Y, M) for the TMA kernel to write the
+    shifted logits into (forward_tma.py; the three-matmul path's)."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:  # distinct tensors: a custom op's outputs may not alias each other
         return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(6))
     sums = PartialSums(label_smoothing > 0, entropy, float(temperature))
     tma = cfg.forward.tma and v > 0 and tma_ready(e) and tma_ready(c)
+    if shifted is not None and not tma:
+        raise ValueError("shifted logits are written by the TMA forward only: needs "
+                         "config.forward.tma and 16-byte aligned rows of e and c")
     if not tma and cfg.autotune and e.is_cuda:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
     grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
     part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
-    partials = forward_partials_tma if tma else forward_partials
-    partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored, sums)
+    if tma:
+        forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
+                             skip_ignored, sums, shifted)
+    else:
+        forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
+                         skip_ignored, sums)
     z_target = target_logit(e, c, bias, targets, softcap, temperature)
     return combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_ignored,
                    sums)

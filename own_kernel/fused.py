@@ -6,6 +6,8 @@ scales, so the forward can do all the work once per chunk of rows R:
 
     Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (fp32; 16-bit: config.Fused)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
+    (or, shifted logits: the TMA forward writes Z_R in 16 bits relative to each tile's row max
+    with the rows' lse and losses, forward_tma.py; then one read of Z_R, G over it)
     dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
                                       the filter or V mod 8 splits the K = V reduction)
     dC   += w G_R^T E_R               cuBLAS into an fp32 accumulator when there are several
@@ -36,11 +38,13 @@ import torch
 from own_kernel.check_targets import raise_on_bad_targets
 from own_kernel.config import Config
 from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
-from own_kernel.logits_grad import logits_to_grad
+from own_kernel.forward import forward
+from own_kernel.logits_grad import logits_to_grad, shifted_to_grad
 from own_kernel.ops import refuse_create_graph, used_rows
 from own_kernel.options import Options
 from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
 from own_kernel.scale import scale_into
+from own_kernel.tile import tma_ready
 
 
 def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
@@ -216,6 +220,24 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg:
                    row_round=row_round)
 
 
+def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts: Options,
+                             cfg: Config, kept, row_round) -> None:
+    """The rows' shifted logits y and tile_max, with their losses, from the TMA forward
+    (forward_tma.py), then their gradient over y (logits_grad.shifted_to_grad)."""
+    loss, lse, p_max, nll, lse_lo, _ = forward(
+        e_rows, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index, cfg,
+        shifted=(y, tile_max))
+    losses.copy_(loss)
+    filt = opts.filter
+    if kept is not None:
+        kept.zero_()
+    shifted_to_grad(y, tile_max, cfg.forward.tiles.block_v, (lse, p_max, nll, lse_lo), targets,
+                    ignore_index=opts.ignore_index, softcap=opts.softcap,
+                    label_smoothing=opts.label_smoothing, kept=kept,
+                    eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
+                    block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round)
+
+
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
                          check: HostScalar, mean: bool):
     """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients).
@@ -231,6 +253,9 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
     ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
+    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits
+    tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
+                if plan.shifted else None)
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if opts.filter is not None else None)
@@ -238,15 +263,21 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
     # (the backward only scales, so nothing here keeps it past the forward).
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))
+    if plan.shifted:  # the TMA forward needs 16-byte aligned bases (rare: an offset view)
+        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
     every_column = aligned_runs([(0, v)], v)
 
     def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
         """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns the
         gradient."""
         g = gs[:r1 - r0]
-        _logits_and_grad(ws[:r1 - r0], g, rows.e[r0:r1], c, bias, rows.targets[r0:r1],
-                         losses[loss_at + r0:loss_at + r1], opts, cfg, kept, every_column,
-                         None if sums.row_round is None else sums.row_round[:r1 - r0])
+        args = (rows.e[r0:r1], c, bias, rows.targets[r0:r1],
+                losses[loss_at + r0:loss_at + r1], opts, cfg, kept)
+        row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
+        if plan.shifted:
+            _shifted_logits_and_grad(g, tile_max[:r1 - r0], *args, row_round)
+        else:
+            _logits_and_grad(ws[:r1 - r0], g, *args, every_column, row_round)
         return g
 
     head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
@@ -267,7 +298,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
         z = chunk(rest, r0, r1, first)
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
                        _runs(kept, cfg, v, every_column))
-    del logits, ws, gs, z
+    del logits, ws, gs, z, tile_max
     sums.de32 = None
     rest.finish(sums.de, first)
     return losses[:first + m].sum() * sums.weight, sums

@@ -365,10 +365,15 @@ class FusedPlan:
     extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
     logits_fp32: bool = False  # 16-bit inputs whose logits are kept in fp32 (row_stride: fp32)
+    # 16-bit logits relative to their forward tile's row max (config.Fused.logits_shifted),
+    # with that max per row and tile (shift_tiles fp32 values a row)
+    shifted: bool = False
+    shift_tiles: int = 0
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
-               filtered: bool = False, dc_fp32: bool = False) -> tuple[FusedPlan | None, str]:
+               filtered: bool = False, dc_fp32: bool = False,
+               shift_ok: bool = False) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
@@ -385,17 +390,22 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     16-bit copy that the GEMMs read is autocast's, not the budget's: route.describe counts it).
     Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
     few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
-    the recompute path is faster then."""
+    the recompute path is faster then. shift_ok: the TMA forward can write shifted logits
+    (config.Fused.logits_shifted: 16-bit logits and an fp32 max per row and forward tile,
+    instead of fp32 logits)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
-    logits_fp32 = not fp32 and cfg.fused.logits_fp32  # 4 bytes a logit (config.Fused)
+    shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
+    logits_fp32 = not fp32 and not shifted and cfg.fused.logits_fp32  # 4 bytes a logit
     logit_elt = 4 if logits_fp32 else elt
     stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
+    tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    per_row = stride * logit_elt + (d * 4 if de_rows_fp32 else 0)
+    per_row = stride * logit_elt + 4 * tiles + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
+    kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles)
     if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, stride, logits_fp32), ""
+        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient
     acc, dc = (0, 0) if fp32 or dc_fp32 else (v * d * 4, v * d * elt)
     mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
@@ -410,4 +420,4 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                       f"recomputing")
     rows = min(cap, even_rows(n, fits))
     extra = max(rows * per_row + acc - dc, acc)
-    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, stride, logits_fp32), ""
+    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, **kind), ""

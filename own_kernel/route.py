@@ -142,8 +142,12 @@ def route(call: Call, cfg: Config) -> Route:
     mib, why_not = budget_mib(call, cfg)
     excluded = _three_matmul_excluded(call)
     if not excluded and mib:
+        # The TMA forward reads rows of D elements at 16-byte aligned strides (fused.py copies
+        # an e whose base is not aligned)
+        shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
         plan, why_not = fused_plan(call.n, call.v, call.d, call.elt, mib * 2**20, cfg,
-                                   filtered=call.filtered, dc_fp32=call.fp32_weight)
+                                   filtered=call.filtered, dc_fp32=call.fp32_weight,
+                                   shift_ok=shift_ok)
         if plan is not None:
             return Route("three-matmul", "fused", cfg, plan, mib)
     elif excluded and call.workspace_mib:

@@ -161,6 +161,12 @@ def logits(x, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    # columns [0, HALF) and [HALF, 2 HALF) of x as two tensors
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_N, 2, HALF)), (0, 2, 1)))
+
+
+@triton.jit
 def accumulate(sum_ptrs, part_ptrs, val, mask, DETERMINISTIC: tl.constexpr):
     # sum += val by atomics (tiles add in whatever order they finish: the last bits vary run
     # to run), or, DETERMINISTIC, this tile's partial stored apart for the host to sum in a

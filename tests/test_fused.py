@@ -14,18 +14,21 @@ from tests.test_own_kernel import peaked_inputs, reference, rel
 def fused_calls(monkeypatch):
     """Each call of the fused path: (rows of each chunk it ran, accumulate_dc, filtered)."""
     calls = []
-    real, real_chunk = fused.fused_loss_and_grads, fused._logits_and_grad
+    real = fused.fused_loss_and_grads
 
     def spy(e, c, targets, bias, opts, cfg, plan, check, mean):
         calls.append(([], plan.accumulate_dc, opts.filter is not None))
         return real(e, c, targets, bias, opts, cfg, plan, check, mean)
 
-    def spy_chunk(z, *args):
-        calls[-1][0].append(z.shape[0])
-        return real_chunk(z, *args)
+    def spy_chunk(real_chunk):
+        def chunk(z, *args):
+            calls[-1][0].append(z.shape[0])
+            return real_chunk(z, *args)
+        return chunk
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
-    monkeypatch.setattr(fused, "_logits_and_grad", spy_chunk)
+    for name in ("_logits_and_grad", "_shifted_logits_and_grad"):  # the two logits kinds
+        monkeypatch.setattr(fused, name, spy_chunk(getattr(fused, name)))
     return calls
 
 
@@ -76,14 +79,21 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
 ]
 
 
+SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward tile's row max
+
+
 @pytest.mark.parametrize("dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows",
                          CASES)
-def test_matches_reference(fused_calls, dtype, lead, d, v, softcap, reduction, ls, has_bias,
-                           shift, max_rows):
+@pytest.mark.parametrize("logits", [{}, SHIFTED], ids=["logits", "shifted"])
+def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap, reduction, ls,
+                           has_bias, shift, max_rows, logits):
+    if logits and dtype == torch.float32:
+        pytest.skip("shifted logits are for 16-bit inputs (fp32 logits are the inputs' own)")
     e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7)
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
-    with overridden({"fused": {"max_rows": max_rows}}):
+    spy_shifted = _spy_plans(monkeypatch)
+    with overridden({"fused": {"max_rows": max_rows, **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
     loss.backward()
@@ -95,6 +105,42 @@ def test_matches_reference(fused_calls, dtype, lead, d, v, softcap, reduction, l
     assert e.grad.dtype == dtype and c.grad.dtype == dtype
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
+    assert spy_shifted == [bool(logits)]  # the plan took the kind asked for
+
+
+def _spy_plans(monkeypatch) -> list:
+    """plan.shifted of each fused call of the test."""
+    seen, inner = [], fused.fused_loss_and_grads
+
+    def spy(e, c, targets, bias, opts, cfg, plan, check, mean):
+        seen.append(plan.shifted)
+        return inner(e, c, targets, bias, opts, cfg, plan, check, mean)
+
+    monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
+    return seen
+
+
+def test_shifted_logits_keep_fp32_logits_accuracy_where_16_bit_logits_lose_it():
+    # Confident fp16 rows with logits up to ~60: a 16-bit logit loses |z| 2^-11 in the exponent,
+    # a shifted one (relative to its tile's row max) only |y| 2^-11 with y near 0 where p is
+    # large, so its gradients stay within one fp16 rounding of the fp32-logits path's.
+    g = torch.Generator().manual_seed(0)
+    n, d, v = 64, 32, 96
+    c = torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    e = (c[t] + 0.3 * torch.randn(n, d, generator=g)).half()
+    c = c.half()
+    e64, c64 = e.double().requires_grad_(), c.double().requires_grad_()
+    torch.nn.functional.cross_entropy(e64 @ c64.T, t).backward()
+    err = {}
+    for name, logits in (("fp32", {}), ("shifted", SHIFTED), ("16-bit", {"logits_fp32": False})):
+        e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
+        with overridden({"fused": logits}):
+            linear_cross_entropy(e1, c1, t, workspace_mib=16).backward()
+        err[name] = max(rel(e1.grad, e64.grad), rel(c1.grad, c64.grad))
+    eps = torch.finfo(torch.float16).eps
+    assert err["shifted"] <= err["fp32"] + eps, err
+    assert err["16-bit"] > err["fp32"] + eps, err  # what the shifted logits avoid
 
 
 def test_the_first_chunk_overwrites_dcs_unzeroed_buffer(fused_calls, monkeypatch):
@@ -122,15 +168,18 @@ def test_upstream_gradient_scales_the_gradients(fused_calls):
 
 
 @pytest.mark.parametrize("max_rows", [0, 6])
-def test_filter_skips_column_blocks_and_stays_close(fused_calls, monkeypatch, max_rows):
+@pytest.mark.parametrize("dtype, logits", [(torch.float32, {}), (torch.float16, SHIFTED)],
+                         ids=["fp32", "fp16-shifted"])
+def test_filter_skips_column_blocks_and_stays_close(fused_calls, monkeypatch, max_rows, dtype,
+                                                    logits):
     e, c, t = peaked_inputs(40, 32, 1024, seed=1)
-    e, c = e.requires_grad_(), c.requires_grad_()
+    e, c = e.to(dtype).requires_grad_(), c.to(dtype).requires_grad_()
     ref, e2, c2, _ = reference(e, c, t)
     ref.backward()
     runs = []
     real_runs = fused.kept_runs
     monkeypatch.setattr(fused, "kept_runs", lambda *a: runs.append(real_runs(*a)) or runs[-1])
-    with overridden({"fused": {"max_rows": max_rows}}):
+    with overridden({"fused": {"max_rows": max_rows, **logits}}):
         linear_cross_entropy(e, c, t, filter_eps=1e-3, workspace_mib=16).backward()
     assert fused_calls and fused_calls[0][2]
     kept_columns = sum(b - a for chunk in runs for a, b in chunk)
