@@ -243,6 +243,9 @@ HOPPER_16BIT = Config(
     # The count's read before the forward idles the GPU: only calls long enough to hide it
     # (ignored-targets.md).
     compaction=Compaction(fwd_min_flops=4e12),
+    # Shifted 16-bit logits: fp32 logits' accuracy at half their bytes, so half the chunks
+    # (shifted-logits.md).
+    fused=Fused(logits_shifted=True),
 )
 
 # The portable forward's candidate tiles: the fixed 64 x 128 x 32 that runs everywhere, and

@@ -50,10 +50,12 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
     r = route(call, cfg)
     assert (r.path, r.entry, r.budget_mib, r.note) == ("three-matmul", "fused", budget, "")
     p = r.fused
-    assert p.accumulate_dc and p.logits_fp32  # dC summed in fp32; fp32 logits (4 bytes each)
-    # The budget holds the chunk alone: its fp32 logits (and fp32 dE rows where V mod 8 splits
-    # dE's reduction), never the accumulator, which is the gradient.
-    chunk = p.rows * (p.row_stride * 4 + (d * 4 if p.de_rows_fp32 else 0))
+    # dC summed in fp32; shifted logits (2 bytes each, an fp32 max per row and forward tile)
+    assert p.accumulate_dc and p.shifted and not p.logits_fp32
+    assert p.shift_tiles == -(-v // cfg.forward.tiles.block_v)
+    # The budget holds the chunk alone: its logits and tile maxima (and fp32 dE rows where V
+    # mod 8 splits dE's reduction), never the accumulator, which is the gradient.
+    chunk = p.rows * (p.row_stride * 2 + 4 * p.shift_tiles + (d * 4 if p.de_rows_fp32 else 0))
     assert p.extra_bytes == chunk <= budget * MIB
     assert p.rows >= cfg.fused.min_rows and p.rows * p.chunks >= n
     # What plan() reports: dE, fp32 dC, autocast's 16-bit copy of C, the chunk, the losses.
@@ -66,10 +68,13 @@ def test_fp32_logits_halve_the_rows_the_budget_holds():
     from own_kernel.config import with_overrides
     n, v, d = SHAPES[1]
     call = Call(n, v, d, BF16, fp32_weight=True)
-    p32 = route(call, HOPPER_16BIT).fused
-    p16 = route(call, with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False}})).fused
+    p32 = route(call, with_overrides(HOPPER_16BIT, {"fused": {"logits_shifted": False}})).fused
+    p16 = route(call, with_overrides(HOPPER_16BIT, {"fused": {"logits_shifted": False,
+                                                              "logits_fp32": False}})).fused
+    shifted = route(call, HOPPER_16BIT).fused
+    assert p32.logits_fp32 and not p16.logits_fp32 and shifted.shifted
     assert p32.rows * p32.row_stride * 4 <= 1024 * MIB >= p16.rows * p16.row_stride * 2
-    assert p16.rows == 2 * p32.rows
+    assert p16.rows == 2 * p32.rows == shifted.rows  # the tile maxima take 1/64 of a row
 
 
 def test_a_bias_is_counted_in_fp32_and_in_its_copy():
