@@ -6,8 +6,8 @@ Two kinds of inputs (no softcap, no bias, mean reduction):
   late in training;
 - magnitude: logits near 1e3 whose every product and partial sum is exact in fp32 (multiples
   of 1/64, a component shared by every row of E and C), so the errors are the softmax's alone.
-For each dtype and route (recompute, three-matmul with fp32 or 16-bit logits, low memory, the
-filter) and torch's naive computation in the same dtype, it writes the loss's and dE's / dC's
+For each dtype and route (recompute, three-matmul with shifted, fp32 or 16-bit logits, low
+memory, the filter) and torch's naive computation in the same dtype, it writes the loss's and dE's / dC's
 relative errors (Frobenius norms) and the median time of a loss+backward call to
 DIR/accuracy.csv, and prints them. CUDA only."""
 from __future__ import annotations
@@ -24,8 +24,13 @@ from suite.kernel.common import require_cuda
 # route name -> (keyword arguments, config overrides)
 ROUTES = {
     "recompute": ({"workspace_mib": 0}, {}),
-    "three_matmul": ({"workspace_mib": 4096}, {"fused": {"logits_fp32": True}}),
-    "three_matmul_logits16": ({"workspace_mib": 4096}, {"fused": {"logits_fp32": False}}),
+    # the three-matmul path with each kind of logits (config.Fused): shifted 16-bit (the
+    # Hopper default), fp32, plain 16-bit
+    "three_matmul_shifted": ({"workspace_mib": 4096}, {"fused": {"logits_shifted": True}}),
+    "three_matmul": ({"workspace_mib": 4096}, {"fused": {"logits_shifted": False,
+                                                          "logits_fp32": True}}),
+    "three_matmul_logits16": ({"workspace_mib": 4096}, {"fused": {"logits_shifted": False,
+                                                                   "logits_fp32": False}}),
     "low_memory": ({"low_memory": True}, {}),
     "filter": ({"filter_eps": "auto", "workspace_mib": 0}, {}),
 }
