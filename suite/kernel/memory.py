@@ -1,4 +1,5 @@
-"""What is alive at the own kernel's memory peak: `python -m suite kernel memory [--filter]`.
+"""What is alive at the own kernel's memory peak: `python -m suite kernel memory [--filter]
+[--workspace-mib MIB]`.
 
 Runs forward + backward once (after a warm-up call, so compilation and cuBLAS workspaces are
 settled), with the CUDA caching allocator's history recorded, replays the trace to find the
@@ -42,6 +43,8 @@ def peak_breakdown(trace: list[dict]) -> tuple[int, list[tuple[int, str]]]:
 
 def add_arguments(ap) -> None:
     add_call_arguments(ap)
+    ap.add_argument("--workspace-mib", type=int, default=None,
+                    help="the call's workspace_mib (default: the config's; 0: the recompute path)")
 
 
 def main(args) -> int:
@@ -58,7 +61,8 @@ def main(args) -> int:
     def step():
         e.grad = c.grad = None
         linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=eps,
-                             low_memory=args.low_memory).backward()
+                             low_memory=args.low_memory,
+                             workspace_mib=args.workspace_mib).backward()
         torch.cuda.synchronize()
 
     step()
