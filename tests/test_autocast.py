@@ -300,3 +300,16 @@ def test_the_measurement_tool_parses_its_shapes_and_needs_cuda(monkeypatch, caps
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         cli.main(["kernel", "autocast", "--out", "unused"])
+
+
+@pytest.mark.parametrize("provider, shifted, fp32", [
+    ("own_shifted", True, False), ("own_fp32logits", False, True), ("own_logits16", False, False)])
+def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, fp32):
+    # Each provider's override gives its kind of logits whatever the config's default.
+    from own_kernel.config import with_overrides
+    from suite.kernel import autocast as tool
+
+    _, override, _ = tool._provider(provider)
+    n, v, d = SHAPES[1]
+    plan = route(Call(n, v, d, BF16, fp32_weight=True), with_overrides(HOPPER_16BIT, override))
+    assert (plan.fused.shifted, plan.fused.logits_fp32) == (shifted, fp32)

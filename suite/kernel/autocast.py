@@ -9,10 +9,12 @@ need gradients, mean cross-entropy of uniform targets, every call under
 - ``own_ws0``: ``workspace_mib=0`` (the recompute path);
 - ``own_wsB`` for each B of ``--budgets``: ``workspace_mib=B`` (the three-matmul path's speed
   and memory at other budgets);
-- ``own_logits16``: the default call with ``fused.logits_fp32`` off (16-bit logits: twice the
-  rows per chunk, less accurate on confident rows);
+- ``own_fp32logits``: the default call with fp32 logits (``fused.logits_shifted`` off);
+- ``own_logits16``: the default call with plain 16-bit logits (``fused.logits_shifted`` and
+  ``fused.logits_fp32`` off: twice fp32's rows per chunk, less accurate on confident rows);
 - ``own_shifted``: the default call with ``fused.logits_shifted`` on (16-bit logits relative to
-  their forward tile's row max: twice the rows per chunk, fp32 logits' accuracy);
+  their forward tile's row max: twice fp32's rows per chunk, fp32 logits' accuracy; the Hopper
+  default);
 - ``torch_compile``: ``torch.compile`` of ``F.cross_entropy(F.linear(e, c).float(), t)``.
 
 It writes DIR/autocast.csv (one row per shape and provider: median, p20 and p80 ms of the timed
@@ -36,8 +38,12 @@ MIB = 2**20
 # name:N:D:V
 SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384:3584:152064,"
           "nemo-12b:8192:5120:131072,gemma3-1b:8192:1152:262144")
-PROVIDERS = ("torch_compile", "own", "own_ws0", "own_logits16",
+PROVIDERS = ("torch_compile", "own", "own_ws0", "own_fp32logits", "own_logits16",
              "own_shifted")  # + own_wsB (--budgets)
+# each kind of the three-matmul path's logits, pinned whatever the config's default
+LOGITS = {"own_fp32logits": {"logits_shifted": False, "logits_fp32": True},
+          "own_logits16": {"logits_shifted": False, "logits_fp32": False},
+          "own_shifted": {"logits_shifted": True}}
 FIELDS = ["shape", "n", "d", "v", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
           "peak_mib", "ms_over_compile", "mib_over_compile", "dc_rel_diff_vs_compile",
           "dc_dtype", "path", "chunks", "chunk_rows", "plan_peak_mib", "budget_mib",
@@ -79,10 +85,8 @@ def _provider(name: str):
         return torch.compile(_naive, dynamic=False), {}, {}
     if name == "own":
         return linear_cross_entropy, {}, {}
-    if name == "own_logits16":
-        return linear_cross_entropy, {"fused": {"logits_fp32": False}}, {}
-    if name == "own_shifted":
-        return linear_cross_entropy, {"fused": {"logits_shifted": True}}, {}
+    if name in LOGITS:
+        return linear_cross_entropy, {"fused": LOGITS[name]}, {}
     if name.startswith("own_ws") and name[6:].isdigit():
         budget = {"workspace_mib": int(name[6:])}
         return (lambda e, c, t: linear_cross_entropy(e, c, t, **budget)), {}, budget
