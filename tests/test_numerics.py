@@ -210,3 +210,23 @@ def test_accuracy_tools_large_logits_are_exact_in_fp32():
     e, c, _ = make_inputs("magnitude", 8, 256, 24, torch.float32, device="cpu")
     z32, z64 = e @ c.T, e.double() @ c.double().T
     assert z64.abs().min() > 500 and torch.equal(z32.double(), z64)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA allocator's peak (run with CCE_TEST_DEVICE=cuda "
+                                        "on a GPU)")
+def test_the_rounding_corrections_mean_row_copies_nothing_of_the_rows():
+    # sampled_mean sums ~4096 rows of C in fp32: as one GEMV, not through an fp32 copy of the
+    # rows (130 MiB at V 128256, D 4096, on top of the three-matmul path's peak).
+    from own_kernel.gemm import MEAN_SAMPLE_ROWS, sampled_mean
+
+    c = torch.randn(128256, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    mean = sampled_mean(c)
+    torch.cuda.synchronize()
+    rows_fp32 = MEAN_SAMPLE_ROWS * 4096 * 4
+    assert torch.cuda.max_memory_allocated() - before < rows_fp32 // 8
+    step = 128256 // MEAN_SAMPLE_ROWS
+    ref = c[::step].double().mean(0)
+    assert (mean.double() - ref).abs().max() <= 4096 * torch.finfo(torch.float32).eps
