@@ -254,9 +254,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
     ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
     # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits
-    # or in the chunk's dE rows (plan.tile_max_in_de; their bytes as fp32, see chunk())
     tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
-                if plan.shifted and not plan.tile_max_in_de else None)
+                if plan.shifted else None)
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if opts.filter is not None else None)
@@ -276,9 +275,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
                 losses[loss_at + r0:loss_at + r1], opts, cfg, kept)
         row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
         if plan.shifted:
-            m = (rows.de[r0:r1].view(torch.float32)[:, :plan.shift_tiles]
-                 if plan.tile_max_in_de else tile_max[:r1 - r0])
-            _shifted_logits_and_grad(g, m, *args, row_round)
+            _shifted_logits_and_grad(g, tile_max[:r1 - r0], *args, row_round)
         else:
             _logits_and_grad(ws[:r1 - r0], g, *args, every_column, row_round)
         return g
