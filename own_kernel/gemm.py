@@ -15,8 +15,8 @@ MEAN_SAMPLE_ROWS = 4096
 
 def sampled_mean(x: torch.Tensor) -> torch.Tensor:
     """The fp32 mean of about MEAN_SAMPLE_ROWS evenly spaced rows of x, as one GEMV summing in
-    fp32: a sum with dtype=float32 would first copy the rows to fp32 (130 MiB at V 128256,
-    D 4096, on top of the three-matmul path's peak: kernel memory --workspace-mib 2048)."""
+    fp32: a sum with dtype=float32 would first copy the rows to fp32, a block that sat on top of
+    the three-matmul path's peak (`python -m suite kernel memory --workspace-mib 2048`)."""
     if x.shape[0] == 0:
         return torch.zeros(x.shape[1], device=x.device, dtype=torch.float32)
     rows = x[:: max(1, x.shape[0] // MEAN_SAMPLE_ROWS)]

@@ -216,11 +216,11 @@ def test_accuracy_tools_large_logits_are_exact_in_fp32():
                                         "on a GPU)")
 def test_the_rounding_corrections_mean_row_copies_nothing_of_the_rows():
     # sampled_mean sums ~4096 rows of C in fp32: as one GEMV, not through an fp32 copy of the
-    # rows (130 MiB at V 128256, D 4096, on top of the three-matmul path's peak).
+    # rows (4 bytes a sampled element, on top of the three-matmul path's peak).
     from own_kernel.gemm import MEAN_SAMPLE_ROWS, sampled_mean
 
     c = torch.randn(128256, 4096, device="cuda", dtype=torch.bfloat16)
-    sampled_mean(c[:8192])  # cuBLAS's workspace (32 MiB), allocated at a process's first GEMM
+    sampled_mean(c[:8192])  # cuBLAS's workspace, allocated at a process's first GEMM
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

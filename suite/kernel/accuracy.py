@@ -9,10 +9,11 @@ Two kinds of inputs (no softcap, no bias, mean reduction):
 For each dtype and route (recompute, three-matmul with shifted, fp32 or 16-bit logits, low
 memory, the filter) and torch's naive computation in the same dtype, it writes the loss's and dE's / dC's
 relative errors (Frobenius norms) and the median time of a loss+backward call to
-DIR/accuracy.csv, and prints them. CUDA only."""
+DIR/accuracy.csv (with DIR/env.json), and prints them. CUDA only."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from own_kernel.autotune import time_launch
 from suite.kernel.common import require_cuda
+from suite.results import environment
 
 # route name -> (keyword arguments, config overrides)
 ROUTES = {
@@ -124,6 +126,8 @@ def run_route(name, e, c, t, ref, reps, workspace_mib):
 def main(args) -> int:
     require_cuda("accuracy")
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "env.json"), "w") as f:  # GPU, versions, commit
+        json.dump(environment("cuda"), f, indent=2, default=str)
     path = os.path.join(args.out, "accuracy.csv")
     fields = ["case", "dtype", "route", "n", "d", "v", "workspace_mib", "loss", "loss_rel_err", "de_rel_err",
               "dc_rel_err", "ms", "device"]
