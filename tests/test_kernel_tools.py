@@ -118,6 +118,7 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
                      "span of the traced calls": 4.3}
     assert {k: round(x, 6) for k, x in floors.items()} == lines  # what --csv writes
     assert kernel_family("cce_lse_combine_kernel") == "forward"
+    assert kernel_family("_shifted_to_grad_kernel") == kernel_family("_logits_to_grad_kernel")
 
 
 def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
@@ -155,7 +156,10 @@ def test_the_step_bench_names_the_path_from_the_kernels_that_ran():
     recompute = ["cce_fwd_tma_kernel", "cce_lse_combine_kernel", "cce_dlogits_tma_kernel",
                  "nvjet_sm90_tss_192x192_badd", "cce_finalize_de_kernel"]
     portable = ["cce_fwd_kernel", "cce_softmax_grad_kernel", "sm80_xmma_gemm_bf16"]
+    shifted = ["cce_fwd_tma_kernel", "cce_lse_combine_kernel", "_shifted_to_grad_kernel",
+               "nvjet_sm90_tss_192x192_badd", "_scale_kernel"]
     assert own_path_of(three) == "three-matmul"
+    assert own_path_of(shifted) == "three-matmul"  # the Hopper default's logits
     assert own_path_of(recompute) == "recompute"
     assert own_path_of(portable) == "recompute"
     assert own_path_of(["cce_fwd_tma_kernel", "cce_lse_combine_kernel"]) == ""  # no backward

@@ -15,10 +15,12 @@ and the GPU's idle time. --provider profiles a registered provider's loss+grad c
 the own kernel's (its options then come from the provider).
 """
 import cProfile
+import csv
 import json
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,6 +28,7 @@ from own_kernel import linear_cross_entropy
 from suite.inputs import LM_ENTROPY, make_inputs
 from suite.kernel.common import add_call_arguments, require_cuda
 from suite.kernel.internals import config_override, forward_lse
+from suite.results import environment
 
 
 def add_arguments(ap) -> None:
@@ -147,9 +150,6 @@ def append_profile_row(path: str, args, measured: dict) -> None:
     """One profiled call as a CSV row (PROFILE_FIELDS; a family that did not run: 0), and the
     run's env.json beside the CSV if none is there. call names what ran: the provider, or own
     with its options."""
-    import csv
-    from pathlib import Path
-
     call = args.provider or "own" + "".join(
         f" {flag}" for flag, on in (("filter", args.filter), ("low_memory", args.low_memory),
                                     (f"workspace_mib={args.workspace_mib}", args.workspace_mib))
@@ -163,7 +163,6 @@ def append_profile_row(path: str, args, measured: dict) -> None:
     new = not Path(path).exists()
     env = Path(path).with_name("env.json")  # the run's GPU, versions and commit, once
     if not env.exists():
-        from suite.results import environment
         env.write_text(json.dumps(environment("cuda"), indent=2, default=str))
     with open(path, "a", newline="") as f:
         w = csv.DictWriter(f, PROFILE_FIELDS)
@@ -188,6 +187,11 @@ def floor_ms(e, c, reps=20) -> float:
     return statistics.median(s.elapsed_time(t) for s, t in events)
 
 
+# The three-matmul path's logits-to-gradient kernels (logits_grad.py): from fp32 or 16-bit
+# logits, or from the forward's shifted logits
+LOGITS_TO_GRAD = ("_logits_to_grad", "_shifted_to_grad")
+
+
 def kernel_family(name: str) -> str:
     """Which part of a loss+grad call a GPU operation belongs to, by its kernel's name."""
     if name.startswith("cce_fwd") or name in ("cce_target_logit_kernel", "cce_lse_combine_kernel",
@@ -195,7 +199,7 @@ def kernel_family(name: str) -> str:
         return "forward"
     if name.startswith("cce_dlogits"):
         return "recompute + softmax gradient"
-    if name.startswith("_logits_to_grad"):
+    if name.startswith(LOGITS_TO_GRAD):
         return "logits -> gradient pass (three-matmul path)"
     if any(k in name for k in ("nvjet", "gemm", "cutlass", "xmma")):
         return "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)"
@@ -212,7 +216,7 @@ def own_path_of(kernel_names) -> str:
     recomputes the logits: the recompute or the low-memory path), or "" (no own backward ran:
     another backend, or the forward only)."""
     names = list(kernel_names)
-    if any(name.startswith("_logits_to_grad") for name in names):
+    if any(name.startswith(LOGITS_TO_GRAD) for name in names):
         return "three-matmul"
     if any(name.startswith(("cce_dlogits", "cce_softmax_grad")) for name in names):
         return "recompute"
