@@ -80,15 +80,17 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
 
 
 SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward tile's row max
+# Every case with the config's logits; the 16-bit ones with shifted logits too (fp32 inputs'
+# logits are fp32 whatever the config)
+LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
+                + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
+                   for i, case in enumerate(CASES) if case[0] != torch.float32])
 
 
-@pytest.mark.parametrize("dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows",
-                         CASES)
-@pytest.mark.parametrize("logits", [{}, SHIFTED], ids=["logits", "shifted"])
+@pytest.mark.parametrize(
+    "dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows, logits", LOGITS_CASES)
 def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap, reduction, ls,
                            has_bias, shift, max_rows, logits):
-    if logits and dtype == torch.float32:
-        pytest.skip("shifted logits are for 16-bit inputs (fp32 logits are the inputs' own)")
     e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7)
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
