@@ -73,7 +73,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 BACKENDS = ("own", "hf_loss", "liger_flce")
 TP_BACKENDS = ("own", "hf_loss")  # +tp: lm_head ColwiseParallel (Liger needs a plain weight)
 DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2,hf_loss+tp@2"
-RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error", "model", "vocab",
+RESULT_FIELDS = ["config", "backend", "variant", "own_config", "world_size", "tp_head", "status", "error", "model", "vocab",
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
                  "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
@@ -82,7 +82,20 @@ RESULT_FIELDS = ["config", "backend", "world_size", "tp_head", "status", "error"
                  "largest_batch_per_rank", "largest_batch_ms", "largest_batch_tokens_per_s",
                  "max_batch_stop", "device", "run_id"]
 NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
+PROFILE_FIELDS = ["config", "profiled_steps", "kernels", "compute_window_ms", "compute_busy_ms",
+                  "compute_idle_ms", "own_ms", "gemm_ms", "other_ms", "nccl_ms",
+                  "nccl_AllGather_ms", "nccl_ReduceScatter_ms", "nccl_AllReduce_ms",
+                  "nccl_exposed_ms"]
 NCCL_SIZES = [2 ** k for k in range(12, 30, 2)] + [2 ** 29]  # 4 KiB .. 512 MiB
+
+
+# ``own:<variant>``: the own backend under a config override (CCE_OWN_CONFIG in its ranks), to
+# measure a candidate route in the same run as the default.
+OWN_VARIANTS = {
+    "recompute": {"fused": {"default_workspace_mib": 0}},      # the backward in the backward
+    "cublas-logits": {"fused": {"logits_shifted": False}},    # cuBLAS writes the chunk's logits
+    "ws4g": {"fused": {"default_workspace_mib": 4096}},       # fewer, larger row chunks
+}
 
 
 @dataclass(frozen=True)
@@ -90,10 +103,16 @@ class RunConfig:
     backend: str
     world: int
     tp_head: bool
+    variant: str = ""     # a key of OWN_VARIANTS (own only)
 
     @property
     def name(self) -> str:
-        return f"{self.backend}{'+tp' if self.tp_head else ''}@{self.world}"
+        variant = f":{self.variant}" if self.variant else ""
+        return f"{self.backend}{variant}{'+tp' if self.tp_head else ''}@{self.world}"
+
+    @property
+    def own_config(self) -> dict | None:
+        return OWN_VARIANTS[self.variant] if self.variant else None
 
 
 def parse_configs(text: str) -> list[RunConfig]:
@@ -102,6 +121,10 @@ def parse_configs(text: str) -> list[RunConfig]:
     for item in (x.strip() for x in text.split(",") if x.strip()):
         head, _, world = item.partition("@")
         backend, _, tp = head.partition("+")
+        backend, _, variant = backend.partition(":")
+        if variant and (backend != "own" or variant not in OWN_VARIANTS):
+            raise ValueError(f"--configs: {item!r}: a variant is own:<one of "
+                             f"{', '.join(OWN_VARIANTS)}>")
         if backend not in BACKENDS or tp not in ("", "tp") or not world.isdigit():
             raise ValueError(f"--configs: {item!r} is not backend[+tp]@world with backend one of "
                              f"{', '.join(BACKENDS)}")
@@ -110,7 +133,7 @@ def parse_configs(text: str) -> list[RunConfig]:
         if tp and backend not in TP_BACKENDS:
             raise ValueError(f"--configs: {item!r}: +tp with {', '.join(TP_BACKENDS)} only "
                              f"({backend} reads lm_head.weight as a plain tensor)")
-        configs.append(RunConfig(backend, int(world), bool(tp)))
+        configs.append(RunConfig(backend, int(world), bool(tp), variant))
     if not configs:
         raise ValueError("--configs: empty")
     return configs
@@ -130,6 +153,7 @@ class Settings:
     lr_warmup: int
     seed: int
     max_world: int        # the global batch: max_world * batch sequences
+    profile_steps: int = 0  # after the timed steps, this many more under torch.profiler (rank 0)
 
     @property
     def global_seqs(self) -> int:
@@ -269,7 +293,8 @@ def _step(cfg: RunConfig, s: Settings, model, opt, device, batch) -> torch.Tenso
     return loss
 
 
-def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
+def _train(cfg: RunConfig, s: Settings, model, device, rank: int,
+           trace_dir: Path | None = None) -> dict:
     """Every step timed (CUDA events); the last warm-up step (untimed, past the first calls'
     one-time work: autotuning, cuBLAS probes) counts the host's waits for the GPU
     (HostSyncCounter) from the forward to the optimizer step."""
@@ -305,8 +330,43 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int) -> dict:
             dist.all_reduce(whole)
             whole /= cfg.world
         losses.append(float(whole))
-    return {"losses": losses, "ms": times, "host_syncs": syncs.count,
-            "host_sync_wait_ms": syncs.event_wait_ms, "host_sync_sites": syncs.sites}
+    result = {"losses": losses, "ms": times, "host_syncs": syncs.count,
+              "host_sync_wait_ms": syncs.event_wait_ms, "host_sync_sites": syncs.sites}
+    if s.profile_steps and cuda:
+        result["profile"] = _profiled_steps(cfg, s, model, opt, device, rank, idx, labels,
+                                            trace_dir)
+    return result
+
+
+def _profiled_steps(cfg: RunConfig, s: Settings, model, opt, device, rank: int, idx, labels,
+                    trace_dir: Path | None) -> dict | None:
+    """``s.profile_steps`` more steps (the first batches again), under torch.profiler on rank
+    0 (every rank runs them: they hold collectives): its summary (step_profile.py), and its
+    chrome trace, gzipped, in ``trace_dir``. Not timed with the others: the profiler costs."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+    from suite.train import step_profile
+
+    steps = [_step_batch(cfg, s, idx, labels, i % s.steps, rank) for i in range(s.profile_steps)]
+    torch.cuda.synchronize(device)
+    if rank != 0:
+        for batch in steps:
+            _step(cfg, s, model, opt, device, batch)
+        torch.cuda.synchronize(device)
+        return None
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for batch in steps:
+            _step(cfg, s, model, opt, device, batch)
+        torch.cuda.synchronize(device)
+    raw = Path(trace_dir or ".") / f"trace_{cfg.name.replace('@', '-at-')}.json"
+    prof.export_chrome_trace(str(raw))
+    summary = step_profile.summarise_trace_file(raw, s.profile_steps)
+    with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return summary
 
 
 def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[dict]:
@@ -340,6 +400,8 @@ def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[
 def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
                with_nccl: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **MULTICAST_OFF)
+    if cfg.own_config is not None:  # before own_kernel's import, which reads it
+        os.environ["CCE_OWN_CONFIG"] = json.dumps(cfg.own_config)
     from torch.distributed.device_mesh import init_device_mesh
 
     cuda = s.device == "cuda"
@@ -358,7 +420,7 @@ def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
         model, kwargs = _build(cfg, s, device, mesh)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        result.update(_train(cfg, s, model, device, rank))
+        result.update(_train(cfg, s, model, device, rank, Path(out_dir).parent))
         result["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
         result["n_params"] = sum(p.numel() for p in model.parameters())
         result["model"] = {k: kwargs[k] for k in ("vocab_size", "hidden_size",
@@ -495,7 +557,9 @@ def _largest_batch_fields(cfg: RunConfig, s: Settings, row: dict, out: Path, cap
 
 
 def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
-    row = {**common, "config": cfg.name, "backend": cfg.backend, "world_size": cfg.world,
+    row = {**common, "config": cfg.name, "backend": cfg.backend, "variant": cfg.variant,
+           "own_config": json.dumps(cfg.own_config) if cfg.own_config else "",
+           "world_size": cfg.world,
            "tp_head": int(cfg.tp_head), "seq_len": s.seq_len, "steps": s.steps,
            "batch_per_rank": s.global_seqs if cfg.tp_head else s.global_seqs // cfg.world,
            "global_tokens": s.global_seqs * s.seq_len}
@@ -570,7 +634,7 @@ def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, to
            "multicast_off": MULTICAST_OFF, "run_id": run_id}
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
     common = {"device": env.get("gpu_name") or s.device, "run_id": run_id}
-    rows, curves, nccl, t0 = [], {}, [], time.monotonic()
+    rows, curves, nccl, profiles, t0 = [], {}, [], {}, time.monotonic()
     for cfg in configs:
         if time.monotonic() - t0 > budget_s:
             rows.append({**common, "config": cfg.name, "backend": cfg.backend,
@@ -586,6 +650,8 @@ def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, to
         if not isinstance(ranks, str):
             curves[cfg.name] = ranks[0]["losses"]
             nccl = nccl or ranks[0].get("nccl", [])
+            if ranks[0].get("profile"):
+                profiles[cfg.name] = ranks[0]["profile"]
         print(f"train-2gpu: {cfg.name}: {rows[-1]['status']} "
               f"{rows[-1].get('tokens_per_s', '')} tokens/s, peak "
               f"{rows[-1].get('peak_mib_per_rank', '')} MiB, "
@@ -599,6 +665,10 @@ def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, to
                 for i, x in enumerate(xs)])
     if nccl:
         _write_csv(out / "nccl_allreduce.csv", NCCL_FIELDS, nccl)
+    if profiles:
+        (out / "profile.json").write_text(json.dumps(profiles, indent=1) + "\n")
+        _write_csv(out / "profile.csv", PROFILE_FIELDS,
+                   [{"config": name, **p} for name, p in profiles.items()])
     return rows
 
 
@@ -630,6 +700,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch-budget-s", type=float, default=150,
       help="seconds per configuration in which the search starts trials (default 150)")
     a("--max-batch-steps", type=int, default=3, help="steps per trial (default 3)")
+    a("--profile-steps", type=int, default=0, metavar="S",
+      help="after the timed steps, S more under torch.profiler on rank 0: profile.csv / "
+      "profile.json (suite/train/step_profile.py) and a gzipped chrome trace per "
+      "configuration (default 0: none)")
 
 
 def settings_from(args, configs: list[RunConfig]) -> Settings:
@@ -638,6 +712,8 @@ def settings_from(args, configs: list[RunConfig]) -> Settings:
     for name in ("steps", "batch", "seq_len", "lr_warmup", "max_batch_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.profile_steps < 0:
+        raise ValueError("--profile-steps: must be >= 0")
     if args.max_batch < 0:
         raise ValueError("--max-batch: a per-rank batch cap >= 0 (0: no search)")
     if args.device == "cuda" and max(c.world for c in configs) > torch.cuda.device_count():
@@ -647,7 +723,7 @@ def settings_from(args, configs: list[RunConfig]) -> Settings:
         raise ValueError("--dtype bf16: the kernel refuses bf16 on the CPU; pass --dtype fp32")
     return Settings(args.arch, args.tiny, args.device, args.dtype, args.steps, args.warmup,
                     args.batch, args.seq_len, args.lr, args.lr_warmup, args.seed,
-                    max(c.world for c in configs))
+                    max(c.world for c in configs), args.profile_steps)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,72 @@
+"""The multi-GPU step profile's summary (suite/train/step_profile.py) on synthetic kernels, and
+the training bench's own-variant configurations (suite/train/distributed.py)."""
+import gzip
+import json
+
+import pytest
+
+from suite.train.step_profile import Kernel, family, kernels_from_chrome_trace, summarise
+
+
+def _kernels():
+    # compute stream 7: a GEMM, an own kernel, a 50 us gap, an elementwise kernel;
+    # NCCL stream 20: an all-gather half under compute, a reduce-scatter under none.
+    return [Kernel("sm90_xmma_gemm_bf16", 7, 0, 100), Kernel("cce_fwd_tma_kernel", 7, 100, 50),
+            Kernel("elementwise_kernel", 7, 200, 50),
+            Kernel("ncclDevKernel_AllGather_RING_LL", 20, 120, 60),
+            Kernel("ncclDevKernel_ReduceScatter_Sum_f32", 20, 300, 40)]
+
+
+def test_families_name_nccl_own_gemm_and_the_rest():
+    assert [family(k.name) for k in _kernels()] == ["gemm", "own", "other", "nccl", "nccl"]
+    assert family("_shifted_to_grad_kernel") == "own" and family("nvjet_tst_128x256") == "gemm"
+    assert family("triton_per_fused_add_0") == "other"
+
+
+def test_summary_counts_exposed_nccl_and_the_compute_streams_gaps():
+    s = summarise(_kernels(), steps=1)
+    assert s["compute_stream"] == 7
+    assert s["compute_busy_ms"] == pytest.approx(0.2) and s["compute_idle_ms"] == pytest.approx(0.05)
+    assert s["compute_window_ms"] == pytest.approx(0.25)
+    # the all-gather's last 30 us and the whole reduce-scatter ran under no compute kernel
+    assert s["nccl_exposed_ms"] == pytest.approx(0.07)
+    assert s["nccl_AllGather_ms"] == pytest.approx(0.06)
+    assert s["nccl_ReduceScatter_ms"] == pytest.approx(0.04)
+    assert s["gemm_ms"] == pytest.approx(0.1) and s["own_ms"] == pytest.approx(0.05)
+    gap = s["top_gaps"][0]
+    assert gap["gap_ms"] == pytest.approx(0.05) and gap["after"] == "cce_fwd_tma_kernel"
+    assert gap["before"] == "elementwise_kernel"
+    assert gap["nccl_during"] == ["ncclDevKernel_AllGather_RING_LL"]
+
+
+def test_summary_is_per_step():
+    one, two = summarise(_kernels(), steps=1), summarise(_kernels(), steps=2)
+    assert two["nccl_exposed_ms"] == pytest.approx(one["nccl_exposed_ms"] / 2)
+    assert summarise([], steps=3) == {"profiled_steps": 3, "kernels": 0}
+
+
+def test_kernels_come_from_a_chrome_trace(tmp_path):
+    trace = {"traceEvents": [
+        {"cat": "kernel", "name": "cce_fwd_tma_kernel", "ts": 10.0, "dur": 5.0,
+         "args": {"stream": 7}},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 3.0},
+        {"cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 2.0, "dur": 4.0,
+         "args": {"stream": 20}}]}
+    got = kernels_from_chrome_trace(trace)
+    assert got == [Kernel("ncclDevKernel_AllGather", 20, 2.0, 4.0),
+                   Kernel("cce_fwd_tma_kernel", 7, 10.0, 5.0)]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    from suite.train.step_profile import summarise_trace_file
+    assert summarise_trace_file(path, 1)["kernels"] == 2
+
+
+def test_own_variants_are_configurations_with_their_override():
+    from suite.train.distributed import OWN_VARIANTS, parse_configs
+    cfg, = parse_configs("own:recompute@4")
+    assert cfg.name == "own:recompute@4" and cfg.own_config == OWN_VARIANTS["recompute"]
+    assert parse_configs("own@2")[0].own_config is None
+    for bad in ("hf_loss:recompute@2", "own:bogus@2"):
+        with pytest.raises(ValueError, match="--configs"):
+            parse_configs(bad)
