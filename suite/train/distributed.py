@@ -77,7 +77,7 @@ RESULT_FIELDS = ["config", "backend", "variant", "own_config", "world_size", "tp
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
                  "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
-                 "final_rel_diff", "verdict", "host_syncs_per_step", "host_sync_wait_ms",
+                 "final_rel_diff", "verdict", "host_ms", "host_syncs_per_step", "host_sync_wait_ms",
                  "host_sync_sites",
                  "largest_batch_per_rank", "largest_batch_ms", "largest_batch_tokens_per_s",
                  "max_batch_stop", "device", "run_id"]
@@ -283,13 +283,18 @@ def _caller_sites(stack) -> str:
 
 def _step(cfg: RunConfig, s: Settings, model, opt, device, batch) -> torch.Tensor:
     """One optimizer step on this rank's (input ids, labels, num_items_in_batch); the loss."""
+    from torch.profiler import record_function  # phases named in a profiled step's trace
+
     ids, lab, items = batch
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.dtype == "bf16"):
+    with record_function("step:forward"), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                         enabled=s.dtype == "bf16"):
         loss = model(input_ids=ids, labels=lab, num_items_in_batch=items).loss
-    loss.backward()
-    _clip_(list(model.parameters()), 1.0, cfg.world)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    with record_function("step:backward"):
+        loss.backward()
+    with record_function("step:optimizer"):
+        _clip_(list(model.parameters()), 1.0, cfg.world)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     return loss
 
 
@@ -306,7 +311,7 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int,
                             prompt_frac=(0.5, 0.7), seed=s.seed + 1, device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.1)  # foreach: DTensor-safe
     probe_step = min(max(s.warmup - 1, 0), s.steps - 1)
-    losses, times, syncs = [], [], HostSyncCounter(cuda)
+    losses, times, host_ms, syncs = [], [], [], HostSyncCounter(cuda)
     for step in range(s.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps=s.steps, lr=s.lr, warmup=s.lr_warmup)
@@ -323,6 +328,7 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int,
             loss = _step(cfg, s, model, opt, device, batch)
         if cuda:
             end.record()
+            host_ms.append((time.perf_counter() - t0) * 1e3)  # the host's queueing, no wait
             end.synchronize()
         times.append(start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3)
         whole = loss.detach().float().reshape(1)
@@ -330,7 +336,7 @@ def _train(cfg: RunConfig, s: Settings, model, device, rank: int,
             dist.all_reduce(whole)
             whole /= cfg.world
         losses.append(float(whole))
-    result = {"losses": losses, "ms": times, "host_syncs": syncs.count,
+    result = {"losses": losses, "ms": times, "host_ms": host_ms, "host_syncs": syncs.count,
               "host_sync_wait_ms": syncs.event_wait_ms, "host_sync_sites": syncs.sites}
     if s.profile_steps and cuda:
         result["profile"] = _profiled_steps(cfg, s, model, opt, device, rank, idx, labels,
@@ -578,10 +584,20 @@ def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
                peak_mib_max=max(peaks) if None not in peaks else "",
                peak_mib_per_rank=";".join(f"{p:.0f}" for p in peaks) if None not in peaks else "",
                final_loss=statistics.fmean(first["losses"][-10:]),
+               host_ms=_host_ms(ranks, s.warmup),
                host_syncs_per_step=max(r.get("host_syncs", 0) for r in ranks),
                host_sync_wait_ms=max(r.get("host_sync_wait_ms", 0.0) for r in ranks),
                host_sync_sites=";".join(first.get("host_sync_sites", [])))
     return row
+
+
+def _host_ms(ranks, warmup: int):
+    """The median over timed steps of the slowest rank's host time to queue a step (until
+    its end event is recorded, before waiting on it; a host read inside the step counts):
+    near the step's time, the host, not the GPU, sets the pace."""
+    per_step = [max(r["host_ms"][i] for r in ranks)
+                for i in range(warmup, min(len(r["host_ms"]) for r in ranks))]
+    return statistics.median(per_step) if per_step else ""
 
 
 def _parity(rows: list[dict], curves: dict, tol: float, window: int) -> None:
