@@ -70,3 +70,28 @@ def test_own_variants_are_configurations_with_their_override():
     for bad in ("hf_loss:recompute@2", "own:bogus@2"):
         with pytest.raises(ValueError, match="--configs"):
             parse_configs(bad)
+
+
+def test_a_variant_reaches_the_ranks_before_they_import_the_kernel(monkeypatch, tmp_path):
+    """own_kernel reads CCE_OWN_CONFIG at import, and a spawned rank imports it (through
+    suite.train) before its own code runs: the override must be in the environment the ranks
+    are spawned with, and the parent's restored afterwards."""
+    import os
+
+    import torch.multiprocessing as mp
+    from suite.train.distributed import OWN_VARIANTS, Settings, parse_configs, run_config
+    seen = {}
+
+    def fake_start(fn, args, nprocs, start_method, join):
+        seen.update({k: os.environ.get(k) for k in ("CCE_OWN_CONFIG", "OMP_NUM_THREADS",
+                                                    "NCCL_NVLS_ENABLE")})
+        raise RuntimeError("not started")  # a failed world is a row: run_config returns it
+    monkeypatch.setattr(mp, "start_processes", fake_start)
+    monkeypatch.delenv("CCE_OWN_CONFIG", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cfg, = parse_configs("own:recompute@2")
+    s = Settings("llama", True, "cuda", "bf16", 2, 1, 1, 8, 1e-3, 1, 0, max_world=2)
+    assert run_config(cfg, s, tmp_path, False) == "not started"
+    assert json.loads(seen["CCE_OWN_CONFIG"]) == OWN_VARIANTS["recompute"]
+    assert seen["OMP_NUM_THREADS"] == "1" and seen["NCCL_NVLS_ENABLE"] == "0"
+    assert "CCE_OWN_CONFIG" not in os.environ and "OMP_NUM_THREADS" not in os.environ

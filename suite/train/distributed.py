@@ -51,6 +51,7 @@ of every step), ``nccl_allreduce.csv``, ``env.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import json
@@ -405,9 +406,7 @@ def nccl_allreduce(device, world: int, reps: int = 10, warmup: int = 3) -> list[
 
 def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
                with_nccl: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **MULTICAST_OFF)
-    if cfg.own_config is not None:  # before own_kernel's import, which reads it
-        os.environ["CCE_OWN_CONFIG"] = json.dumps(cfg.own_config)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from torch.distributed.device_mesh import init_device_mesh
 
     cuda = s.device == "cuda"
@@ -445,6 +444,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_environment(cfg: RunConfig, device: str) -> dict[str, str]:
+    """What every rank's environment gets, set in the parent before the ranks start (a rank
+    imports suite.train, and with it own_kernel, which reads CCE_OWN_CONFIG at import, before
+    its own code runs): NVLink multicast off; one OpenMP thread per rank on a GPU, as torchrun
+    sets it (each rank's CPU thread pool sized to the whole host contends with the others'
+    Python threads, and a multi-GPU step queues from the host); the variant's override."""
+    env = dict(MULTICAST_OFF)
+    if device == "cuda":
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    if cfg.own_config is not None:
+        env["CCE_OWN_CONFIG"] = json.dumps(cfg.own_config)
+    return env
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]):
+    """os.environ with ``extra`` for the duration (the spawned ranks inherit it), restored."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool,
                timeout_s: float | None = None) -> list[dict] | str:
     """Every rank's result of one configuration (a fresh world), or why it failed: an OOM
@@ -457,8 +485,10 @@ def run_config(cfg: RunConfig, s: Settings, out: Path, with_nccl: bool,
     parts.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        ctx = mp.start_processes(_rank_main, args=(cfg, s, _free_port(), str(parts), with_nccl),
-                                 nprocs=cfg.world, start_method="spawn", join=False)
+        with _environment(rank_environment(cfg, s.device)):
+            ctx = mp.start_processes(_rank_main, args=(cfg, s, _free_port(), str(parts),
+                                                       with_nccl),
+                                     nprocs=cfg.world, start_method="spawn", join=False)
         while not ctx.join(timeout=2):
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 for p in ctx.processes:
