@@ -95,3 +95,25 @@ def test_a_variant_reaches_the_ranks_before_they_import_the_kernel(monkeypatch, 
     assert json.loads(seen["CCE_OWN_CONFIG"]) == OWN_VARIANTS["recompute"]
     assert seen["OMP_NUM_THREADS"] == "1" and seen["NCCL_NVLS_ENABLE"] == "0"
     assert "CCE_OWN_CONFIG" not in os.environ and "OMP_NUM_THREADS" not in os.environ
+
+
+def _world(step_ms, peak=100.0, host=5.0):
+    rank = {"ms": list(step_ms), "host_ms": [host] * len(step_ms), "peak_mib": peak,
+            "losses": [2.0, 1.5], "n_params": 10, "model": {"vocab_size": 32, "hidden_size": 8,
+                                                            "num_hidden_layers": 1}}
+    return [rank]
+
+
+def test_a_configurations_row_pools_the_steps_of_its_worlds():
+    """Worlds of one configuration differ by more than their own step spread (seen at K = 4):
+    the row's median and p20-p80 pool every world's timed steps, world_ms keeps each world's
+    median, a failed world is named and the others still count."""
+    from suite.train.distributed import Settings, _row, parse_configs
+    cfg, = parse_configs("own@1")
+    s = Settings("llama", True, "cuda", "bf16", 4, 1, 1, 8, 1e-3, 1, 0, max_world=1)
+    fast, slow = _world([50, 10, 10, 10], peak=90), _world([50, 20, 20, 20], peak=120)
+    row = _row(cfg, s, [fast, "oom: CUDA out of memory", slow], {})
+    assert row["status"] == "ok" and row["worlds"] == 2 and row["world_ms"] == "10.00;20.00"
+    assert row["ms"] == 15.0 and row["ms_p20"] == 10.0 and row["ms_p80"] == 20.0
+    assert row["peak_mib_max"] == 120 and "oom" in row["error"]
+    assert _row(cfg, s, ["boom"], {})["status"] == "error"

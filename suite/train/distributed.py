@@ -77,7 +77,7 @@ DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2,hf_loss
 RESULT_FIELDS = ["config", "backend", "variant", "own_config", "world_size", "tp_head", "status", "error", "model", "vocab",
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
-                 "peak_mib_per_rank", "final_loss", "parity_ref", "max_rel_dev",
+                 "peak_mib_per_rank", "worlds", "world_ms", "final_loss", "parity_ref", "max_rel_dev",
                  "final_rel_diff", "verdict", "host_ms", "host_syncs_per_step", "host_sync_wait_ms",
                  "host_sync_sites",
                  "largest_batch_per_rank", "largest_batch_ms", "largest_batch_tokens_per_s",
@@ -592,31 +592,44 @@ def _largest_batch_fields(cfg: RunConfig, s: Settings, row: dict, out: Path, cap
             "max_batch_stop": found.stop}
 
 
-def _row(cfg: RunConfig, s: Settings, ranks, common: dict) -> dict:
+def _step_ms(ranks, warmup: int) -> list[float]:
+    """One world's timed steps (those after the warm-up), each the slowest rank's time."""
+    ms = [max(r["ms"][i] for r in ranks) for i in range(warmup, len(ranks[0]["ms"]))]
+    return ms or [max(r["ms"][-1] for r in ranks)]
+
+
+def _row(cfg: RunConfig, s: Settings, worlds: list, common: dict) -> dict:
+    """One configuration's row from its worlds (each world's ranks, or why it failed): the
+    step time pooled over every world's timed steps (its p20-p80 spans the spread between
+    worlds too), each world's median (``world_ms``), the largest peak of each rank."""
     row = {**common, "config": cfg.name, "backend": cfg.backend, "variant": cfg.variant,
            "own_config": json.dumps(cfg.own_config) if cfg.own_config else "",
            "world_size": cfg.world,
            "tp_head": int(cfg.tp_head), "seq_len": s.seq_len, "steps": s.steps,
            "batch_per_rank": s.global_seqs if cfg.tp_head else s.global_seqs // cfg.world,
            "global_tokens": s.global_seqs * s.seq_len}
-    if isinstance(ranks, str):
-        return {**row, "status": "error", "error": ranks}
-    first = ranks[0]
-    # A step's time: the slowest rank's; the timed steps are those after the warm-up.
-    ms = [max(r["ms"][i] for r in ranks) for i in range(s.warmup, len(first["ms"]))]
-    ms = ms or [max(r["ms"][-1] for r in ranks)]
+    ok = [w for w in worlds if not isinstance(w, str)]
+    failed = [w for w in worlds if isinstance(w, str)]
+    if not ok:
+        return {**row, "status": "error", "error": failed[0], "worlds": 0}
+    first = ok[0][0]
+    per_world = [_step_ms(w, s.warmup) for w in ok]
+    ms = [x for steps in per_world for x in steps]
     q = statistics.quantiles(ms, n=5, method="inclusive") if len(ms) > 1 else [ms[0]] * 4
-    peaks = [r["peak_mib"] for r in ranks]
-    row.update(status="ok", error="", model=f"hf:{s.arch}", vocab=first["model"]["vocab_size"],
-               hidden=first["model"]["hidden_size"], layers=first["model"]["num_hidden_layers"],
-               n_params=first["n_params"], ms=statistics.median(ms), ms_p20=q[0], ms_p80=q[3],
+    peaks = [max(w[r]["peak_mib"] or 0 for w in ok) if first["peak_mib"] is not None else None
+             for r in range(cfg.world)]
+    row.update(status="ok", error="; ".join(failed)[:400], model=f"hf:{s.arch}",
+               vocab=first["model"]["vocab_size"], hidden=first["model"]["hidden_size"],
+               layers=first["model"]["num_hidden_layers"], n_params=first["n_params"],
+               worlds=len(ok), world_ms=";".join(f"{statistics.median(x):.2f}" for x in per_world),
+               ms=statistics.median(ms), ms_p20=q[0], ms_p80=q[3],
                tokens_per_s=s.global_seqs * s.seq_len / (statistics.median(ms) / 1e3),
                peak_mib_max=max(peaks) if None not in peaks else "",
                peak_mib_per_rank=";".join(f"{p:.0f}" for p in peaks) if None not in peaks else "",
                final_loss=statistics.fmean(first["losses"][-10:]),
-               host_ms=_host_ms(ranks, s.warmup),
-               host_syncs_per_step=max(r.get("host_syncs", 0) for r in ranks),
-               host_sync_wait_ms=max(r.get("host_sync_wait_ms", 0.0) for r in ranks),
+               host_ms=statistics.median(_host_ms(w, s.warmup) for w in ok),
+               host_syncs_per_step=max(r.get("host_syncs", 0) for w in ok for r in w),
+               host_sync_wait_ms=max(r.get("host_sync_wait_ms", 0.0) for w in ok for r in w),
                host_sync_sites=";".join(first.get("host_sync_sites", [])))
     return row
 
@@ -627,7 +640,7 @@ def _host_ms(ranks, warmup: int):
     near the step's time, the host, not the GPU, sets the pace."""
     per_step = [max(r["host_ms"][i] for r in ranks)
                 for i in range(warmup, min(len(r["host_ms"]) for r in ranks))]
-    return statistics.median(per_step) if per_step else ""
+    return statistics.median(per_step) if per_step else 0.0
 
 
 def _parity(rows: list[dict], curves: dict, tol: float, window: int) -> None:
@@ -668,42 +681,51 @@ class MaxBatchOptions:
 
 
 def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, tol: float,
-        window: int, max_batch: MaxBatchOptions = MaxBatchOptions()) -> list[dict]:
-    """Every configuration in turn (those past ``budget_s`` are ``skipped`` rows), each
-    followed by its largest-batch search where ``max_batch.cap`` is set; the CSVs and
-    env.json into ``out``."""
+        window: int, max_batch: MaxBatchOptions = MaxBatchOptions(),
+        repeats: int = 1) -> list[dict]:
+    """Every configuration in turn, ``repeats`` times interleaved (a fresh world each time:
+    A B A B, so that drift over the run falls on every configuration alike); worlds past
+    ``budget_s`` are not started (a configuration with none is a ``skipped`` row). Then each
+    configuration's largest-batch search where ``max_batch.cap`` is set. The profile and the
+    loss curve come from each configuration's first world. The CSVs and env.json into
+    ``out``."""
     from suite.results import environment
 
     out.mkdir(parents=True, exist_ok=True)
     run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     env = {**environment(s.device), "settings": asdict(s), "configs": [c.name for c in configs],
-           "multicast_off": MULTICAST_OFF, "run_id": run_id}
+           "repeats": repeats, "multicast_off": MULTICAST_OFF, "run_id": run_id}
     (out / "env.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
     common = {"device": env.get("gpu_name") or s.device, "run_id": run_id}
-    rows, curves, nccl, profiles, t0 = [], {}, [], {}, time.monotonic()
+    worlds: dict[str, list] = {c.name: [] for c in configs}
+    curves, nccl, profiles, t0 = {}, [], {}, time.monotonic()
+    for rep in range(repeats):
+        for cfg in configs:
+            if time.monotonic() - t0 > budget_s:
+                continue
+            ranks = run_config(cfg, s if rep == 0 else replace(s, profile_steps=0), out,
+                               not nccl and cfg.world >= 2)
+            worlds[cfg.name].append(ranks)
+            if not isinstance(ranks, str) and cfg.name not in curves:
+                curves[cfg.name] = ranks[0]["losses"]
+                nccl = nccl or ranks[0].get("nccl", [])
+                if ranks[0].get("profile"):
+                    profiles[cfg.name] = ranks[0]["profile"]
+            done = "failed" if isinstance(ranks, str) else \
+                f"{statistics.median(_step_ms(ranks, s.warmup)):.1f} ms/step"
+            print(f"train-distributed: {cfg.name} world {rep + 1}/{repeats}: {done} "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+    rows = []
     for cfg in configs:
-        if time.monotonic() - t0 > budget_s:
+        if not worlds[cfg.name]:
             rows.append({**common, "config": cfg.name, "backend": cfg.backend,
-                         "world_size": cfg.world, "status": "skipped",
+                         "world_size": cfg.world, "status": "skipped", "worlds": 0,
                          "error": f"--budget-s {budget_s:.0f} spent"})
             continue
-        want_nccl = not nccl and cfg.world >= 2
-        ranks = run_config(cfg, s, out, want_nccl)
-        rows.append(_row(cfg, s, ranks, common))
+        rows.append(_row(cfg, s, worlds[cfg.name], common))
         if max_batch.cap:
             rows[-1].update(_largest_batch_fields(cfg, s, rows[-1], out, max_batch.cap,
                                                   max_batch.budget_s, max_batch.steps))
-        if not isinstance(ranks, str):
-            curves[cfg.name] = ranks[0]["losses"]
-            nccl = nccl or ranks[0].get("nccl", [])
-            if ranks[0].get("profile"):
-                profiles[cfg.name] = ranks[0]["profile"]
-        print(f"train-2gpu: {cfg.name}: {rows[-1]['status']} "
-              f"{rows[-1].get('tokens_per_s', '')} tokens/s, peak "
-              f"{rows[-1].get('peak_mib_per_rank', '')} MiB, "
-              f"{rows[-1].get('host_syncs_per_step', '')} host syncs/step, largest batch "
-              f"{rows[-1].get('largest_batch_per_rank', '-')} ({time.monotonic() - t0:.0f} s)",
-              flush=True)
     _parity(rows, curves, tol, window)
     _write_csv(out / "results.csv", RESULT_FIELDS, rows)
     _write_csv(out / "curves.csv", ["config", "step", "loss"],
@@ -746,6 +768,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch-budget-s", type=float, default=150,
       help="seconds per configuration in which the search starts trials (default 150)")
     a("--max-batch-steps", type=int, default=3, help="steps per trial (default 3)")
+    a("--repeats", type=int, default=1, metavar="R",
+      help="worlds per configuration, interleaved across configurations (default 1); the "
+      "row's p20-p80 pools every world's steps, world_ms lists each world's median")
     a("--profile-steps", type=int, default=0, metavar="S",
       help="after the timed steps, S more under torch.profiler on rank 0: profile.csv / "
       "profile.json (suite/train/step_profile.py) and a gzipped chrome trace per "
@@ -758,6 +783,8 @@ def settings_from(args, configs: list[RunConfig]) -> Settings:
     for name in ("steps", "batch", "seq_len", "lr_warmup", "max_batch_steps"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.repeats < 1:
+        raise ValueError("--repeats: must be >= 1")
     if args.profile_steps < 0:
         raise ValueError("--profile-steps: must be >= 0")
     if args.max_batch < 0:
@@ -785,7 +812,8 @@ def main(argv=None) -> int:
     rows = run(configs, s, Path(args.out), budget_s=args.budget_s, tol=args.tol,
                window=args.smooth, max_batch=MaxBatchOptions(args.max_batch,
                                                              args.max_batch_budget_s,
-                                                             args.max_batch_steps))
+                                                             args.max_batch_steps),
+               repeats=args.repeats)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
