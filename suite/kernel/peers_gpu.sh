@@ -11,7 +11,7 @@
 #   call 2, carry [".cute-b"]:  CCE_BENCH_COMMIT=<commit> bash suite/kernel/peers_gpu.sh
 # (call 2 must follow while the machine is warm: it reads call 1's /tmp/cute.)
 #
-# Steps, each under what is left of a deadline (PEERS_DEADLINE_S, default 540 s from the start)
+# Steps, each under what is left of a deadline (PEERS_DEADLINE_S, default 510 s from the start)
 # so one slow step cannot take the others' rows with it:
 #   1. unpack the peers into /tmp/peers/site-packages (QuACK's import needs a folder of that
 #      name), print their versions and `python -m suite list`, and run verl's gradient probe
@@ -29,7 +29,7 @@
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 START=$SECONDS
-DEADLINE=${PEERS_DEADLINE_S:-540}
+DEADLINE=${PEERS_DEADLINE_S:-510}
 RUN=${RUN:-/tmp/run/peers-2026-h100}
 S=/tmp/peers/site-packages
 LOG=$OUT/peers.log
@@ -97,7 +97,7 @@ export PYTHONPATH=$S:$S/nvidia_cutlass_dsl/dsl_packages:$PWD
 step preflight 120 bash -c preflight
 step "bench gemma2-2b" 150 python3 -m suite bench --preset gemma2-2b --dist lm --phases loss+grad \
   --reps 7 --warmup 2 --isolate --providers "$PROVIDERS" --out "$RUN" --quiet
-step "rl" 260 python3 -m suite kernel rl --out "$RUN/rl" --models liger-readme,llama3-8b --n 8192 \
+step "rl" 240 python3 -m suite kernel rl --out "$RUN/rl" --models liger-readme,llama3-8b --n 8192 \
   --methods "$RL_METHODS" --reps 7
 step "bench liger-readme" 200 python3 -m suite bench --preset llama3-8b --n 16384 --v 131072 \
   --dist lm --phases loss+grad --reps 7 --warmup 2 --isolate --providers "$PROVIDERS" \
