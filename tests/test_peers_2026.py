@@ -145,6 +145,18 @@ def test_verl_needs_contiguous_upstream_gradients_and_the_provider_gives_them(ve
         assert out[f"{objective}, suite provider"] == "ok"
 
 
+def test_contiguous_grads_hands_verl_a_sum_s_gradient_contiguous():
+    e, c, t = _inputs(d=128)
+    ee = e.clone().requires_grad_()
+    _, entropy = _VerlLike.apply(ee, c, t)
+    with pytest.raises(AssertionError):
+        entropy.sum().backward()  # a sum's gradient is expanded (stride 0)
+    ee = e.clone().requires_grad_()
+    _, entropy = verl.ContiguousGrads.apply(*_VerlLike.apply(ee, c, t))
+    entropy.sum().backward()
+    assert ee.grad is not None and torch.isfinite(ee.grad).all()
+
+
 def test_verl_provider_masks_ignored_targets_and_matches_naive(verl_like):
     e, c, t = _inputs(n=10, d=128, v=40)
     t[::3] = -100

@@ -238,7 +238,9 @@ def _rewrite_all(args) -> int:
         text, _ = compute(parser.parse_args(command.split()))
         update_markers(text, section, README)
         print(f"report: {README.name} section '{section}' rewritten")
-    return _rewrite_notes(argparse.Namespace(results=[], update_readme=False, results_doc=False))
+    code = _rewrite_notes(argparse.Namespace(results=[], update_readme=False, results_doc=False))
+    print("report: the figures read the same runs: python -m suite plots")
+    return code
 
 
 def main(args) -> int:
