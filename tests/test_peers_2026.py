@@ -388,7 +388,8 @@ def test_who_has_what_gives_each_peer_its_outputs_cells_and_verdicts(peer_run):
 
     text = who_has_what(peer_run, "python -m suite report RUN --who-has-what")
     line = {m[1]: m[0] for m in re.finditer(r"^\| `(\w+)` \|.*$", text, re.M)}
-    assert "| log-prob + entropy |" in line["own"]
+    assert "| log-prob + entropy | 60 ms, 1200 MiB | 100 ms, 1200 MiB | 100 ms, 1700 MiB |" \
+        in line["own"]  # the reference: no verdict against itself
     assert "| 144 ms, 1200 MiB, slower |" in line["liger_flce_cute"]
     assert "| unsupported |" in line["verl_lce"] and "| 100 ms, 1200 MiB, level |" in line[
         "verl_lce"]

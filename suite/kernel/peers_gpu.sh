@@ -54,7 +54,9 @@ step() {
 
 unpack() {
   [ -f /tmp/cute/peers.tar.xz.aa ] || { echo "no /tmp/cute/peers.tar.xz.aa: run call 1 first"; return 3; }
-  cat /tmp/cute/peers.tar.xz.aa .cute-b/peers.tar.xz.a[b-z] | xz -d | tar -x -C /tmp/peers
+  cat /tmp/cute/peers.tar.xz.aa .cute-b/peers.tar.xz.a[b-z] > /tmp/cute/peers.tar.xz
+  echo "$(cat .cute-b/SHA256)  /tmp/cute/peers.tar.xz" | sha256sum -c || return 4
+  xz -d < /tmp/cute/peers.tar.xz | tar -x -C /tmp/peers
 }
 
 preflight() {

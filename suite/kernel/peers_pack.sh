@@ -7,11 +7,12 @@
 # The CuTe DSL's CUDA libraries (a 92 MB wheel, 237 MB unpacked) are most of it; xz packs the
 # unpacked files to about two thirds of the wheel.
 # Usage, from the checkout's root on a machine with PyPI: bash suite/kernel/peers_pack.sh
-# (about 15 minutes on 2 cores, most of it xz). .cute-b/WHEELS lists what was packed.
+# (about 15 minutes on 2 cores, most of it xz). .cute-b/WHEELS lists what was packed,
+# .cute-b/SHA256 the archive's hash.
 set -euo pipefail
 DSL=${DSL:-4.8.1}       # nvidia-cutlass-dsl: Liger 0.8.5's cutedsl extra asks >= 4.6.0
 QUACK=${QUACK:-0.6.5}   # imports with DSL 4.8.1 from a folder named site-packages
-PART_BYTES=${PART_BYTES:-40000000}
+PART_BYTES=${PART_BYTES:-35000000}
 top=$(git rev-parse --show-toplevel); cd "$top"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 platforms=()
@@ -31,5 +32,6 @@ split -b "$PART_BYTES" -a 2 "$tmp/peers.tar.xz" "$tmp/peers.tar.xz."
 [ ! -e "$tmp/peers.tar.xz.ac" ] || { echo "more than two parts: raise PART_BYTES" >&2; exit 1; }
 mv "$tmp/peers.tar.xz.aa" .cute-a/ && mv "$tmp/peers.tar.xz.ab" .cute-b/
 (cd "$tmp/wheels" && sha256sum ./*.whl) > .cute-b/WHEELS
+sha256sum "$tmp/peers.tar.xz" | cut -d' ' -f1 > .cute-b/SHA256  # checked on the device
 du -sb .cute-a .cute-b
 echo "device calls: see suite/kernel/peers_gpu.sh (call 1 carries .cute-a, call 2 .cute-b)"
