@@ -20,6 +20,7 @@ import time
 import torch
 
 from suite.reference import loss_rel_err, rel_err
+from suite.registry import UnsupportedInput
 from suite.schema import PHASE_MATMULS, PHASES
 
 MIB = 2 ** 20
@@ -265,12 +266,16 @@ def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, re
                     row["floor_ms"] = floor_ms
                     if device.type == "cuda":  # a CPU time over the CPU's matmul means nothing
                         row["floor_ratio"] = stats["ms"] / floor_ms
+        except UnsupportedInput as exc:  # inputs the peer does not take: not a failure
+            failure = ("unsupported", str(exc))
         except Exception as exc:  # noqa: BLE001 - a failing provider is data, not a crash
             failure = ("oom" if is_oom(exc) else "error", one_line(exc))
         if failure:
             # Leave the except block first so the traceback (and the tensors its frames hold)
             # is gone before memory is freed.
             row = {"phase": phase, "status": failure[0], "error": failure[1]}
+        if provider.ran is not None:
+            row["ran"] = provider.ran()
         del x
         free_memory(device, collect=failure is not None)
         rows.append(row)

@@ -21,6 +21,12 @@ import torch
 FEATURES = ("bias", "softcap")
 
 
+class UnsupportedInput(ValueError):
+    """Raised by a provider for inputs its peer does not take (a shape or layout its kernel
+    asserts against, e.g. verl's hidden size % 128): the row's status is ``unsupported`` with
+    this message, not ``error``."""
+
+
 # Figures draw a provider in the colour, marker and line style of its registration; providers of
 # one family share a colour (suite/plots.py checks it is colour-blind safe) and figures list them
 # by ``order``. One unregistered style is the fallback: grey, dash-dot.
@@ -50,6 +56,9 @@ class Provider:
     limits: Callable[..., str | None] | None = None
     style: dict = field(default_factory=lambda: dict(FALLBACK_STYLE))
     order: int = 1000
+    # Returns what the provider's last call ran (e.g. which backend of a peer, checked after the
+    # call), recorded in the row's ``ran`` column; None: the provider reports nothing.
+    ran: Callable[[], str] | None = None
 
     def unavailable_reason(self, device: torch.device | str) -> str | None:
         return self.requires(torch.device(device))
@@ -77,11 +86,12 @@ PROVIDERS: dict[str, Provider] = {}
 
 def register(name: str, *, summary: str, features=("softcap",), requires=None, exact=True,
              package=None, install=None, origin=None, label=None, style=None, order=1000,
-             limits=None):
+             limits=None, ran=None):
     """Register ``fn`` as provider ``name``. ``package``/``install``: the peer's distribution and
     the line that installs it (``python -m suite list`` shows both); ``label``, ``style`` (a
     matplotlib colour, marker and linestyle) and ``order``: how figures draw and list it;
-    ``limits(device, *, bias, softcap)``: why such a cell cannot run on ``device``, or None."""
+    ``limits(device, *, bias, softcap)``: why such a cell cannot run on ``device``, or None;
+    ``ran()``: what the last call ran (the row's ``ran`` column)."""
     bad = set(features) - set(FEATURES)
     if bad:
         raise ValueError(f"provider {name!r}: features must be among {FEATURES}, got {sorted(bad)}")
@@ -106,6 +116,7 @@ def register(name: str, *, summary: str, features=("softcap",), requires=None, e
             label=label or name,
             style=dict(style or FALLBACK_STYLE),
             order=order,
+            ran=ran,
         )
         return fn
 

@@ -194,12 +194,14 @@ class ResultsWriter:
 
 
 def _results_columns(path: Path) -> list[str]:
-    """ROW_FIELDS, or an older results.csv's header: ROW_FIELDS less the defaulted columns."""
-    legacy = [k for k in ROW_FIELDS if k not in ROW_FIELD_DEFAULTS]
+    """ROW_FIELDS, or an older results.csv's header: ROW_FIELDS less some of the defaulted
+    columns (each was added after results were first written)."""
     if path.exists() and path.stat().st_size:
         with open(path, newline="") as f:
-            if next(csv.reader(f), []) == legacy:
-                return legacy
+            header = next(csv.reader(f), [])
+        kept = [k for k in ROW_FIELDS if k in header]
+        if header == kept and set(ROW_FIELDS) - set(header) <= set(ROW_FIELD_DEFAULTS):
+            return header
     return ROW_FIELDS
 
 

@@ -58,6 +58,8 @@ ROW_FIELDS = CELL_FIELDS + [
     "de_rel_err",        # ||dE - dE_ref|| / ||dE_ref||
     "dc_rel_err",        # ||dC - dC_ref|| / ||dC_ref||
     "dbias_rel_err",     # ||dbias - dbias_ref|| / ||dbias_ref|| (bias cells only)
+    "ran",               # what code the provider reports it ran (a peer's backend or kernel
+                         # module, checked after the call), where it reports one
     "device",            # device name the row was measured on
     "world_size",        # ranks the cell ran on: 1, or K for `bench --vocab-parallel K` (C
                          # sharded by vocabulary over K ranks, one GPU each; peak_*_mib and ms*
@@ -70,7 +72,7 @@ ROW_FIELDS = CELL_FIELDS + [
 
 # Columns added after results were first written, with the value an older row means; readers
 # fill them in (an older results.csv lacks them, and stays readable and resumable).
-ROW_FIELD_DEFAULTS = {"world_size": "1"}
+ROW_FIELD_DEFAULTS = {"world_size": "1", "ran": ""}
 
 # Model FLOPs of each phase in units of one E @ C.T (2*N*V*D): forward 1, backward dE + dC = 2.
 # (A kernel that keeps no N x V values also recomputes the logits: 4 matmuls for loss+grad.)

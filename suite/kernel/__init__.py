@@ -6,7 +6,7 @@ memory   what is alive at the loss+grad memory peak (CUDA allocator trace)
 check    gradient agreement of own / own_filter with the naive baseline on the suite's inputs
 accuracy every route's loss and gradient errors against fp64, confident and large logits (CSV)
 autocast loss+grad under bf16 autocast with an fp32 weight: own against torch.compile (CSV)
-rl       per-token log-probability + entropy + backward against loss+grad, naive and Liger (CSV)
+rl       per-token log-probability + entropy + backward against loss+grad, naive, Liger, verl (CSV)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TOOLS = {
     "check": ("suite.kernel.check", "gradient agreement with the naive baseline"),
     "accuracy": ("suite.kernel.accuracy", "every route's loss and gradient errors vs fp64 (CSV)"),
     "autocast": ("suite.kernel.autocast", "bf16 autocast, fp32 weight: own vs torch.compile (CSV)"),
-    "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad, naive, Liger"),
+    "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad and peers"),
 }
 
 

@@ -25,17 +25,31 @@ its backward of
                       (a reference policy near the current one, as in a real step). Its own
                       objective, not sum w * logp + beta * H; it returns only the scalar loss,
                       so it has no logp or entropy to check (NaN errors): the RL peer users would
-                      compare against, timed on the same work (logp of every token + backward).
+                      compare against, timed on the same work (logp of every token + backward);
+- liger_scaled_ce:    Liger's log-prob kernel, LigerFusedLinearScaledCrossEntropyFunction with
+                      return_entropy=True (suite.providers.liger_scaled: its CuTe-DSL kernel on
+                      sm_90), logp = -NLL, the same objective;
+- verl_lce:           verl's linear_cross_entropy (suite.providers.verl: fused Triton log-probs
+                      and entropy; upstream gradients made contiguous, which its backward
+                      asserts), the same objective;
+- liger_scaled_ce_tp: Liger's tensor-parallel variant: a row saying why it cannot run in one
+                      process (suite.providers.liger_tp).
 
 and writes, per method, the median, 20th and 80th percentile and fastest time of --reps calls
 after a warm-up (p20-p80 so a verdict can use the project's rule: faster only where the ranges
-do not overlap, else level), the peak memory beyond the inputs (gradients included), and the
+do not overlap, else level), the peak memory beyond the inputs (gradients included), the
 largest error of logp and H against an fp64 reference on the first --check-rows rows (NaN where
-a method has none). A method that runs out of memory is a row with status "oom", one whose
-package is missing "not installed", one that cannot run on this device "unsupported", the
-reason in the note column (data, not a failure). Writes DIR/rl.csv and DIR/env.json. CUDA: the
-timings and the memory need it; ``--device cpu`` (tiny shapes, TRITON_INTERPRET=1) runs the
-same code for tests.
+a method has none), the relative errors of dE and dC, ||g - g_ref|| / ||g_ref||, against the
+fp64 gradient of the method's objective (with the entropy term where the method has one; NaN
+for liger_grpo, whose objective is its own), and what a peer's provider reports it ran (``ran``).
+A method that runs out of memory is a row with status "oom", one whose package is missing "not
+installed", one whose provider cannot run here "unavailable", one that cannot take these
+inputs or this device "unsupported", the reason in the note column (data, not a failure).
+Writes DIR/rl.csv and DIR/env.json. CUDA: the timings and the memory need it; ``--device cpu``
+(tiny shapes, TRITON_INTERPRET=1) runs the same code for tests.
+
+``--models`` takes model names (their hidden size and vocabulary, --n tokens) and named shapes
+of fixed N, D, V (SHAPES: Liger's published shape for its scaled CE).
 """
 from __future__ import annotations
 
@@ -49,27 +63,34 @@ import time
 import torch
 
 MODELS = {"qwen2.5-7b": "Qwen 2.5 (7B)", "llama3-8b": "Llama 3 (8B)"}
+# (N, D, V) that --n, --d and --v do not change: Liger's README times its scaled CE here
+SHAPES = {"liger-readme": (16384, 4096, 131072)}
 METHODS = ("own_loss_grad", "own_logp_entropy", "naive", "compiled", "liger_flce_logp",
-           "liger_grpo")
+           "liger_scaled_ce", "verl_lce", "liger_scaled_ce_tp", "liger_grpo")
 LIGER_METHODS = ("liger_flce_logp", "liger_grpo")
+# methods that are a registered provider's log-prob function: availability and `ran` from it
+PROVIDER_METHODS = ("liger_scaled_ce", "verl_lce", "liger_scaled_ce_tp")
+OWN_OBJECTIVE = ("liger_grpo",)  # not sum w*logp + beta*H: no gradient reference
 LIGER_MODULE = "liger_kernel"  # a name, so a test can play "not installed"
 GRPO_SEQ_LEN = 4096  # tokens per GRPO sequence (a long completion); gcd with N where N is not
                      # a multiple, so tiny test shapes still split into whole sequences
 FIELDS = ["model", "n", "d", "v", "dtype", "method", "status", "ms_median", "ms_p20", "ms_p80",
           "ms_min", "reps", "peak_extra_mib", "logp_max_abs_err", "entropy_max_abs_err",
-          "device", "note"]
+          "de_rel_err", "dc_rel_err", "device", "ran", "note"]
 NOTES = {  # what an ok row of a method does not measure, next to its numbers
     "own_loss_grad": "no entropy (the loss+grad baseline)",
     "liger_flce_logp": "no entropy; logp = -(per-token loss, reduction none)",
     "liger_grpo": "GRPO (dapo) loss, not sum w*logp + beta*H; returns the scalar loss only: "
                   "no logp or entropy to check",
+    "verl_lce": "upstream gradients made contiguous (verl's backward asserts it)",
 }
 
 
 def add_arguments(ap) -> None:
     ap.add_argument("--out", required=True, help="directory for rl.csv and env.json")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: "
-                    + ", ".join(MODELS))
+                    + ", ".join(MODELS) + " (with --n), or the fixed shapes "
+                    + ", ".join(f"{k} (N {n}, D {d}, V {v})" for k, (n, d, v) in SHAPES.items()))
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of: "
                     + ", ".join(METHODS))
     ap.add_argument("--n", type=int, default=32768, help="tokens (default %(default)s)")
@@ -86,8 +107,10 @@ def add_arguments(ap) -> None:
 def _shape(name: str, args) -> tuple[int, int, int]:
     from suite.model_configs import MODELS as CONFIGS
 
+    if name in SHAPES:
+        return SHAPES[name]
     if name not in MODELS:
-        raise SystemExit(f"--models: unknown model {name!r} ({', '.join(MODELS)})")
+        raise SystemExit(f"--models: unknown model {name!r} ({', '.join([*MODELS, *SHAPES])})")
     cfg = next(m for m in CONFIGS if m.name == MODELS[name])
     return args.n, args.d or cfg.hidden, args.v or cfg.vocab
 
@@ -120,6 +143,11 @@ def _naive_logp_entropy(e, c, t):
 def unavailable(method: str, device) -> tuple[str, str] | None:
     """(status, reason) where a method cannot run here, else None: asked before its row runs,
     so a missing package or device is a row of data, not a crash."""
+    if method in PROVIDER_METHODS:
+        from suite import catalog
+
+        why = catalog.get(method).unavailable_reason(device)
+        return None if why is None else ("unavailable", why)
     if method not in LIGER_METHODS:
         return None
     from suite.providers.liger import INSTALL, PACKAGE
@@ -208,15 +236,23 @@ def method_call(method: str, e, c, t, device):
         return _weighted(_liger_flce_logp)
     if method == "liger_grpo":
         return _liger_grpo_call(e, c, t, device)
+    if method == "liger_scaled_ce":
+        from suite.providers.liger_scaled import logp_entropy
+        return _weighted(logp_entropy)
+    if method == "verl_lce":
+        from suite.providers.verl import logp_entropy
+        return _weighted(logp_entropy)
     raise ValueError(f"method: unknown {method!r}")
 
 
-def _step(fn, e, c, t, w, beta):
-    """One call and its backward; returns (logp, entropy) detached (None where absent)."""
+def _step(fn, e, c, t, w, beta, keep_grads=False):
+    """One call and its backward; returns (logp, entropy) detached (None where absent), and
+    with ``keep_grads`` also (dE, dC)."""
     ee, cc = e.detach().requires_grad_(), c.detach().requires_grad_()
     objective, logp, ent = fn(ee, cc, t, w, beta)
     objective.backward()
-    return (None if logp is None else logp.detach()), (None if ent is None else ent.detach())
+    out = (None if logp is None else logp.detach()), (None if ent is None else ent.detach())
+    return (*out, ee.grad, cc.grad) if keep_grads else out
 
 
 def _sync(device):
@@ -227,51 +263,69 @@ def _sync(device):
 def _failed(status, note=""):
     nan = float("nan")
     return {"status": status, "note": note, "ms": nan, "ms_p20": nan, "ms_p80": nan,
-            "ms_min": nan, "peak": nan, "out": None}
+            "ms_min": nan, "peak": nan, "out": None, "ran": ""}
+
+
+def _ran(method) -> str:
+    """What a provider-backed method's provider reports its last call ran."""
+    if method not in PROVIDER_METHODS:
+        return ""
+    from suite import catalog
+
+    report = catalog.get(method).ran
+    return report() if report is not None else ""
+
+
+def _timed(fn, e, c, t, w, beta, reps, device) -> tuple[list[float], float]:
+    """(ms of each of ``reps`` steps, peak MiB beyond what was allocated before them)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        _step(fn, e, c, t, w, beta)
+        _sync(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+    return times, peak
 
 
 def measure(method, e, c, t, w, beta, reps, device) -> dict:
-    """status, note, ms (median), ms_p20, ms_p80, ms_min, peak (MiB beyond the inputs) and out
-    ((logp, entropy), None where the method did not run)."""
-    from suite.measure import time_stats
+    """status, note, ms (median), ms_p20, ms_p80, ms_min, peak (MiB beyond the inputs), ran and
+    out ((logp, entropy, dE, dC) of one more step after the timed ones, None where the method
+    did not run)."""
+    from suite.measure import is_oom_text, time_stats
+    from suite.registry import UnsupportedInput
 
     why = unavailable(method, device)
     if why is not None:
         return _failed(*why)
-    cuda = torch.device(device).type == "cuda"
     try:
         fn = method_call(method, e, c, t, device)
-        out = _step(fn, e, c, t, w, beta)  # warm-up: compilation, autotuning, workspaces
+        _step(fn, e, c, t, w, beta)  # warm-up: compilation, autotuning, workspaces
         _sync(device)
-        if cuda:
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            out = _step(fn, e, c, t, w, beta)
-            _sync(device)
-            times.append(1e3 * (time.perf_counter() - start))
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+        times, peak = _timed(fn, e, c, t, w, beta, reps, device)
+        out = _step(fn, e, c, t, w, beta, keep_grads=True)  # untimed: what errors are taken of
     except torch.OutOfMemoryError:
         return _failed("oom")
-    except (RuntimeError, ValueError, AssertionError) as err:
-        # e.g. inductor's own allocation failures, or a peer rejecting these inputs: data, not a
-        # crash
-        from suite.measure import is_oom_text
-
+    except UnsupportedInput as err:  # the peer does not take these inputs: data
+        return _failed("unsupported", str(err))
+    except Exception as err:  # noqa: BLE001 - a failing method (a peer's compile error, a
+        # rejected input, inductor's own allocation failure) is a row of data, not a crash
         status = "oom" if is_oom_text(str(err)) else "error"
         line = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         print(f"{method}: {line}", flush=True)
-        return _failed(status, line)
+        return dict(_failed(status, line), ran=_ran(method))
     finally:
-        if cuda:
+        if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     stats = time_stats(times)
     return {"status": "ok", "note": NOTES.get(method, ""), "ms": stats["ms"],
             "ms_p20": stats["ms_p20"], "ms_p80": stats["ms_p80"], "ms_min": stats["ms_min"],
-            "peak": peak, "out": out}
+            "peak": peak, "out": out, "ran": _ran(method)}
 
 
 def reference_rows(e, c, t, rows):
@@ -284,20 +338,72 @@ def reference_rows(e, c, t, rows):
             -(logp_all.exp() * logp_all).sum(-1))
 
 
-def _errors(out, ref, rows):
+def reference_grads(e, c, t, w, beta, rows_per_chunk=1024) -> dict:
+    """{"logp": (dE, dC), "logp+H": (dE, dC)}: the fp64 gradients of sum w*logp and of
+    sum w*logp + beta*H, a chunk of rows at a time (fp64 on the inputs' device; the results
+    stored fp32 on the CPU, which adds ~6e-8 relative, so the GPU stays free for the methods).
+    d(logp_t)/dz = onehot_t - p and dH/dz = -p (log p + H)."""
+    c64 = c.double()
+    de = {k: torch.empty(e.shape, dtype=torch.float32) for k in ("logp", "H")}
+    dc = {k: torch.zeros(c.shape, dtype=torch.float64, device=c.device) for k in ("logp", "H")}
+    for r0 in range(0, e.shape[0], rows_per_chunk):
+        rows = slice(r0, r0 + rows_per_chunk)
+        e64 = e[rows].double()
+        logp_all = torch.log_softmax(e64 @ c64.T, dim=-1)
+        p = logp_all.exp()
+        entropy = -(p * logp_all).sum(-1, keepdim=True)
+        g_logp = -p * w[rows, None].double()
+        g_logp.scatter_add_(1, t[rows, None], w[rows, None].double())
+        g_h = -p * (logp_all + entropy) * beta[rows, None].double()
+        del logp_all, p
+        for key, g in (("logp", g_logp), ("H", g_h)):
+            de[key][rows] = (g @ c64).float().cpu()
+            dc[key] += g.T @ e64
+        del g_logp, g_h
+    dc = {k: v.float().cpu() for k, v in dc.items()}
+    return {"logp": (de["logp"], dc["logp"]),
+            "logp+H": (de["logp"] + de["H"], dc["logp"] + dc["H"])}
+
+
+def _errors(method, out, ref, grad_ref, rows) -> tuple[float, float, float, float]:
+    """(logp max abs error, H max abs error, dE and dC relative errors); NaN where absent."""
+    from suite.reference import rel_err
+
+    nan = float("nan")
     if out is None:
-        return float("nan"), float("nan")
-    logp, ent = out
-    err_lp = float("nan") if logp is None else float((logp[:rows].double() - ref[0]).abs().max())
-    err_h = float("nan") if ent is None else float((ent[:rows].double() - ref[1]).abs().max())
-    return err_lp, err_h
+        return nan, nan, nan, nan
+    logp, ent, de, dc = out
+    err_lp = nan if logp is None else float((logp[:rows].double() - ref[0]).abs().max())
+    err_h = nan if ent is None else float((ent[:rows].double() - ref[1]).abs().max())
+    if method in OWN_OBJECTIVE:
+        return err_lp, err_h, nan, nan
+    ref_de, ref_dc = grad_ref["logp" if ent is None else "logp+H"]
+    return err_lp, err_h, rel_err(de, ref_de), rel_err(dc, ref_dc)
 
 
 def _row(name, n, d, v, dtype, method, m, reps, errors, device_name) -> list:
-    err_lp, err_h = errors
+    err_lp, err_h, err_de, err_dc = errors
     return [name, n, d, v, str(dtype).removeprefix("torch."), method, m["status"],
             f"{m['ms']:.3f}", f"{m['ms_p20']:.3f}", f"{m['ms_p80']:.3f}", f"{m['ms_min']:.3f}",
-            reps, f"{m['peak']:.1f}", f"{err_lp:.3e}", f"{err_h:.3e}", device_name, m["note"]]
+            reps, f"{m['peak']:.1f}", f"{err_lp:.3e}", f"{err_h:.3e}", f"{err_de:.3e}",
+            f"{err_dc:.3e}", device_name, m["ran"], m["note"]]
+
+
+def _measure_shape(write, name, args, methods, dtype, device_name) -> None:
+    """Every method at one shape, each row handed to ``write`` as it comes."""
+    n, d, v = _shape(name, args)
+    e, c, t, w, beta = make_call_inputs(n, d, v, dtype, args.device)
+    rows = min(args.check_rows, n)
+    ref = reference_rows(e, c, t, rows)
+    grad_ref = reference_grads(e, c, t, w, beta)
+    for method in methods:
+        m = measure(method, e, c, t, w, beta, args.reps, args.device)
+        errors = _errors(method, m.pop("out"), ref, grad_ref, rows)
+        write(_row(name, n, d, v, dtype, method, m, args.reps, errors, device_name))
+        print(f"{name:12s} {method:18s} {m['status']:4s} {m['ms']:9.2f} ms "
+              f"(p20 {m['ms_p20']:.2f} p80 {m['ms_p80']:.2f}) peak+ {m['peak']:9.1f} MiB  "
+              f"logp err {errors[0]:.2e}  H err {errors[1]:.2e}  dE {errors[2]:.2e}  "
+              f"dC {errors[3]:.2e}  {m['ran']} {m['note']}", flush=True)
 
 
 def main(args) -> int:
@@ -306,6 +412,8 @@ def main(args) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("python -m suite kernel rl needs a CUDA device (or --device cpu)")
     methods = _methods(args)
+    for name in args.models.split(","):
+        _shape(name, args)  # an unknown name fails before anything is measured
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(environment(args.device), f, indent=2, default=str)
@@ -316,20 +424,12 @@ def main(args) -> int:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(FIELDS)
+
+        def write(row):  # each row on disk as it comes: a killed run keeps what it measured
+            out.writerow(row)
+            f.flush()
+
         for name in args.models.split(","):
-            n, d, v = _shape(name, args)
-            e, c, t, w, beta = make_call_inputs(n, d, v, dtype, args.device)
-            rows = min(args.check_rows, n)
-            ref = reference_rows(e, c, t, rows)
-            for method in methods:
-                m = measure(method, e, c, t, w, beta, args.reps, args.device)
-                err_lp, err_h = _errors(m.pop("out"), ref, rows)
-                out.writerow(_row(name, n, d, v, dtype, method, m, args.reps, (err_lp, err_h),
-                                  device_name))
-                f.flush()
-                print(f"{name:11s} {method:17s} {m['status']:4s} {m['ms']:9.2f} ms "
-                      f"(p20 {m['ms_p20']:.2f} p80 {m['ms_p80']:.2f}) peak+ {m['peak']:9.1f} MiB"
-                      f"  logp err {err_lp:.2e}  H err {err_h:.2e}  {m['note']}", flush=True)
-            del e, c, t, w, beta, ref
+            _measure_shape(write, name, args, methods, dtype, device_name)
     print(f"wrote {path}")
     return 0

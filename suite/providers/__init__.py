@@ -1,2 +1,3 @@
 """Importing this package registers every provider (one module per peer)."""
-from suite.providers import apple, chunked, liger, naive, own, quack, torch_native  # noqa: F401
+from suite.providers import (  # noqa: F401
+    apple, chunked, liger, liger_scaled, liger_tp, naive, own, quack, torch_native, verl)

@@ -9,6 +9,8 @@
     python -m suite report results/train-h200
     python -m suite report --results-doc    # results/RESULTS.md, whole, from the curated runs
     python -m suite report --notes          # the tables of results/notes/*.md, from their CSVs
+    python -m suite report results/peers-2026-h100 --who-has-what   # also --rl, --peer-list
+    python -m suite report --all            # all three: RESULTS.md, README's blocks, the notes
 
 Every table that compares providers takes its rows from one run folder (several folders: a
 table each); "faster" / "slower" follow suite.report.verdict's one rule.
@@ -66,6 +68,19 @@ def add_arguments(parser) -> None:
                              "folder (section targets)")
     parser.add_argument("--frontier", action="store_true",
                         help="the time-memory frontier of exact loss+grad per cell (suite.frontier)")
+    parser.add_argument("--who-has-what", action="store_true",
+                        help="a peer run folder (suite/kernel/peers_gpu.sh): each provider's "
+                             "outputs, cells and RL step against the own kernel")
+    parser.add_argument("--peer-list", action="store_true",
+                        help="a peer run folder, as the README's sentence on the peers (section "
+                             "peers)")
+    parser.add_argument("--rl", action="store_true",
+                        help="a peer run folder's RL rows (rl/rl.csv) and verl's probe "
+                             "(section rl)")
+    parser.add_argument("--all", action="store_true",
+                        help="rewrite results/RESULTS.md, every generated README block (each "
+                             "from its own Generated-by command) and the notes' tables; give no "
+                             "folders")
     parser.add_argument("--peers", default="apple_cce,torch_compile",
                         help="comma-separated providers for --versus (default: %(default)s)")
     parser.add_argument("--section", default=None,
@@ -142,8 +157,12 @@ def compute(args) -> tuple[str, str]:
     if not args.results:
         raise ValueError("give one or more run folders (or --results-doc alone)")
     train = [d for d in args.results if is_train_run(d)]
-    if sum(map(bool, (args.versus, args.targets, args.headline, args.frontier))) > 1:
-        raise ValueError("give one of --versus, --targets, --headline, --frontier")
+    if sum(map(bool, (args.versus, args.targets, args.headline, args.frontier,
+                      args.who_has_what, args.rl, args.peer_list))) > 1:
+        raise ValueError("give one of --versus, --targets, --headline, --frontier, "
+                         "--who-has-what, --rl, --peer-list")
+    if args.who_has_what or args.rl or args.peer_list:
+        return _peer_run_text(args)
     if args.versus:
         return _versus_text(args), "versus"
     if args.targets:
@@ -158,6 +177,18 @@ def compute(args) -> tuple[str, str]:
     if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
         return multi_gpu_text(args.results[0]), "multi-gpu"
     return _run_folder_text(args, train)
+
+
+def _peer_run_text(args) -> tuple[str, str]:
+    from suite.report.peer_tables import peer_list, rl_table, who_has_what
+
+    if len(args.results) != 1:
+        raise ValueError("--who-has-what / --rl / --peer-list: give one peer run folder")
+    if args.who_has_what:
+        return who_has_what(args.results[0], _command(args, " --who-has-what")), "who-has-what"
+    if args.peer_list:
+        return peer_list(args.results[0], _command(args, " --peer-list")), "peers"
+    return rl_table(args.results[0], _command(args, " --rl")), "rl"
 
 
 def table_text(arguments: str) -> str:
@@ -190,8 +221,32 @@ def _rewrite_notes(args) -> int:
     return 0
 
 
+def _rewrite_all(args) -> int:
+    """`--all`: results/RESULTS.md, each generated README block from its own Generated-by
+    command, and the notes' tables: every generated text after a new run, in one command."""
+    import argparse
+
+    from suite.report.readme import readme_blocks
+
+    if args.results or args.update_readme or args.results_doc or args.notes:
+        raise ValueError("--all rewrites every generated text: give it alone")
+    RESULTS_DOC.write_text(results_doc_text())
+    print(f"report: {RESULTS_DOC} written")
+    for section, command in readme_blocks(README):
+        parser = argparse.ArgumentParser(prog="python -m suite report")
+        add_arguments(parser)
+        text, _ = compute(parser.parse_args(command.split()))
+        update_markers(text, section, README)
+        print(f"report: {README.name} section '{section}' rewritten")
+    code = _rewrite_notes(argparse.Namespace(results=[], update_readme=False, results_doc=False))
+    print("report: the figures read the same runs: python -m suite plots")
+    return code
+
+
 def main(args) -> int:
     try:
+        if getattr(args, "all", False):
+            return _rewrite_all(args)
         if args.notes:
             return _rewrite_notes(args)
         if args.results_doc:

@@ -52,6 +52,8 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
     CuratedRun("quack-h100", "QuACK beside own and torch.compile at three model shapes, lm "
                "inputs, H100"),
+    CuratedRun("peers-2026-h100", "Liger's scaled CE and CuTe backend, verl, against own: "
+               "loss+grad cells and the RL step, H100 (suite/kernel/peers_gpu.sh)"),
     CuratedRun("gemma2-2b-h200", "every provider at the Gemma 2 (2B) shape, H200",
                OWN_WAS_RECOMPUTE),
     CuratedRun("grid-h200", "bf16 grid, N 8192, H200", OWN_WAS_RECOMPUTE),

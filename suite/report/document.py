@@ -120,6 +120,17 @@ SECTIONS = (
          "results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline",
          "results/train-hf-llama-autocast-h100",
          "results/train-hf-gemma2-autocast-h100")),
+    Section(
+        "Who has what?",
+        "The peers as they stand in 2026, in one H100 run (`bash suite/kernel/peers_gpu.sh`): "
+        "Liger's fused linear CE on its Triton and CuTe-DSL backends (the CuTe kernel's "
+        "launches counted in every call), Liger's scaled CE (per-token NLL and entropy; a "
+        "CuTe-DSL kernel on sm_90) and its tensor-parallel variant, and verl's fused log-prob "
+        "kernel, against the own kernel: the loss+grad cell of Gemma 2 (2B) and one at Liger's "
+        "published shape, then the RL step (log-probs, entropy and their backward) at two "
+        "shapes, with log-prob, entropy and gradient errors against fp64.",
+        ("results/peers-2026-h100 --who-has-what",
+         "results/peers-2026-h100 --rl")),
 )
 
 
