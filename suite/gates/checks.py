@@ -110,8 +110,9 @@ def skipped_check(benchmark: str, reason: str, base_processes: list[dict] | None
         return Check(benchmark, "run", "ran", "skipped", None, None, "SKIPPED",
                      f"{reason} (the baseline ran it)")
     if optional_reason is not None:
+        why = "" if optional_reason == reason else f": {optional_reason}"
         return Check(benchmark, "run", "not run", "skipped", None, None, "optional",
-                     f"{reason} (the baseline did not run it either: {optional_reason})")
+                     f"{reason} (the baseline did not run it either{why})")
     return Check(benchmark, "run", None, "skipped", None, None, "not run", reason)
 
 

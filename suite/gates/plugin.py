@@ -216,6 +216,7 @@ class GatePlugin:
     def pytest_deselected(self, items):
         self.deselected |= {_benchmark_id(i) for i in items}
 
+    @pytest.hookimpl(trylast=True)  # after pytest-benchmark's table: the verdict comes last
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         if not self.rows:
             return
