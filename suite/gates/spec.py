@@ -40,8 +40,8 @@ GATE_PHASES = ("fwd", "loss+grad")
 # ---- the protocol --------------------------------------------------------------------------
 # Inside benchmark.pedantic, as the suite measures: untimed warm-up rounds (compilation,
 # allocator), then timed rounds, each after an untimed setup (grads cleared, L2 flushed, CUDA
-# synchronised). The gated time is the minimum of the rounds: per-process medians of one code
-# at a 3 ms call varied by +-5 % on an H100, their minima by far less.
+# synchronised). The gated time is the minimum of the rounds: on an H100 the per-process medians
+# of one code at a 3 ms call varied by several percent, their minima far less.
 ROUNDS, WARMUP_ROUNDS = 15, 2
 TIME_STATISTIC = "min"
 # `--save` measures every benchmark in this many fresh processes: a process's own state (where
@@ -69,11 +69,11 @@ class Limit:
 
 
 # k = 2 times the range of 4 processes is ~4 standard deviations of one process's value. The
-# floors: 5 % for time (the minimum's process-to-process spread was ~1 % on an H100, and +10 % at
-# a 60 ms call must still fail) and memory (with 1 MiB for the allocator's rounding of a ~0.1 MiB
-# forward); +50 % for errors, which repeat to the bit where the kernels are deterministic (an
-# error x2 fails). The loss's slack is about one fp32 rounding of the loss (~6e-8 relative),
-# the gradients' far below any bf16 gradient error (~1e-3).
+# floors: 5 % for time (above the minimum's process-to-process spread, below the +10 % that must
+# fail at a 60 ms call) and memory (with 1 MiB for the allocator's rounding of a forward's
+# fraction of a MiB); +50 % for errors, which repeat to the bit where the kernels are
+# deterministic (an error x2 fails). The loss's slack is about two fp32 roundings of the loss
+# (2**-24 relative each), the gradients' far below any bf16 gradient error (~1e-3).
 LIMITS = {
     "min_ms": Limit(floor=0.05, k=2.0, slack=0.0, unit="ms"),
     "peak_extra_mib": Limit(floor=0.05, k=2.0, slack=1.0, unit="MiB"),
