@@ -375,6 +375,9 @@ def test_gate_cases_cover_every_own_path_at_each_shape_and_the_peers():
         assert all(f"{shape}-{v}-loss+grad" in ids for v in spec.OWN_VARIANTS)
     for p in spec.PEER_PROVIDERS:
         assert {f"{s}-{p}-{ph}" for s in spec.PEER_SHAPES for ph in spec.GATE_PHASES} <= set(ids)
+    # The own variants' forwards are one call (the test below): timed once, as own-fwd.
+    assert [c.id for c in spec.cases() if c.own and c.phase == "fwd"] == \
+        [f"{shape}-own-fwd" for shape in spec.GATE_SHAPES]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

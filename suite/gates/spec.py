@@ -38,11 +38,13 @@ PEER_SHAPES = (GEMMA2_2B.name,)
 GATE_PHASES = ("fwd", "loss+grad")
 
 # ---- the protocol --------------------------------------------------------------------------
-# Inside benchmark.pedantic, as the suite measures: untimed warm-up rounds (compilation,
+# Inside benchmark.pedantic, as the suite measures: an untimed warm-up round (compilation,
 # allocator), then timed rounds, each after an untimed setup (grads cleared, L2 flushed, CUDA
 # synchronised). The gated time is the minimum of the rounds: on an H100 the per-process medians
-# of one code at a 3 ms call varied by several percent, their minima far less.
-ROUNDS, WARMUP_ROUNDS = 15, 2
+# of one code at a 3 ms call varied by several percent, their minima far less; a round that
+# still warms up (the first of a torch.compile call) does not move a minimum. Rounds beyond 10
+# tighten a minimum little; the time they cost goes to fresh processes instead.
+ROUNDS, WARMUP_ROUNDS = 10, 1
 TIME_STATISTIC = "min"
 # `--save` measures every benchmark in this many fresh processes: a process's own state (where
 # its buffers landed, its clocks) moves a benchmark as a whole, which no number of rounds inside
