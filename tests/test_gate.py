@@ -620,13 +620,34 @@ def _keyword(args: list[str]) -> str:
     return args[args.index("-k") + 1]
 
 
+def collect_gates(*args, env=None) -> subprocess.CompletedProcess:
+    """``pytest suite/gates --collect-only`` in a fresh process (the CPU collects the gates)."""
+    return subprocess.run([sys.executable, "-m", "pytest", "suite/gates", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", *args], cwd=spec.REPO_ROOT,
+                          capture_output=True, text=True, env=env)
+
+
 def collected_ids(keyword: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "pytest", "suite/gates", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", "-k", keyword], cwd=spec.REPO_ROOT,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(
-                             spec.REPO_ROOT)})
+    out = collect_gates("-k", keyword)
     assert out.returncode == 0, out.stdout + out.stderr
     return {line[line.index("[") + 1:-1] for line in out.stdout.splitlines() if "::" in line}
+
+
+def test_the_kernel_of_another_checkout_is_measured_where_asked(tmp_path):
+    """CCE_GATE_KERNEL_FROM: the gate's conftest imports that folder's own_kernel first."""
+    marker = tmp_path / "imported"
+    (tmp_path / "other" / "own_kernel").mkdir(parents=True)
+    (tmp_path / "other" / "own_kernel" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').write(__file__)\n")
+    env = {**os.environ, spec.KERNEL_FROM_ENV: str(tmp_path / "other")}
+    out = collect_gates(env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert marker.read_text() == str(tmp_path / "other" / "own_kernel" / "__init__.py")
+    env[spec.KERNEL_FROM_ENV] = str(tmp_path / "nothing")
+    out = collect_gates(env=env)
+    assert out.returncode != 0 and "no own_kernel/ package there" in out.stdout + out.stderr
+    line = checks.machine_line({"own_kernel_from": "/old"}, {})
+    assert "own_kernel from /old -> none" in line
 
 
 def _report(changes: dict, verdict=None) -> dict:

@@ -65,7 +65,7 @@ def value_check(benchmark: str, metric: str, base_values: list[float] | None,
     base_values = [float(v) for v in base_values or [] if v is not None]
     finite = [v for v in base_values if math.isfinite(v)]
     if not math.isfinite(now):
-        center = min(finite) if finite else None
+        center = center_and_spread(finite)[0] if finite else None
         return Check(benchmark, metric, center, now, None, None, "FAILED", "not finite")
     if not finite:
         return Check(benchmark, metric, None, now, None, None, "new")
@@ -191,6 +191,7 @@ MACHINE_FIELDS = (
     ("cut-cross-entropy", lambda info: _version(info, "cut_cross_entropy")),
     ("liger-kernel", lambda info: _version(info, "liger_kernel")),
     ("CCE_OWN_CONFIG", lambda info: _version(info, "own_config_overrides")),
+    ("own_kernel from", lambda info: info.get("own_kernel_from")),
     ("commit", lambda info: _short_commit(_version(info, "git_commit"))),
 )
 

@@ -4,12 +4,34 @@ processes keeps them: suite/gates/cache.py), the injections; and the gate's plug
 (suite/gates/plugin.py)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 # The gate's plugin: its options and hooks (suite/gates/plugin.py).
 from suite.gates.plugin import PLUGIN_NAME, pytest_addoption, pytest_configure  # noqa: F401
+from suite.gates.spec import KERNEL_FROM_ENV
+
+
+def _kernel_from_another_checkout() -> None:
+    """CCE_GATE_KERNEL_FROM=<folder>: import own_kernel from that folder (another checkout),
+    before anything imports this checkout's."""
+    folder = os.environ.get(KERNEL_FROM_ENV)
+    if not folder:
+        return
+    folder = os.path.abspath(folder)
+    if not os.path.isfile(os.path.join(folder, "own_kernel", "__init__.py")):
+        raise RuntimeError(f"{KERNEL_FROM_ENV}={folder}: no own_kernel/ package there")
+    sys.path.insert(0, folder)
+    import own_kernel
+
+    if not os.path.abspath(own_kernel.__file__).startswith(folder + os.sep):
+        raise RuntimeError(f"{KERNEL_FROM_ENV}={folder}: own_kernel was already imported from "
+                           f"{own_kernel.__file__}")
+
+
+_kernel_from_another_checkout()
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,8 @@ import pytest
 
 from suite.gates import checks
 from suite.gates.baseline import Baseline, BaselineError
-from suite.gates.spec import INJECT_ENV, gpu_slug, injections_text, parse_injections, protocol
+from suite.gates.spec import (INJECT_ENV, KERNEL_FROM_ENV, gpu_slug, injections_text,
+                              parse_injections, protocol)
 
 PLUGIN_NAME = "cce-gate"
 # Fields of the suite's env.json (suite.results.environment) kept in machine_info["versions"].
@@ -75,6 +76,12 @@ def _benchmark_id(item) -> str:
 def _skip_reason(report) -> str:
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     return reason.removeprefix("Skipped: ")
+
+
+def kernel_from() -> str | None:
+    """The other checkout whose own_kernel this run measures (suite/gates/conftest.py)."""
+    folder = os.environ.get(KERNEL_FROM_ENV)
+    return os.path.abspath(folder) if folder else None
 
 
 def measured(fixture) -> dict | None:
@@ -132,6 +139,7 @@ class GatePlugin:
         machine_info["gpu"] = {"name": name, "slug": gpu_slug(name)} if name else None
         machine_info["versions"] = {k: env.get(k) for k in VERSION_FIELDS}
         machine_info["cce_gate_inject"] = injections_text(self.injections)
+        machine_info["own_kernel_from"] = kernel_from()
 
     def pytest_benchmark_update_commit_info(self, config, commit_info):
         # The suite's commit (CCE_BENCH_COMMIT wins): a copy of the checkout on a GPU machine
@@ -158,7 +166,9 @@ class GatePlugin:
             optional = self.baseline.not_run.get(bid) if self.baseline else None
             return [checks.skipped_check(bid, reason, self._base(bid), optional)]
         if report.failed:
-            return [checks.failed_check(bid, f"the test's {report.when} failed")]
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
+            return [checks.failed_check(bid, f"the test's {report.when} failed"
+                                             + (f": {crash.splitlines()[0]}" if crash else ""))]
         if report.when != "call":
             return []
         now = measured(item.funcargs.get("benchmark"))
@@ -204,12 +214,14 @@ class GatePlugin:
             lines.append(f"baseline: {b.where} ({b.processes} processes, commit "
                          f"{(b.machine_info.get('versions') or {}).get('git_commit')}, "
                          f"{b.doc.get('datetime')})")
-            now_info = {"gpu": {"name": env.get("gpu_name")},
+            now_info = {"gpu": {"name": env.get("gpu_name")}, "own_kernel_from": kernel_from(),
                         "versions": {k: env.get(k) for k in VERSION_FIELDS}}
             lines.append(checks.machine_line(b.machine_info, now_info))
             dropped = sorted(set(b.benchmarks) - self.seen - self.deselected)
             if dropped:
                 lines.append(f"in the baseline, not in this gate: {', '.join(dropped)}")
+        if kernel_from():
+            lines.append(f"own_kernel: from {kernel_from()} ({KERNEL_FROM_ENV})")
         if self.injections:
             lines.append(f"INJECTED: {INJECT_ENV}={injections_text(self.injections)} "
                          f"(suite/gates/inject.py)")

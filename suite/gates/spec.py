@@ -90,6 +90,9 @@ PATH_METRIC = "own_path"  # own_kernel.plan(...).path of an own call, in extra_i
 DEFAULT_BASELINE_DIR = "results/baselines"
 INJECT_ENV = "CCE_GATE_INJECT"
 INPUTS_CACHE_ENV = "CCE_GATE_INPUTS_CACHE"  # suite/gates/cache.py
+# A folder holding another checkout's own_kernel/ to measure instead of this one's, with this
+# gate (suite/gates/conftest.py): the kernel of two checkouts, one protocol.
+KERNEL_FROM_ENV = "CCE_GATE_KERNEL_FROM"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
