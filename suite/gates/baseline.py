@@ -89,8 +89,7 @@ def merge(docs: list[dict], names: list[str] | None = None) -> dict:
     _check_processes(docs, names)
     runs = [{param(b): b for b in doc.get("benchmarks", [])} for doc in docs]
     skipped = [_gate_block(doc, name).get("not_run") or {} for doc, name in zip(docs, names)]
-    ids = list(dict.fromkeys(i for run in runs for i in run))
-    ids += [i for s in skipped for i in s if i not in ids]
+    ids = list(dict.fromkeys([i for run in runs for i in run] + [i for s in skipped for i in s]))
     benchmarks, not_run = [], {}
     for bid in ids:
         ran = [run[bid] for run in runs if bid in run]
