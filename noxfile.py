@@ -104,10 +104,11 @@ def reproduce(session):
 
 @nox.session
 def gate(session):
-    """Regression gates (GPU): ``pytest suite/gates`` on pytest-benchmark against this GPU
-    model's baseline results/baselines/<gpu-slug>.json (``-- --save`` writes it), through
-    ``python -m suite gate``, which prints the pytest command it runs. No network on the GPU
-    box: ``nox --no-venv -s gate``."""
+    """Regression gates (GPU): ``pytest suite/gates`` on pytest-benchmark, each benchmark checked
+    against this GPU model's baseline results/baselines/<gpu-slug>.json with limits from the
+    baseline's process-to-process spread (``-- --save`` writes it from 4 fresh processes),
+    through ``python -m suite gate``, which prints the pytest command it runs. No network on the
+    GPU box: ``nox --no-venv -s gate``."""
     _install(session, "test")
     session.run("python", "-m", "suite", "gate", *session.posargs)
 

@@ -18,7 +18,7 @@ EXTERNAL = {
     "reproduce": ("suite.reproduce", "reproduce the paper's Table 1 (Gemma 2 2B shape)"),
     "plots": ("suite.plots", "draw every figure from the curated runs into plots/"),
     "train-bench": ("suite.train", "end-to-end training-step benchmark"),
-    "gate": ("suite.gate", "regression gates (pytest-benchmark) against this GPU's baseline"),
+    "gate": ("suite.gates.cli", "regression gates (pytest-benchmark) against this GPU's baseline"),
     "report": ("suite.report",
                "markdown tables from run folders; --update-readme; --results-doc; --notes"),
     "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),

@@ -1,12 +1,37 @@
 """Fixtures of the gates: the CUDA device (else a skip that says why), each shape's inputs and
-reference built once, the injection; and the gate's plugin (suite/gates/plugin.py)."""
+reference built once (the inputs read from CCE_GATE_INPUTS_CACHE where a session of several
+processes keeps them: suite/gates/cache.py), the injections; and the gate's plugin
+(suite/gates/plugin.py)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
-from suite.gates.plugin import PLUGIN_NAME, pytest_configure  # noqa: F401  (registers it)
+# The gate's plugin: its options and hooks (suite/gates/plugin.py).
+from suite.gates.plugin import PLUGIN_NAME, pytest_addoption, pytest_configure  # noqa: F401
+from suite.gates.spec import KERNEL_FROM_ENV
+
+
+def _kernel_from_another_checkout() -> None:
+    """CCE_GATE_KERNEL_FROM=<folder>: import own_kernel from that folder (another checkout),
+    before anything imports this checkout's."""
+    folder = os.environ.get(KERNEL_FROM_ENV)
+    if not folder:
+        return
+    folder = os.path.abspath(folder)
+    if not os.path.isfile(os.path.join(folder, "own_kernel", "__init__.py")):
+        raise RuntimeError(f"{KERNEL_FROM_ENV}={folder}: no own_kernel/ package there")
+    sys.path.insert(0, folder)
+    import own_kernel
+
+    if not os.path.abspath(own_kernel.__file__).startswith(folder + os.sep):
+        raise RuntimeError(f"{KERNEL_FROM_ENV}={folder}: own_kernel was already imported from "
+                           f"{own_kernel.__file__}")
+
+
+_kernel_from_another_checkout()
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +56,8 @@ class ShapeInputs:
     def get(self, shape):
         import torch
 
+        from suite.gates.cache import shape_inputs
         from suite.gates.spec import DIST, DTYPE, SEED
-        from suite.inputs import make_inputs
         from suite.measure import free_memory
         from suite.reference import reference
 
@@ -41,8 +66,7 @@ class ShapeInputs:
             if "torch._dynamo" in sys.modules:  # fresh compile caches per shape, as the suite
                 torch._dynamo.reset()
             free_memory(self.device)
-            self.inputs = make_inputs(DIST, shape.n, shape.d, shape.v, DTYPE, seed=SEED,
-                                      device=self.device, softcap=shape.softcap)
+            self.inputs = shape_inputs(shape, DIST, DTYPE, SEED, self.device)
             self.ref = reference(self.inputs["e"], self.inputs["c"], self.inputs["targets"],
                                  bias=self.inputs["bias"], softcap=shape.softcap)
             self.shape = shape.name
@@ -59,4 +83,4 @@ def gate_inputs(cuda_device):
 def injected(request):
     from suite.gates.inject import Injected
 
-    return Injected(request.config.pluginmanager.get_plugin(PLUGIN_NAME).injection)
+    return Injected(request.config.pluginmanager.get_plugin(PLUGIN_NAME).injections)

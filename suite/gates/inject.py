@@ -1,6 +1,6 @@
 """Deliberately worse variants of whatever provider a gate measures, to prove the gate fails.
 
-Chosen by ``CCE_GATE_INJECT`` (suite.gates.spec.parse_injection); built in the suite around
+Chosen by ``CCE_GATE_INJECT`` (suite.gates.spec.parse_injections); built in the suite around
 the unchanged provider, never in the kernel:
 
 - ``slow:F`` appends ``torch.cuda._sleep`` to every timed call, after the call's own work and
@@ -17,6 +17,11 @@ the unchanged provider, never in the kernel:
   while rounding away keeps every element's deviation at least F times its own, so each error
   grows at least F-fold (about 4-fold at F = 2 where bf16 rounding is all of it). Time and memory
   are measured before it and do not change.
+- ``loss_err:F`` replaces the measured call's loss by ``ref + F * (loss - ref)`` (in fp64, as
+  the error is computed), so the loss's error grows exactly F-fold.
+
+Several, each on one benchmark (``slow:0.1@gemma2-2b-own-loss+grad,mem:100@small-own-fwd``),
+prove several checks in one process (spec.parse_injections).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from suite.gates.spec import Injection
+from suite.gates.spec import Injection, injections_text
 
 MIB = 2 ** 20
 SLEEP_CALIBRATION_CYCLES = 2_000_000  # ~1 ms at an H100's clock
@@ -122,34 +127,44 @@ def scale_error(grad: torch.Tensor, ref: torch.Tensor, factor: float,
 
 
 class Injected:
-    """The measured provider, timed call and gradients of one benchmark, as the injection
-    (None: none) makes them."""
+    """The measured provider, timed call, loss and gradients of one benchmark, as the
+    injections that apply to it make them (none: unchanged)."""
 
-    def __init__(self, injection: Injection | None):
-        self.injection = injection
+    def __init__(self, injections=()):
+        self.injections = tuple(injections)
 
-    @property
-    def kind(self) -> str | None:
-        return self.injection.kind if self.injection else None
+    def for_benchmark(self, benchmark: str) -> "Injected":
+        return Injected(i for i in self.injections if i.applies_to(benchmark))
+
+    def amount(self, kind: str) -> float | None:
+        return next((i.amount for i in self.injections if i.kind == kind), None)
 
     @property
     def text(self) -> str | None:
-        return self.injection.text if self.injection else None
+        return injections_text(self.injections)
 
     def provider(self, fn: Callable) -> Callable:
-        return holding_memory(fn, self.injection.amount) if self.kind == "mem" else fn
+        mib = self.amount("mem")
+        return fn if mib is None else holding_memory(fn, mib)
 
     def extra_work(self, time_call: Callable, device) -> Callable[[], None]:
         """What to enqueue at the end of each timed call; ``time_call(extra)`` times the call
         with ``extra`` at its end as the benchmark does (used only for ``slow``)."""
-        if self.kind != "slow":
+        fraction = self.amount("slow")
+        if fraction is None:
             return lambda: None
-        return sleep_worth(self.injection.amount, time_call, device)
+        return sleep_worth(fraction, time_call, device)
+
+    def loss(self, loss: float, ref_loss: float) -> float:
+        """The measured loss, its deviation from ``ref_loss`` scaled for ``loss_err``."""
+        factor = self.amount("loss_err")
+        return loss if factor is None else ref_loss + factor * (loss - ref_loss)
 
     def gradients(self, leaves, ref: dict) -> None:
         """Scale the error of the gradients on ``leaves`` (``e``, ``c``, ``bias``) for ``err``."""
-        if self.kind != "err":
+        factor = self.amount("err")
+        if factor is None:
             return
         for key, leaf in (("de", leaves.e), ("dc", leaves.c), ("dbias", leaves.bias)):
             if leaf is not None and leaf.grad is not None and ref.get(key) is not None:
-                scale_error(leaf.grad, ref[key], self.injection.amount)
+                scale_error(leaf.grad, ref[key], factor)
