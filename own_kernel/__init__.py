@@ -8,9 +8,9 @@ from importlib import metadata as _metadata
 
 from own_kernel.api import (LinearCrossEntropy, LossEntropy, LossEntropyLse, TokenLogprobs,
                             linear_cross_entropy, plan, token_logprobs)
-from own_kernel.check_targets import queue_targets_check
-from own_kernel.route import Plan
-from own_kernel.vocab_parallel import VocabParallel
+from own_kernel.kernels.check_targets import queue_targets_check
+from own_kernel.policy.route import Plan
+from own_kernel.paths.vocab_parallel import VocabParallel
 
 # The installed distribution's version; a checkout used without installing says so.
 __version__ = next((d.version for d in _metadata.distributions(name="cce-bench")), "0+unknown")

@@ -8,15 +8,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from own_kernel.check_targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
-from own_kernel.config import Config, config_for, forced_target
-from own_kernel.distributed import accepts_dtensors, is_plain
-from own_kernel.fused import FusedLce
-from own_kernel.gemm import HostScalar
-from own_kernel.ops import LceRowsEager, config_key, gather_pays, lce_rows, used_rows
-from own_kernel.options import FilterOptions, Options
-from own_kernel.route import Call, Plan, Route, describe, route
-from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel,
+from own_kernel.kernels.check_targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
+from own_kernel.policy.config import Config, config_for, forced_target
+from own_kernel.integrations.distributed import accepts_dtensors, is_plain
+from own_kernel.paths.three_matmul import FusedLce
+from own_kernel.kernels.gemm import HostScalar
+from own_kernel.paths.entries import LceRowsEager, config_key, gather_pays, lce_rows, used_rows
+from own_kernel.policy.options import FilterOptions, Options
+from own_kernel.policy.route import Call, Plan, Route, describe, route
+from own_kernel.paths.vocab_parallel import (VocabParallel, check_vocab_parallel,
                                        vocab_parallel_rows)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -21,9 +21,10 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import own_kernel  # noqa: E402
-from own_kernel import fused, linear_cross_entropy  # noqa: E402
-from own_kernel.config import HOPPER_16BIT, overridden  # noqa: E402
-from own_kernel.route import Call, describe, route  # noqa: E402
+from own_kernel import linear_cross_entropy  # noqa: E402
+from own_kernel.paths import three_matmul as fused  # noqa: E402
+from own_kernel.policy.config import HOPPER_16BIT, overridden  # noqa: E402
+from own_kernel.policy.route import Call, describe, route  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("CPU tests (fp16 autocast under the Triton interpreter); the GPU measurement is "
@@ -65,7 +66,7 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
 
 
 def test_fp32_logits_halve_the_rows_the_budget_holds():
-    from own_kernel.config import with_overrides
+    from own_kernel.policy.config import with_overrides
     n, v, d = SHAPES[1]
     call = Call(n, v, d, BF16, fp32_weight=True)
     p32 = route(call, with_overrides(HOPPER_16BIT, {"fused": {"logits_shifted": False}})).fused
@@ -306,7 +307,7 @@ def test_the_measurement_tool_parses_its_shapes_and_needs_cuda(monkeypatch, caps
     ("own_shifted", True, False), ("own_fp32logits", False, True), ("own_logits16", False, False)])
 def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, fp32):
     # Each provider's override gives its kind of logits whatever the config's default.
-    from own_kernel.config import with_overrides
+    from own_kernel.policy.config import with_overrides
     from suite.kernel import autocast as tool
 
     _, override, _ = tool._provider(provider)

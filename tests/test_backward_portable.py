@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 
 from own_kernel import linear_cross_entropy
-from own_kernel.config import INTERPRETER, overridden, with_overrides
-from own_kernel.rows import Rows, Sums
+from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
+from own_kernel.kernels.rows import Rows, Sums
 from tests.test_own_kernel import LOW_MEMORY_SMALL, _calls, _check_call, reference, rel
 
 CUBLAS = {"chunks": {"recompute": "cublas"}}
@@ -75,7 +75,7 @@ def sum_tol(d_err, terms, dim):
 
 def write_chunk(case, cfg, deterministic=False):
     """The case's W and sums from X (softmax_grad.py)."""
-    from own_kernel.softmax_grad import write_w_from_logits
+    from own_kernel.kernels.softmax_grad import write_w_from_logits
 
     write_w_from_logits(case.x, case.w, case.bias, case.rows, case.sums, case.v_start,
                         case.softcap, case.ls, cfg, v=case.v, filters=case.filters,
@@ -84,7 +84,7 @@ def write_chunk(case, cfg, deterministic=False):
 
 def recompute_chunk(case, cfg):
     """The case's W and sums from E and C (the pointer dlogits.py)."""
-    from own_kernel.dlogits import write_w_pointer
+    from own_kernel.kernels.dlogits import write_w_pointer
 
     write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums, case.v_start,
                     case.softcap, case.ls, cfg)
@@ -142,7 +142,7 @@ def test_pointer_softmax_grad_deterministic_partials_match_the_atomics():
 
 
 def _spy_tma_flags(monkeypatch):
-    from own_kernel import softmax_grad
+    from own_kernel.kernels import softmax_grad
 
     flags, real = [], softmax_grad.cce_softmax_grad_kernel
     monkeypatch.setattr(softmax_grad, "cce_softmax_grad_kernel", type("Spy", (), {

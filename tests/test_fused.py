@@ -4,9 +4,10 @@ the API's choice of path."""
 import pytest
 import torch
 
-from own_kernel import fused, linear_cross_entropy
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
-from own_kernel.plan import even_rows, fused_plan
+from own_kernel import linear_cross_entropy
+from own_kernel.paths import three_matmul as fused
+from own_kernel.policy.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
+from own_kernel.policy.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
 
@@ -202,7 +203,7 @@ def test_auto_filter_keeps_flat_rows_exact(fused_calls):
 
 
 def test_scale_into_scales_casts_and_checks_its_arguments():
-    from own_kernel.scale import scale_into
+    from own_kernel.kernels.scale import scale_into
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5000, generator=g)  # more than one block, a ragged last one
     scale = torch.tensor(-0.375)

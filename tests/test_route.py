@@ -12,11 +12,12 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import own_kernel  # noqa: E402
-from own_kernel import fused, linear_cross_entropy, ops  # noqa: E402
-from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
+from own_kernel import linear_cross_entropy  # noqa: E402
+from own_kernel.paths import entries as ops, three_matmul as fused  # noqa: E402
+from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
                                use_target)
-from own_kernel.plan import fused_plan  # noqa: E402
-from own_kernel.route import Call, describe, route  # noqa: E402
+from own_kernel.policy.plan import fused_plan  # noqa: E402
+from own_kernel.policy.route import Call, describe, route  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,7 +8,7 @@ mean weighted by the skipped mass per row). One pass in fp32, no V x D temporary
 import triton
 import triton.language as tl
 
-from own_kernel.plan import cdiv
+from own_kernel.policy.plan import cdiv
 
 
 @triton.jit

@@ -35,10 +35,10 @@ import triton.language as tl
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.autotune import shape_bucket, tune_key, tuned_launch, tunes
-from own_kernel.plan import cdiv
-from own_kernel.rows import Partials
-from own_kernel.tile import (accumulate, entropy_terms, num_sms, row_terms, softcap_scalars,
+from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch, tunes
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.rows import Partials
+from own_kernel.kernels.tile import (accumulate, entropy_terms, num_sms, row_terms, softcap_scalars,
                              softmax_ent_grad_tile)
 
 

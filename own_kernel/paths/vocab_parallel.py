@@ -81,10 +81,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from own_kernel.check_targets import check_and_count_targets
-from own_kernel.config import Config
-from own_kernel.options import Options
-from own_kernel.ops import refuse_create_graph, rows_backward, rows_forward
+from own_kernel.kernels.check_targets import check_and_count_targets
+from own_kernel.policy.config import Config
+from own_kernel.policy.options import Options
+from own_kernel.paths.entries import refuse_create_graph, rows_backward, rows_forward
 
 # Under torch.compile the vocab-parallel call is a graph break (it runs eagerly); with
 # fullgraph=True dynamo refuses it with this reason.

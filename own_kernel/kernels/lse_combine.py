@@ -36,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.plan import cdiv
-from own_kernel.tile import LOG2E
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.tile import LOG2E
 
 
 # Below ln 2 the target is the arg-max (see above); 0.5 leaves room for the rounding of lse - z_t.

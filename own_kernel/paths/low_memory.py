@@ -26,17 +26,17 @@ import math
 
 import torch
 
-from own_kernel.backward import normalise_weights, zeros_or_none
-from own_kernel.config import Config
-from own_kernel.dlogits import write_w_pointer
-from own_kernel.dlogits_tma import RecomputeTma
-from own_kernel.finalize_de import finalize_de
-from own_kernel.options import Options
-from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
-from own_kernel.plan import (WORKSPACE_ALIGN, low_memory_plan, round_up, row_stride)
-from own_kernel.rank1_dc import rank1_dc
-from own_kernel.rows import Rows, Sums
-from own_kernel.tile import tma_ready
+from own_kernel.paths.recompute import normalise_weights, zeros_or_none
+from own_kernel.policy.config import Config
+from own_kernel.kernels.dlogits import write_w_pointer
+from own_kernel.kernels.dlogits_tma import RecomputeTma
+from own_kernel.kernels.finalize_de import finalize_de
+from own_kernel.policy.options import Options
+from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
+from own_kernel.policy.plan import (WORKSPACE_ALIGN, low_memory_plan, round_up, row_stride)
+from own_kernel.kernels.rank1_dc import rank1_dc
+from own_kernel.kernels.rows import Rows, Sums
+from own_kernel.kernels.tile import tma_ready
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from own_kernel.config import SoftmaxGrad, Tiles
-from own_kernel.rows import Sums
+from own_kernel.policy.config import SoftmaxGrad, Tiles
+from own_kernel.kernels.rows import Sums
 
 _MEMO: dict[str, Tiles | SoftmaxGrad] = {}  # this process's reads of the cache (per machine)
 

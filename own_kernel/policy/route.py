@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from own_kernel.config import Config
-from own_kernel.plan import FusedPlan, chunk_plan, fused_plan, low_memory_plan
+from own_kernel.policy.config import Config
+from own_kernel.policy.plan import FusedPlan, chunk_plan, fused_plan, low_memory_plan
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")

@@ -22,10 +22,10 @@ launch's rows, width and D), each candidate timed into scratch sums.
 import triton
 import triton.language as tl
 
-from own_kernel.autotune import shape_bucket, tune_key, tuned_launch, tunes
-from own_kernel.plan import cdiv
-from own_kernel.rows import Partials
-from own_kernel.tile import (accumulate, dot_precision, entropy_terms, logit_tile, row_terms,
+from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch, tunes
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.rows import Partials
+from own_kernel.kernels.tile import (accumulate, dot_precision, entropy_terms, logit_tile, row_terms,
                              softcap_scalars, softmax_ent_grad_tile)
 
 

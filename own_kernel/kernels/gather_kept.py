@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.plan import cdiv
+from own_kernel.policy.plan import cdiv
 
 
 @triton.jit

@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.plan import cdiv
-from own_kernel.rows import Partials
-from own_kernel.tile import (accumulate, dot_precision, entropy_terms, halves, num_sms,
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.rows import Partials
+from own_kernel.kernels.tile import (accumulate, dot_precision, entropy_terms, halves, num_sms,
                              row_terms, softcap_scalars, softmax_ent_grad_tile)
 
 

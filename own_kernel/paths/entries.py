@@ -12,14 +12,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from own_kernel.backward import backward, zeros_or_none
-from own_kernel.backward_low_memory import backward_low_memory
-from own_kernel.config import Config, config_for
-from own_kernel.forward import forward
-from own_kernel.gemm import HostScalar
-from own_kernel.options import Options
-from own_kernel.plan import compaction_pays
-from own_kernel.rows import Rows
+from own_kernel.paths.recompute import backward, zeros_or_none
+from own_kernel.paths.low_memory import backward_low_memory
+from own_kernel.policy.config import Config, config_for
+from own_kernel.kernels.forward import forward
+from own_kernel.kernels.gemm import HostScalar
+from own_kernel.policy.options import Options
+from own_kernel.policy.plan import compaction_pays
+from own_kernel.kernels.rows import Rows
 
 
 # ---- the passes, on plain tensors -------------------------------------------------------------

@@ -35,16 +35,16 @@ import math
 
 import torch
 
-from own_kernel.check_targets import raise_on_bad_targets
-from own_kernel.config import Config
-from own_kernel.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
-from own_kernel.forward import forward
-from own_kernel.logits_grad import logits_to_grad, shifted_to_grad
-from own_kernel.ops import refuse_create_graph, used_rows
-from own_kernel.options import Options
-from own_kernel.plan import ALIGN, FusedPlan, cdiv, even_rows
-from own_kernel.scale import scale_into
-from own_kernel.tile import tma_ready
+from own_kernel.kernels.check_targets import raise_on_bad_targets
+from own_kernel.policy.config import Config
+from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
+from own_kernel.kernels.forward import forward
+from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
+from own_kernel.paths.entries import refuse_create_graph, used_rows
+from own_kernel.policy.options import Options
+from own_kernel.policy.plan import ALIGN, FusedPlan, cdiv, even_rows
+from own_kernel.kernels.scale import scale_into
+from own_kernel.kernels.tile import tma_ready
 
 
 def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:

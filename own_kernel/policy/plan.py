@@ -17,7 +17,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from own_kernel.config import Config
+from own_kernel.policy.config import Config
 
 WORKSPACE_ALIGN = 256  # bytes; every W or X slot inside dC starts on this boundary
 

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.plan import cdiv
-from own_kernel.tile import (dot_precision, halves, lse_ent_tile_update, row_block_and_split,
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.tile import (dot_precision, halves, lse_ent_tile_update, row_block_and_split,
                              skip_if_all_ignored, softcap_scalars, store_split_partials)
 
 

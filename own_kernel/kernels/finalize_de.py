@@ -4,7 +4,7 @@ own scale (fp16 rows whose upstream weights differ: backward.weight_scales)."""
 import triton
 import triton.language as tl
 
-from own_kernel.plan import cdiv
+from own_kernel.policy.plan import cdiv
 
 
 @triton.jit

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from own_kernel.vocab_parallel import VocabParallel, with_known_vocab_size
+from own_kernel.paths.vocab_parallel import VocabParallel, with_known_vocab_size
 
 
 def is_plain(t) -> bool:

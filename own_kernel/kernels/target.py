@@ -5,8 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.plan import cdiv
-from own_kernel.tile import logits, softcap_scalars
+from own_kernel.policy.plan import cdiv
+from own_kernel.kernels.tile import logits, softcap_scalars
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.gemm import HostScalar
+from own_kernel.kernels.gemm import HostScalar
 
 
 @triton.jit

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.tile import (LOG2E, expm1, logits, lse_tile_update, softcap_scalars,
+from own_kernel.kernels.tile import (LOG2E, expm1, logits, lse_tile_update, softcap_scalars,
                              softmax_grad_tile)
 
 

@@ -35,20 +35,20 @@ from dataclasses import dataclass
 
 import torch
 
-from own_kernel.config import Config
-from own_kernel.dlogits import write_w_pointer
-from own_kernel.dlogits_tma import RecomputeTma
-from own_kernel.finalize_de import finalize_de
-from own_kernel.gather_kept import gather_kept
-from own_kernel.options import FilterOptions, Options
-from own_kernel.gemm import (HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean,
+from own_kernel.policy.config import Config
+from own_kernel.kernels.dlogits import write_w_pointer
+from own_kernel.kernels.dlogits_tma import RecomputeTma
+from own_kernel.kernels.finalize_de import finalize_de
+from own_kernel.kernels.gather_kept import gather_kept
+from own_kernel.policy.options import FilterOptions, Options
+from own_kernel.kernels.gemm import (HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean,
                              weighted_mean)
-from own_kernel.plan import (Chunk, chunk_plan, filter_can_skip, looks_ahead, tail_width,
+from own_kernel.policy.plan import (Chunk, chunk_plan, filter_can_skip, looks_ahead, tail_width,
                              w_slots, x_and_w_slots)
-from own_kernel.rank1_dc import rank1_dc
-from own_kernel.rows import Rows, Sums
-from own_kernel.softmax_grad import write_w_from_logits
-from own_kernel.tile import tma_ready
+from own_kernel.kernels.rank1_dc import rank1_dc
+from own_kernel.kernels.rows import Rows, Sums
+from own_kernel.kernels.softmax_grad import write_w_from_logits
+from own_kernel.kernels.tile import tma_ready
 
 
 @dataclass

@@ -14,13 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from own_kernel.autotune import shape_bucket, time_launch, tune_key, tuned_tiles
-from own_kernel.config import with_overrides
-from own_kernel.forward_tma import forward_partials_tma
-from own_kernel.lse_combine import PartialSums, combine
-from own_kernel.plan import cdiv, split_plan
-from own_kernel.target import target_logit
-from own_kernel.tile import (dot_precision, logit_tile, lse_ent_tile_update, num_sms,
+from own_kernel.policy.autotune import shape_bucket, time_launch, tune_key, tuned_tiles
+from own_kernel.policy.config import with_overrides
+from own_kernel.kernels.forward_tma import forward_partials_tma
+from own_kernel.kernels.lse_combine import PartialSums, combine
+from own_kernel.policy.plan import cdiv, split_plan
+from own_kernel.kernels.target import target_logit
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update, num_sms,
                              row_block_and_split, skip_if_all_ignored, softcap_scalars,
                              store_split_partials, tma_ready)
 
