@@ -24,7 +24,7 @@ import own_kernel  # noqa: E402
 from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.paths import three_matmul as fused  # noqa: E402
 from own_kernel.policy.config import HOPPER_16BIT, overridden  # noqa: E402
-from own_kernel.policy.route import Call, describe, route  # noqa: E402
+from own_kernel.policy.route import Call, route  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("CPU tests (fp16 autocast under the Triton interpreter); the GPU measurement is "
@@ -60,7 +60,7 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
     assert p.extra_bytes == chunk <= budget * MIB
     assert p.rows >= cfg.fused.min_rows and p.rows * p.chunks >= n
     # What plan() reports: dE, fp32 dC, autocast's 16-bit copy of C, the chunk, the losses.
-    peak = describe(call, r).peak_bytes
+    peak = r.peak_bytes
     assert peak == 2 * n * d + 4 * v * d + 2 * v * d + chunk + 4 * n
     assert peak <= 2 * n * d + 4 * v * d + 2 * v * d + budget * MIB + 4 * n
 
@@ -82,7 +82,7 @@ def test_a_bias_is_counted_in_fp32_and_in_its_copy():
     n, v, d = SHAPES[0]
     call = Call(n, v, d, BF16, has_bias=True, fp32_weight=True)
     r = route(call, HOPPER_16BIT)
-    assert describe(call, r).peak_bytes == (2 * n * d + 4 * (v * d + v) + 2 * (v * d + v)
+    assert r.peak_bytes == (2 * n * d + 4 * (v * d + v) + 2 * (v * d + v)
                                             + r.fused.extra_bytes + 4 * n)
 
 

@@ -74,20 +74,25 @@ def sum_tol(d_err, terms, dim):
 
 
 def write_chunk(case, cfg, deterministic=False):
-    """The case's W and sums from X (softmax_grad.py)."""
+    """The case's W and sums from X (softmax_grad.py), tuned where the route would tune."""
     from own_kernel.kernels.softmax_grad import write_w_from_logits
+    from own_kernel.policy import autotune
 
+    tuned = not cfg.softmax_grad.tma and autotune.tunes(case.x, cfg, cfg.softmax_grad_candidates)
     write_w_from_logits(case.x, case.w, case.bias, case.rows, case.sums, case.v_start,
-                        case.softcap, case.ls, cfg, v=case.v, filters=case.filters,
+                        case.softcap, case.ls, cfg, v=case.v, tuned=tuned, filters=case.filters,
                         kept_count=case.sums.kept_count, deterministic=deterministic)
 
 
 def recompute_chunk(case, cfg):
-    """The case's W and sums from E and C (the pointer dlogits.py)."""
+    """The case's W and sums from E and C (the pointer dlogits.py), tuned where the route
+    would tune."""
     from own_kernel.kernels.dlogits import write_w_pointer
+    from own_kernel.policy import autotune
 
     write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums, case.v_start,
-                    case.softcap, case.ls, cfg)
+                    case.softcap, case.ls, cfg,
+                    tuned=autotune.tunes(case.e, cfg, cfg.dlogits_candidates))
 
 
 @pytest.mark.parametrize("filters", [False, True])

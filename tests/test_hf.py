@@ -525,17 +525,21 @@ def test_the_targets_check_is_queued_before_the_trunk_once(monkeypatch, kernel_c
 
 
 def test_a_queued_targets_check_is_used_only_for_what_it_checked():
-    """A check queued for other targets, a vocabulary size, a split, or targets modified since
-    (their version) is not used: the call checks anew, so it never reads a stale count."""
-    from own_kernel.kernels.check_targets import queue_targets_check, queued_or_new_check
+    """A check queued for other targets, a vocabulary size, or targets modified since (their
+    version) is not used: the call checks anew, so it never reads a stale count. How the call
+    splits its rows is not what a check is for: a queued check serves any split, counting the
+    first chunk's targets apart where it did not count them."""
+    from own_kernel.paths.targets import queue_targets_check, queued_or_new_check
     t = torch.tensor([[1, 2, -100], [4, -100, 6]])
     q = queue_targets_check(t, 10, -100, split=2)
     assert q.check.values() == [0.0, 4.0, 2.0] and int(q.count) == 4
     flat = t.reshape(-1)
     assert queued_or_new_check(q, flat, 10, -100, 2)[1] is q.count
-    for args in ((flat.clone(), 10, -100, 2), (flat, 11, -100, 2), (flat, 10, -100, 3),
-                 (flat, 10, 0, 2)):
+    for args in ((flat.clone(), 10, -100, 2), (flat, 11, -100, 2), (flat, 10, 0, 2)):
         assert queued_or_new_check(q, *args)[1] is not q.count
+    for split, first in ((0, 0.0), (3, 2.0), (5, 3.0), (6, 4.0), (9, 4.0)):
+        check, count = queued_or_new_check(q, flat, 10, -100, split)
+        assert count is q.count and check.values() == [0.0, 4.0, first], split
     t[0, 2] = 7  # in place: a new version, one more used target
     check, count = queued_or_new_check(q, flat, 10, -100, 2)
     assert count is not q.count and int(count) == 5

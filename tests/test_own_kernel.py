@@ -138,7 +138,7 @@ def test_auto_filter_keeps_flat_rows_exact(monkeypatch):
     # row block of the interpreter's tiles) are peaked (a large target logit), the rest flat
     # (p ~ 1/V < AUTO_FLAT_P_MAX); an eps above every flat entry would skip all of their tiles
     # without the guard.
-    from own_kernel import api
+    from own_kernel.policy import options
 
     g = torch.Generator().manual_seed(5)
     n, v = 32, 1024
@@ -153,11 +153,11 @@ def test_auto_filter_keeps_flat_rows_exact(monkeypatch):
         linear_cross_entropy(e, c, t, filter_eps=filter_eps).backward()
         return e.grad.clone()
 
-    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
+    monkeypatch.setitem(options.AUTO_EPS, torch.float32, 5e-3)
     exact, auto = grad_e(None), grad_e("auto")
     assert rel(auto[16:], exact[16:].double()) < 1e-6, "flat rows must not be filtered"
     assert rel(auto[:16], exact[:16].double()) > 1e-6, "peaked rows must be filtered"
-    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.0)  # no guard: the flat rows lose their tail
+    monkeypatch.setattr(options, "AUTO_FLAT_P_MAX", 0.0)  # no guard: the flat rows lose their tail
     assert rel(grad_e("auto")[16:], exact[16:].double()) > 1e-3
 
 
@@ -303,7 +303,7 @@ def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
 def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
     # forward.l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
     # blocks (the last group partial); every (row block, split) must still run exactly once.
-    from own_kernel.kernels import forward
+    from own_kernel.paths import forward
     from own_kernel.policy.config import config_for
     from own_kernel.policy.plan import split_plan
     from own_kernel.kernels.tile import num_sms
@@ -352,20 +352,13 @@ RECOMPUTE_ROUTES = {
 
 def _spy_w_writers(monkeypatch):
     """Which launcher wrote each chunk's W: ["tma" | "cublas" | "pointer", ...]."""
-    from own_kernel.kernels import dlogits_tma
-    from own_kernel.paths import low_memory as backward_low_memory, recompute as backward
+    from own_kernel.paths import writers as w
 
     writers = []
-    real_tma = dlogits_tma.RecomputeTma.write
-    monkeypatch.setattr(dlogits_tma.RecomputeTma, "write",
-                        lambda self, *a, **k: writers.append("tma") or real_tma(self, *a, **k))
-    for module in (backward, backward_low_memory):
-        real_pointer = module.write_w_pointer
-        monkeypatch.setattr(module, "write_w_pointer", lambda *a, _real=real_pointer, **k:
-                            writers.append("pointer") or _real(*a, **k))
-    real_logits = backward.write_w_from_logits
-    monkeypatch.setattr(backward, "write_w_from_logits",
-                        lambda *a, **k: writers.append("cublas") or real_logits(*a, **k))
+    for kind, cls in (("tma", w.TmaWriter), ("pointer", w.PointerWriter),
+                      ("cublas", w.CublasWriter)):
+        monkeypatch.setattr(cls, "write", lambda self, *a, _real=cls.write, _kind=kind, **k:
+                            writers.append(_kind) or _real(self, *a, **k))
     return writers
 
 
@@ -429,7 +422,7 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     # backward_low_memory.py: dE by row chunks, dC by column chunks (over row groups with
     # "small"); dC's buffer and the workspace start as NaN, so a read before a write shows. With
     # a z-loss on the lse and ignored rows.
-    from own_kernel.paths import low_memory as blm
+    from own_kernel.policy import route as route_module
 
     # "groups": chunks of pass 1 must be so tall that dC's buffer holds only part of their W
     override = {"chunks": {"recompute": "tma" if recompute == "tma" else "cublas"},
@@ -439,8 +432,9 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     if chunks == "groups":
         override["low_memory"] = {**LOW_MEMORY_SMALL["low_memory"], "min_entries": 24 * 64}
     plans = []
-    real_plan = blm.low_memory_plan
-    monkeypatch.setattr(blm, "low_memory_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    real_plan = route_module.low_memory_plan
+    monkeypatch.setattr(route_module, "low_memory_plan",
+                        lambda *a: plans.append(real_plan(*a)) or plans[-1])
     writers = _spy_w_writers(monkeypatch)
     g = torch.Generator().manual_seed(23)
     n, d, v = 150, 24, 61  # n > 2 d: row groups need less workspace than every row at once
@@ -774,8 +768,10 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
     can_skip, decisions, runs = [], [], []
-    real_can_skip, real_filter_rows = backward.filter_can_skip, backward.filter_rows
-    monkeypatch.setattr(backward, "filter_can_skip",
+    from own_kernel.policy import route as route_module
+
+    real_can_skip, real_filter_rows = route_module.filter_can_skip, backward.filter_rows
+    monkeypatch.setattr(route_module, "filter_can_skip",
                         lambda *a: can_skip.append(real_can_skip(*a)) or can_skip[-1])
     monkeypatch.setattr(backward, "filter_rows",
                         lambda *a: decisions.append(1) or real_filter_rows(*a))
@@ -878,16 +874,16 @@ def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, fi
     # after the first tma chunk's kernel is queued, that chunk running as if filtering. When the
     # answer is no (too many flat rows, or none peaked), what it added for the filter must be
     # dropped: the gradients are exact mode's, poison-safe, and the later chunks run unfiltered.
-    from own_kernel import api
     from own_kernel.kernels import dlogits_tma
     from own_kernel.paths import recompute as backward
+    from own_kernel.policy import options
     from own_kernel.policy.config import config_for
     from own_kernel.policy.plan import chunk_plan
 
     override = {"chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
                 "filter": {"max_width": 24}}
-    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
-    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.01)
+    monkeypatch.setitem(options.AUTO_EPS, torch.float32, 5e-3)
+    monkeypatch.setattr(options, "AUTO_FLAT_P_MAX", 0.01)
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
     e[peaked_rows:] *= 0.001  # flat softmax: p_max ~ 1/V, below AUTO_FLAT_P_MAX

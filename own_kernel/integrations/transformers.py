@@ -45,9 +45,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from own_kernel.api import TokenLogprobs, linear_cross_entropy, plan
-from own_kernel.kernels.check_targets import TargetsCheck, queue_targets_check
+from own_kernel.api import TokenLogprobs, linear_cross_entropy
 from own_kernel.integrations.distributed import is_plain
+from own_kernel.paths.targets import TargetsCheck, queue_targets_check
+from own_kernel.policy.options import PatchOptions
 
 
 def _no_transform(model) -> tuple[float, float | None]:
@@ -89,13 +90,6 @@ SUPPORTED = tuple(sorted(LOGIT_TRANSFORMS))
 _STOCK_PARAMETERS = ("self", "input_ids", "attention_mask", "position_ids", "past_key_values",
                      "inputs_embeds", "labels", "use_cache", "logits_to_keep", "kwargs")
 _CACHE_NAMES = ("past_key_values", "cache")
-
-
-@dataclass(frozen=True)
-class PatchOptions:
-    filter_eps: float | str | None
-    low_memory: bool
-    logits_in_eval: bool
 
 
 @dataclass(frozen=True)
@@ -145,18 +139,6 @@ def _check_stock_signature(cls) -> str:
                          f"{_STOCK_PARAMETERS} (a transformers version it does not know?)")
 
 
-def _check_options(filter_eps, low_memory, logits_in_eval) -> None:
-    """The kernel checks these again at each call; here a bad one fails at patch time."""
-    if filter_eps is not None and filter_eps != "auto" and (
-            isinstance(filter_eps, str) or not float(filter_eps) >= 0):
-        raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
-    for name, value in (("low_memory", low_memory), ("logits_in_eval", logits_in_eval)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name}: expected True or False; got {value!r}")
-    if filter_eps is not None and low_memory:
-        raise ValueError(f"low_memory: computes exact gradients only; got filter_eps={filter_eps!r}")
-
-
 def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = False,
           logits_in_eval: bool = True):
     """Make ``model`` (a supported ``...ForCausalLM``) compute its loss through
@@ -177,11 +159,10 @@ def patch(model, *, filter_eps: float | str | None = None, low_memory: bool = Fa
     if not _is_plain_linear(getattr(model, "lm_head", None)):
         raise ValueError(f"model: lm_head must be a plain torch.nn.Linear (the kernel reads its "
                          f"weight and bias); got {type(getattr(model, 'lm_head', None)).__name__}")
-    _check_options(filter_eps, low_memory, logits_in_eval)
+    options = PatchOptions(filter_eps, low_memory, logits_in_eval)  # checked: policy/options.py
     from transformers.loss.loss_utils import ForCausalLMLoss
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    options = PatchOptions(filter_eps, low_memory, logits_in_eval)
     head = _Head(LOGIT_TRANSFORMS[cls.__name__], ForCausalLMLoss, CausalLMOutputWithPast)
     model.forward = types.MethodType(_make_forward(cls.forward, head, options, cache_name), model)
     return model
@@ -249,7 +230,7 @@ def _forward_with_kernel_loss(model, base_inputs: dict, labels: Tensor, kwargs: 
         return_dict = getattr(model.config, "return_dict", True)
     # The targets and their check first: queued before the trunk, the check is long done when
     # the loss reads it (a read right after the trunk would wait for the whole forward).
-    targets, check = _targets_and_check(model, labels, head, options, **kwargs)
+    targets, check = _targets_and_check(model, labels, **kwargs)
     # The stock forward passes its **kwargs to both the base model and the loss; so do we.
     outputs = model.model(**base_inputs, **kwargs)
     loss = _causal_lm_loss(model, outputs.last_hidden_state, targets, check, head, options,
@@ -267,14 +248,12 @@ def _check_stock_loss(model, head: _Head) -> None:
                          f"to use it")
 
 
-def _targets_and_check(model, labels: Tensor, head: _Head, options: PatchOptions, *,
-                       num_items_in_batch=None, ignore_index: int = -100,
+def _targets_and_check(model, labels: Tensor, *, ignore_index: int = -100,
                        shift_labels: Tensor | None = None,
                        **_unused) -> tuple[Tensor, TargetsCheck | None]:
     """The loss's targets (contiguous int64, where lm_head's weight is) and, where lm_head's
-    weight is a plain tensor, their check queued now with the split the kernel's call will use
-    (own_kernel.plan at the hidden states' shape and dtype, as the trunk will return them; a
-    call that turns out otherwise checks anew)."""
+    weight is a plain tensor, their check queued now (the kernel's call uses it: it depends on
+    the targets alone)."""
     if shift_labels is None:
         # As ForCausalLMLoss: position i predicts labels[i + 1]; the last predicts nothing.
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
@@ -285,17 +264,7 @@ def _targets_and_check(model, labels: Tensor, head: _Head, options: PatchOptions
     targets = targets.to(torch.int64).contiguous()  # the kernels' layout: no copy in the call
     if not (is_plain(weight) and is_plain(bias)) or torch.compiler.is_compiling():
         return targets, None  # a sharded head (DTensor): its call checks its own targets
-    hidden = torch.empty((), dtype=weight.dtype, device=weight.device).expand(
-        *targets.shape, weight.shape[1])
-    try:
-        route = plan(hidden, weight, targets, bias=bias, ignore_index=ignore_index,
-                     softcap=head.logit_transform(model)[1],
-                     reduction="mean" if num_items_in_batch is None else "sum",
-                     filter_eps=options.filter_eps, low_memory=options.low_memory)
-    except (TypeError, ValueError):
-        return targets, None  # the call itself raises, naming what is wrong
-    split = route.chunk_size if route.path == "three-matmul" else 0
-    return targets, queue_targets_check(targets, weight.shape[0], ignore_index, split)
+    return targets, queue_targets_check(targets, weight.shape[0], ignore_index)
 
 
 def _causal_lm_loss(model, hidden: Tensor, targets: Tensor, targets_check: TargetsCheck | None,

@@ -22,7 +22,7 @@ launch's rows, width and D), each candidate timed into scratch sums.
 import triton
 import triton.language as tl
 
-from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch, tunes
+from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch
 from own_kernel.policy.plan import cdiv
 from own_kernel.kernels.rows import Partials
 from own_kernel.kernels.tile import (accumulate, dot_precision, entropy_terms, logit_tile, row_terms,
@@ -82,16 +82,16 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
     accumulate(RowRound + offs_n, Part + group * N + offs_n, row_round, n_mask, DETERMINISTIC)
 
 
-def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, col_round=True,
-                    deterministic=False, temperature=1.0):
+def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, tuned=False,
+                    col_round=True, deterministic=False, temperature=1.0):
     """W (e's rows x w.shape[1], any row stride) = the softmax gradient of e's rows (rows: their
     Rows) at columns [v_start, v_start + width); RowRound, ColRound (col_round) and ColSum added
-    into sums. cfg: the Config (its dlogits tiles; on the portable target, tiles tuned on this
-    GPU)."""
+    into sums. cfg: the Config (its dlogits tiles); tuned: the tiles timed on this GPU among
+    cfg.dlogits_candidates instead (the route's pointer_tuned)."""
     tiles = cfg.dlogits
     args = (e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round, deterministic,
             temperature)
-    if tunes(e, cfg, cfg.dlogits_candidates):
+    if tuned:
         n, width = w.shape
         key = tune_key("dlogits", e.device, e.dtype, shape_bucket(n, width, e.shape[1]))
         tiles = tuned_launch(key, cfg.dlogits_candidates,

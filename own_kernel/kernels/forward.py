@@ -1,4 +1,6 @@
-"""Forward: per-row log-sum-exp of softcap(E @ C.T + b) without materialising N x V.
+"""Forward, the pointer kernel: per-row log-sum-exp of softcap(E @ C.T + b) without
+materialising N x V (any strides; forward_tma.py is its TMA twin, paths/forward.py the pass
+that picks between them as the route says and combines the splits).
 
 Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V tiles
 and keeps an online log-sum-exp in fp32 (running max m of the logits, running sum s of
@@ -8,21 +10,13 @@ first loads overlap this tile's epilogue). The splits' partial (m, s) are combin
 with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
 each row's loss (lse_combine.py).
 """
-import functools
-
-import torch
 import triton
 import triton.language as tl
 
-from own_kernel.policy.autotune import shape_bucket, time_launch, tune_key, tuned_tiles
-from own_kernel.policy.config import with_overrides
-from own_kernel.kernels.forward_tma import forward_partials_tma
-from own_kernel.kernels.lse_combine import PartialSums, combine
-from own_kernel.policy.plan import cdiv, split_plan
-from own_kernel.kernels.target import target_logit
-from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update, num_sms,
-                             row_block_and_split, skip_if_all_ignored, softcap_scalars,
-                             store_split_partials, tma_ready)
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update,
+                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
+                                     store_split_partials)
+from own_kernel.policy.plan import cdiv
 
 
 @triton.jit
@@ -75,62 +69,3 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
         DOT_PRECISION=dot_precision(e.dtype), **k.launch())
-
-
-def forward(e, c, bias, targets, softcap, label_smoothing, ignore_index, cfg,
-            skip_ignored=False, temperature=1.0, entropy=False, shifted=None):
-    """Returns (loss, lse, p_max, nll, lse_lo, entropy), each (N,) fp32, natural log units:
-    each row's loss (0 where the target is ignore_index), log-sum-exp, largest softmax probability (the
-    gradient filter's flatness test), -log of the target's probability (the backward's target
-    column; lse_combine.py says why it is kept apart), and what rounding lse to fp32 removed
-    (lse + lse_lo is the lse to ~fp32 precision of its small part: the backward's softmax),
-    and with ``entropy`` each row's softmax entropy (0 where ignored; else an empty tensor).
-    The logits are softcap(x) / temperature. Rows whose target is outside [0, V) and
-    not ignore_index get a loss without the target term (the caller raises on them).
-    skip_ignored: rows whose target is ignore_index get lse +inf and p_max 0 (no gradient flows
-    through them: the backward's softmax exp(z - lse) is 0 there), and row blocks with only
-    such rows compute no logits. shifted: None, or (Y, M) for the TMA kernel to write the
-    shifted logits into (forward_tma.py; the three-matmul path's)."""
-    (n, d), v = e.shape, c.shape[0]
-    if n == 0:  # distinct tensors: a custom op's outputs may not alias each other
-        return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(6))
-    sums = PartialSums(label_smoothing > 0, entropy, float(temperature))
-    tma = cfg.forward.tma and v > 0 and tma_ready(e) and tma_ready(c)
-    if shifted is not None and not tma:
-        raise ValueError("shifted logits are written by the TMA forward only: needs "
-                         "config.forward.tma and 16-byte aligned rows of e and c")
-    if not tma and cfg.autotune and e.is_cuda:
-        cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
-    grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
-    part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
-    if tma:
-        forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
-                             skip_ignored, sums, shifted)
-    else:
-        forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
-                         skip_ignored, sums)
-    z_target = target_logit(e, c, bias, targets, softcap, temperature)
-    return combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_ignored,
-                   sums)
-
-
-def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored):
-    """cfg with the pointer forward's tiles tuned on this GPU for this shape bucket
-    (autotune.py): each candidate times the partials pass into a scratch buffer (the result is
-    not used), once per bucket and machine."""
-    (n, d), v = e.shape, c.shape[0]
-    key = tune_key("forward", e.device, e.dtype, shape_bucket(n, v, d))
-
-    def time_ms(tiles):
-        trial = _with_forward_tiles(cfg, tiles)
-        grid = split_plan(n, v, d, e.element_size(), trial, num_sms(e.device))
-        part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
-        return time_launch(lambda: forward_partials(e, c, bias, targets, part, grid, softcap,
-                                                    ignore_index, trial, skip_ignored, sums))
-
-    return _with_forward_tiles(cfg, tuned_tiles(key, cfg.forward_candidates, time_ms))
-
-
-@functools.lru_cache(maxsize=64)
-def _with_forward_tiles(cfg, tiles):
-    return with_overrides(cfg, {"forward": {"tiles": tiles}})

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch, tunes
+from own_kernel.policy.autotune import shape_bucket, tune_key, tuned_launch
 from own_kernel.policy.plan import cdiv
 from own_kernel.kernels.rows import Partials
 from own_kernel.kernels.tile import (accumulate, entropy_terms, num_sms, row_terms, softcap_scalars,
@@ -141,15 +141,17 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, Row
 
 
 def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,
-                        filters=False, kept_count=None, deterministic=False, temperature=1.0):
+                        tuned=False, filters=False, kept_count=None, deterministic=False,
+                        temperature=1.0):
     """W = the softmax gradient from fp32 logits X (both N x width, any row stride with unit
     column stride; inside dC's unwritten rows) at columns [v_start, v_start + width); the sums
     as dlogits_tma.py adds them, and, filtered, the number of newly kept columns into
-    kept_count[0]. cfg: the Config; the portable target's pointer variant (tma False) takes
-    tiles tuned on this GPU (autotune.py)."""
+    kept_count[0]. cfg: the Config (its softmax_grad launch shape); tuned: the pointer
+    variant's shape timed on this GPU among cfg.softmax_grad_candidates instead (the route's
+    softmax_grad_tuned)."""
     k = cfg.softmax_grad
     args = (x, w, bias, rows, v_start, softcap, smooth, v, filters, deterministic, temperature)
-    if not k.tma and tunes(x, cfg, cfg.softmax_grad_candidates):
+    if tuned:
         n, width = x.shape
         kernel = "softmax_grad_filter" if filters else "softmax_grad"  # FILTER: more registers
         key = tune_key(kernel, x.device, w.dtype, shape_bucket(n, width))

@@ -113,13 +113,6 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def tma_ready(t: torch.Tensor) -> bool:
-    """Whether a 2-D tensor can be read through a TMA descriptor: unit stride along its rows,
-    16-byte aligned base and row stride (the kernels' layouts, api.py, rule out stride 0)."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and (t.stride(0) * t.element_size()) % 16 == 0)
-
-
 @triton.jit
 def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, t,
                          NEED_ZSUM: tl.constexpr, NEED_ENT: tl.constexpr):

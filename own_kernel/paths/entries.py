@@ -1,9 +1,15 @@
-"""The op: per-row losses of 2-D inputs and their gradients, as custom ops (what torch.compile
-sees, opaque) and as a plain autograd Function (eager calls: the custom ops' dispatch costs the
-host more per call, and small shapes wait for the host; results/notes/host-bound-calls.md).
+"""The entries of the per-row paths (forward-only, recompute, low-memory): per-row losses of
+2-D inputs and their gradients, as custom ops (what torch.compile sees, opaque: Route.entry
+"compiled") and as a plain autograd Function (eager calls, "eager": the custom ops' dispatch
+costs the host more per call, and small shapes wait for the host;
+results/notes/host-bound-calls.md).
 
-The call's options travel as one typed object (Options) down to the custom ops' edge, whose
-schema takes them as plain optional scalars.
+Both run the route's passes: the forward (paths/forward.py), then the backward of the route's
+path (paths/recompute.py or paths/low_memory.py) on the rows with a target where the route
+gathers them. The call's options travel as one typed object (Options) down to the custom ops'
+edge, whose schema takes them as plain optional scalars, and the config as its recipe
+(config.config_key): each op asks the route of its own real tensors (the api's tensors are
+traced there), the same pure function of the same arguments in the forward and the backward.
 """
 from __future__ import annotations
 
@@ -12,25 +18,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from own_kernel.paths.recompute import backward, zeros_or_none
-from own_kernel.paths.low_memory import backward_low_memory
-from own_kernel.policy.config import Config, config_for
-from own_kernel.kernels.forward import forward
 from own_kernel.kernels.gemm import HostScalar
-from own_kernel.policy.options import Options
-from own_kernel.policy.plan import compaction_pays
 from own_kernel.kernels.rows import Rows
+from own_kernel.paths.forward import forward
+from own_kernel.paths.low_memory import backward_low_memory
+from own_kernel.paths.recompute import backward
+from own_kernel.paths.shared import refuse_create_graph, used_rows, zeros_or_none
+from own_kernel.policy.config import config_of_key
+from own_kernel.policy.options import Options
+from own_kernel.policy.route import Route, call_of, route, tma_ready
 
 
 # ---- the passes, on plain tensors -------------------------------------------------------------
 
-def rows_forward(e, c, targets, bias, opts: Options, cfg=None):
-    """(loss, lse, p_max, nll, lse_lo, entropy) per row (forward.py; entropy empty unless
-    opts.entropy). cfg: the Config (None: this device's)."""
-    cfg = cfg or config_for(e.device, e.dtype)
-    return forward(e, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index,
-                   cfg, skip_ignored=not opts.ignored_lse, temperature=opts.temperature,
-                   entropy=opts.entropy)
+def rows_forward(e, c, targets, bias, opts: Options, route: Route):
+    """(loss, lse, p_max, nll, lse_lo, entropy) per row (paths/forward.py; entropy empty unless
+    opts.entropy), by the route's forward kernel."""
+    return forward(e, c, bias, targets, opts, route, skip_ignored=not opts.ignored_lse)
 
 
 def _row_weights(grad, used, temperature):
@@ -42,21 +46,15 @@ def _row_weights(grad, used, temperature):
     return w / temperature if temperature != 1.0 else w
 
 
-def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options, cfg: Config,
-                  num_used=None, de_dtype=None, grad_ent=None):
-    """(dE, dC, dbias or None). saved: the forward's (lse, nll, p_max[, lse_lo[, entropy]]).
-    grad_ent: the gradient into the entropy (opts.entropy), or None. num_used: the number of
-    targets that are not ignore_index when the host knows it already (else read here, when it
-    matters). cfg: the Config the forward ran with. de_dtype: dE's dtype (None: e's). Rows with
-    no gradient are gathered out where that pays (gather_pays); low_memory runs on every row
-    (gathering would cost more memory than its workspace; the forward's lse +inf keeps the
-    ignored ones' W zero)."""
-    lse, nll, p_max = saved[:3]
+def _backward_rows(targets, saved, grad_loss, grad_lse, grad_ent, opts: Options):
+    """(Rows of the backward, uniform, used): the kernels' per-row inputs from the forward's saved
+    (lse, nll, p_max[, lse_lo[, entropy]]) and the upstream gradients; uniform: every row with
+    a gradient weighted alike (autograd hands a mean's or sum's gradient over as one value
+    expanded, stride 0). Else (reduction "none", an lse or entropy gradient) fp16 scales rows
+    apart (recompute.normalise_weights). used: the rows with a target."""
+    lse, nll = saved[:2]
     lse_lo = saved[3] if len(saved) > 3 else None
     entropy = saved[4] if len(saved) > 4 and grad_ent is not None else None
-    # Every row with a gradient weighted alike: autograd hands a mean's or sum's gradient over
-    # as one value expanded (stride 0). Else (reduction "none", an lse or entropy gradient)
-    # fp16 scales rows apart (backward.normalise_weights).
     uniform = (grad_lse is None and entropy is None
                and (grad_loss.numel() <= 1 or grad_loss.stride(0) == 0))
     used = targets != opts.ignore_index
@@ -67,16 +65,29 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     rows = Rows(targets, lse, nll, _row_weights(grad_loss, used, t), weight_lse, lse_lo=lse_lo,
                 entropy=entropy,
                 weight_ent=_row_weights(grad_ent, used, t) if entropy is not None else None)
-    if opts.low_memory:
-        return backward_low_memory(e, c, bias, rows, opts, cfg, uniform=uniform,
+    return rows, uniform, used
+
+
+def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options, route: Route,
+                  num_used=None, de_dtype=None, grad_ent=None):
+    """(dE, dC, dbias or None) by the backward of the route's path. saved: the forward's (lse,
+    nll, p_max[, lse_lo[, entropy]]). grad_ent: the gradient into the entropy (opts.entropy), or
+    None. num_used: the number of targets that are not ignore_index when the host knows it
+    already (else read here, when it matters). route: the forward's (its config, its kernels).
+    de_dtype: dE's dtype (None: e's). Rows with no gradient are gathered out where the route
+    says it pays (Route.gathers; an lse gradient reaches ignored rows too)."""
+    p_max = saved[2]
+    rows, uniform, used = _backward_rows(targets, saved, grad_loss, grad_lse, grad_ent, opts)
+    if route.path == "low-memory":
+        return backward_low_memory(e, c, bias, rows, opts, route, uniform=uniform,
                                    de_dtype=de_dtype)
     gathered = None
-    if grad_lse is None:  # an lse gradient reaches ignored rows too
+    if grad_lse is None:
         if num_used is None:
             num_used = int(used.sum())
-        gathered = used_rows(used, num_used) if gather_pays(e, c, num_used, cfg) else None
+        gathered = used_rows(used, num_used) if route.gathers(num_used) else None
     if gathered is None:
-        return backward(e, c, bias, rows, opts, cfg, p_max=p_max, uniform=uniform,
+        return backward(e, c, bias, rows, opts, route, p_max=p_max, uniform=uniform,
                         de_dtype=de_dtype)
     de_zeros = torch.zeros_like(e, dtype=de_dtype)
     if gathered.numel() == 0:
@@ -84,58 +95,19 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     e_used = e.index_select(0, gathered)
     used_rows_ = rows.gathered(gathered)
     # dE's rows may go into the gathered E's buffer (it is not read after the chunks).
-    de_used, dc, dbias = backward(e_used, c, bias, used_rows_, opts, cfg, p_max=p_max[gathered],
-                                  de_out=e_used, uniform=uniform, de_dtype=de_dtype)
+    de_used, dc, dbias = backward(e_used, c, bias, used_rows_, opts, route.for_rows(num_used),
+                                  p_max=p_max[gathered], de_out=e_used, uniform=uniform,
+                                  de_dtype=de_dtype)
     del e_used
     return de_zeros.index_copy_(0, gathered, de_used), dc, dbias
 
 
-# ---- rows with a target: the one place that gathers them --------------------------------------
-
-def gather_pays(e, c, num_used: int, cfg: Config, *, before_forward: bool = False) -> bool:
-    """Whether the call runs on its used rows only (plan.compaction_pays). Before the forward
-    (api.py) the gathered E is kept by autograd for the backward, so dE's rows cannot go into
-    its buffer."""
-    n = e.shape[0]
-    if n == 0 or num_used == n:
-        return False
-    return compaction_pays(n, num_used, c.shape[0], e.shape[1], e.element_size(), cfg,
-                           de_into_e=not before_forward)
-
-
-def used_rows(used: Tensor, num_used: int, offset: int = 0) -> Tensor:
-    """The indices (+ offset) of the num_used rows whose mask ``used`` is set, in order, with
-    no host read (nonzero_static's size is known)."""
-    index = torch.nonzero_static(used, size=num_used).squeeze(1)
-    return index + offset if offset else index
-
-
-def refuse_create_graph() -> None:
-    """The gradients are not differentiable: a backward under create_graph=True (which runs
-    with grad mode on) raises instead of returning gradients without a graph."""
-    if torch.is_grad_enabled():
-        raise RuntimeError("linear_cross_entropy: create_graph=True (a double backward) is not "
-                           "supported: its gradients are not differentiable")
-
-
-# ---- the forward's config, carried to the backward ------------------------------------------
-# The custom ops' schema takes scalars and strings, not a Config: the forward's config travels
-# as its name, a key of this table (the configs in force so far: a few frozen values), so the
-# backward op runs with the forward's config whatever override is in force when it runs. The
-# name says the target and its overrides (config.with_overrides), so no hash() is needed
-# (dynamo on torch 2.11 cannot trace hash() of a dataclass).
-_CONFIGS: dict[str, Config] = {}
-
-
-def config_key(cfg: Config) -> str:
-    _CONFIGS.setdefault(cfg.name, cfg)
-    return cfg.name
-
-
-def config_of(key: str, e: Tensor) -> Config:
-    """The config of key; no key (""), or one from another process (a compiled graph loaded
-    from a cache), resolves this device's config."""
-    return _CONFIGS.get(key) or config_for(e.device, e.dtype)
+def _op_route(e, c, bias, opts: Options, config: str) -> Route:
+    """The route a custom op runs: that of its real tensors under torch.compile, with the
+    config of the recipe its forward was traced with (config.config_key)."""
+    call = call_of(e, c, bias, opts, compiling=True, e_tma_ready=tma_ready(e),
+                   c_tma_ready=tma_ready(c))
+    return route(call, config_of_key(config, e.device, e.dtype))
 
 
 # ---- custom ops (torch.compile) -------------------------------------------------------------
@@ -152,7 +124,7 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
                                 temperature, entropy)
-    return rows_forward(e, c, targets, bias, opts, config_of(config, e))
+    return rows_forward(e, c, targets, bias, opts, _op_route(e, c, bias, opts, config))
 
 
 @lce_rows.register_fake
@@ -176,8 +148,8 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
                                 temperature, entropy)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
-                                  grad_loss, grad_lse, opts, config_of(config, e),
-                                  grad_ent=grad_ent)
+                                  grad_loss, grad_lse, opts,
+                                  _op_route(e, c, bias, opts, config), grad_ent=grad_ent)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -215,19 +187,20 @@ lce_rows.register_autograd(_backward_rule, setup_context=_setup_context)
 # ---- eager calls ----------------------------------------------------------------------------
 
 class LceRowsEager(torch.autograd.Function):
-    """lce_rows and its backward for eager calls, the same passes called directly. counts: the
-    targets' check and count (api.py), read on the host by the time the backward runs."""
+    """lce_rows and its backward for eager calls, the same passes called directly. route: the
+    call's (api.py); counts: the targets' check and count (api.py), read on the host by the
+    time the backward runs."""
 
     @staticmethod
-    def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config,
+    def forward(ctx, e, c, targets, bias, opts: Options, route: Route,
                 counts: HostScalar | None):
-        # The backward runs with the forward's config (the route's), whatever target or
+        # The backward runs with the forward's route (its config), whatever target or
         # override is in force when autograd reaches it (use_target may have ended by then).
-        lse_etc = rows_forward(e, c, targets, bias, opts, cfg)
+        lse_etc = rows_forward(e, c, targets, bias, opts, route)
         loss, lse, p_max, nll, lse_lo, ent = lse_etc
         ctx.save_for_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, ent)
         ctx.mark_non_differentiable(p_max, nll, lse_lo)
-        ctx.opts, ctx.counts, ctx.cfg = opts, counts, cfg
+        ctx.opts, ctx.counts, ctx.route = opts, counts, route
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient pass (None)
         return lse_etc
 
@@ -239,6 +212,6 @@ class LceRowsEager(torch.autograd.Function):
             grad_loss = torch.zeros_like(lse)
         num_used = None if ctx.counts is None else int(ctx.counts.values()[1])
         de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
-                                      grad_loss, grad_lse, ctx.opts, ctx.cfg, num_used=num_used,
+                                      grad_loss, grad_lse, ctx.opts, ctx.route, num_used=num_used,
                                       grad_ent=grad_ent if ent.numel() else None)
         return de, dc, None, dbias if bias is not None else None, None, None, None

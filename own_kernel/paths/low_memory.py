@@ -26,30 +26,26 @@ import math
 
 import torch
 
-from own_kernel.paths.recompute import normalise_weights, zeros_or_none
-from own_kernel.policy.config import Config
-from own_kernel.kernels.dlogits import write_w_pointer
-from own_kernel.kernels.dlogits_tma import RecomputeTma
 from own_kernel.kernels.finalize_de import finalize_de
-from own_kernel.policy.options import Options
 from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
-from own_kernel.policy.plan import (WORKSPACE_ALIGN, low_memory_plan, round_up, row_stride)
 from own_kernel.kernels.rank1_dc import rank1_dc
 from own_kernel.kernels.rows import Rows, Sums
-from own_kernel.kernels.tile import tma_ready
-from triton.tools.tensor_descriptor import TensorDescriptor
+from own_kernel.paths.recompute import normalise_weights
+from own_kernel.paths.shared import zeros_or_none
+from own_kernel.paths.writers import writers_of
+from own_kernel.policy.options import Options
+from own_kernel.policy.plan import WORKSPACE_ALIGN, round_up, row_stride
+from own_kernel.policy.route import Route
 
 
 class _WriteW:
-    """The softmax-gradient launches of both passes: dlogits_tma.py where the inputs allow TMA
-    and the config asks for it, else dlogits.py (any strides). Exact (no filter)."""
+    """The softmax-gradient launches of both passes, by the route's writer: "tma"
+    (kernels/dlogits_tma.py) where the inputs allow TMA and the config asks for it, else
+    "pointer" (kernels/dlogits.py, any strides). Exact (no filter)."""
 
-    def __init__(self, e, c, bias, rows, sums, opts, cfg, tma):
-        self.c, self.bias, self.rows, self.sums, self.cfg = c, bias, rows, sums, cfg
-        self.softcap, self.smooth = opts.softcap, opts.label_smoothing
-        self.deterministic, self.temperature = opts.deterministic, opts.temperature
-        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
-                                       opts.deterministic, opts.temperature) if tma else None)
+    def __init__(self, e, c, bias, rows, sums, opts, route: Route):
+        self.rows, self.sums = rows, sums
+        self.writer, _ = writers_of(route, e, c, bias, opts)
 
     def __call__(self, e_rows, r0, w, v_start, col_round=True):
         """W (rows x width) = the softmax gradient of e's rows r0... (e_rows) at columns
@@ -57,14 +53,7 @@ class _WriteW:
         n = e_rows.shape[0]
         rows = self.rows.select(r0, r0 + n)
         sums = dataclasses.replace(self.sums, row_round=self.sums.row_round[r0:r0 + n])
-        if self.recompute is not None:
-            k = self.cfg.recompute.tiles
-            e_desc = TensorDescriptor.from_tensor(e_rows, [k.block_n, k.block_d])
-            self.recompute.write(w, rows, sums, v_start, col_round=col_round, e_desc=e_desc)
-        else:
-            write_w_pointer(e_rows, self.c, w, self.bias, rows, sums, v_start, self.softcap,
-                            self.smooth, self.cfg, col_round=col_round,
-                            deterministic=self.deterministic, temperature=self.temperature)
+        self.writer.write(w, rows, sums, v_start, col_round=col_round, e_rows=e_rows)
 
 
 def _view(buf: torch.Tensor, offset: int, rows: int, cols: int, ld: int, dtype) -> torch.Tensor:
@@ -101,26 +90,26 @@ class _ScaledRows:
         self.col_sum[v0:v0 + w.shape[1]] += w.sum(dim=0, dtype=torch.float32)
 
 
-def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, uniform=True,
+def backward_low_memory(e, c, bias, rows: Rows, opts: Options, route: Route, *, uniform=True,
                         de_dtype=None):
-    """backward.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
-    plan.low_memory_plan instead of an fp32 N x D accumulator. de_dtype: as backward's."""
+    """recompute.backward's gradients (dE, dC, dbias or None), exact, with workspace bounded by
+    the route's plan (plan.low_memory_plan) instead of an fp32 N x D accumulator, W by the
+    route's writer. de_dtype: as backward's."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
         return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
-    elt = e.element_size()
-    tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
+    elt, cfg = e.element_size(), route.cfg
     rows, scale_dev, row_scale = normalise_weights(e, rows, False, uniform)
     scale = HostScalar(scale_dev) if scale_dev is not None else HostScalar(value=1.0)
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
-    plan = low_memory_plan(n, v, d, elt, cfg)
+    plan = route.low_memory_plan
     sums = Sums.zeros(n, v, e.device)
     dc = torch.empty((v, d), device=e.device, dtype=e.dtype)
     work = torch.empty(plan.workspace_2, device=e.device, dtype=torch.uint8)
     if cfg.poison:  # every read of these must follow a write (tests)
         dc.fill_(float("nan"))
         work.view(e.dtype)[: work.numel() // elt].fill_(float("nan"))
-    write_w = _WriteW(e, c, bias, rows, sums, opts, cfg, tma)
+    write_w = _WriteW(e, c, bias, rows, sums, opts, route)
     de = _pass_1(e, c, dc, work, write_w, plan, c_mean, row_scale, scale, cfg, de_dtype)
     if de is None:  # every weight 0
         return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
@@ -134,7 +123,7 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, u
     if scaled is not None:  # dbias from the scaled-back rows; no rounding sums to add
         if bias is not None:
             dbias.copy_(scaled.col_sum * scale_f)
-    elif not tma or cfg.recompute.col_round:
+    elif route.writer != "tma" or cfg.recompute.col_round:
         rank1_dc(dc, sums.col_round, e_mean, scale_f)
     return de, dc, dbias
 

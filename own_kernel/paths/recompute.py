@@ -6,13 +6,14 @@
 
 A chunk's W (N x width, the input dtype) lives in dC's rows that no chunk has written yet, at
 their end (plan.chunk_plan): wide chunks keep the GEMMs near peak at no memory beyond the
-gradients. It is written by one of two routes (plan.py says which columns go where):
-- "tma": dlogits_tma.py recomputes the logits on the tensor cores and writes W (Hopper);
-- "cublas": cuBLAS writes fp32 logits X beside W, softmax_grad.py turns X into W (any GPU, and
-  inputs TMA cannot read).
+gradients. It is written by the route's writer (Route.writer; paths/writers.py):
+- "tma": kernels/dlogits_tma.py recomputes the logits on the tensor cores and writes W (Hopper);
+- "cublas": cuBLAS writes fp32 logits X beside W, kernels/softmax_grad.py turns X into W (any
+  GPU, and inputs TMA cannot read).
 Once dC's free rows are too few, the rest (the tail) goes one chunk at a time through a buffer of
-its own or dE's output buffer: dlogits_tma.py on the tma route, dlogits.py (pointer loads)
-otherwise. The GEMMs are cuBLAS's (torch), accumulating in fp32.
+its own or dE's output buffer, by the route's tail writer: "tma" on the tma route, "pointer"
+(kernels/dlogits.py, pointer loads) otherwise. The GEMMs are cuBLAS's (torch), accumulating in
+fp32. The chunks, the filter and its threshold are the route's (policy/route.py).
 
 What rounding W to 16 bits removes goes back through the mean rows of C and E (finalize_de.py,
 rank1_dc.py): it keeps dE right when all hidden states share a large component.
@@ -35,20 +36,18 @@ from dataclasses import dataclass
 
 import torch
 
-from own_kernel.policy.config import Config
-from own_kernel.kernels.dlogits import write_w_pointer
-from own_kernel.kernels.dlogits_tma import RecomputeTma
 from own_kernel.kernels.finalize_de import finalize_de
 from own_kernel.kernels.gather_kept import gather_kept
-from own_kernel.policy.options import FilterOptions, Options
 from own_kernel.kernels.gemm import (HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean,
-                             weighted_mean)
-from own_kernel.policy.plan import (Chunk, chunk_plan, filter_can_skip, looks_ahead, tail_width,
-                             w_slots, x_and_w_slots)
+                                     weighted_mean)
 from own_kernel.kernels.rank1_dc import rank1_dc
 from own_kernel.kernels.rows import Rows, Sums
-from own_kernel.kernels.softmax_grad import write_w_from_logits
-from own_kernel.kernels.tile import tma_ready
+from own_kernel.paths.shared import zeros_or_none
+from own_kernel.paths.writers import writers_of
+from own_kernel.policy.config import Config
+from own_kernel.policy.options import FilterOptions, Options
+from own_kernel.policy.plan import Chunk, w_slots, x_and_w_slots
+from own_kernel.policy.route import Route
 
 
 @dataclass
@@ -160,15 +159,12 @@ def filter_rows(rows: Rows, p_max, options: FilterOptions, scale_dev, cfg) -> tu
 
 class ChunkWriter:
     """Writes each chunk's W where the plan puts it (dC's unwritten rows, or the tail's
-    buffer), by the call's route, and runs its dense GEMMs."""
+    buffer), by the route's writers, and runs its dense GEMMs."""
 
-    def __init__(self, e, c, bias, rows, g, opts: Options, cfg, tma, tail_work):
+    def __init__(self, e, c, bias, rows, g, opts: Options, route: Route, tail_work):
         self.e, self.c, self.bias, self.rows, self.g = e, c, bias, rows, g
-        self.softcap, self.smooth = opts.softcap, opts.label_smoothing
-        self.temperature = opts.temperature
-        self.cfg, self.tail_work, self.deterministic = cfg, tail_work, opts.deterministic
-        self.recompute = (RecomputeTma(e, c, bias, self.softcap, self.smooth, cfg,
-                                       opts.deterministic, opts.temperature) if tma else None)
+        self.route, self.cfg, self.tail_work = route, route.cfg, tail_work
+        self.in_dc, self.in_tail = writers_of(route, e, c, bias, opts)
         self.dc_bytes = g.dc.view(-1).view(torch.uint8)
         self.slots: dict[int, int] = {}
 
@@ -184,32 +180,22 @@ class ChunkWriter:
         """Launch the kernels that write ch's W; returns W. before_w (cuBLAS route): called
         between the logits GEMM and the kernel that writes W over the previous chunk's."""
         e, n, elt = self.e, self.e.shape[0], self.e.element_size()
-        args = (self.bias, self.rows, self.g.sums, ch.v_start)
+        args = (self.rows, self.g.sums, ch.v_start)
         if ch.in_tail:
             if self.tail_work is None:  # a re-planned rest can reach a tail the first plan had not
-                self.tail_work = _tail_work(e, self.c.shape[0], self.cfg)
+                self.tail_work = _tail_work(e, self.route)
             w = self.tail_work[:, :ch.width]
-            if self.recompute is not None:
-                self.recompute.write(w, *args[1:])
-            else:
-                write_w_pointer(e, self.c, w, *args, self.softcap, self.smooth, self.cfg,
-                                deterministic=self.deterministic,
-                                temperature=self.temperature)
-        elif self.recompute is not None:
+            self.in_tail.write(w, *args)
+        elif self.route.writer == "tma":
             at = self.slots[ch.v_start]
             w = self.dc_bytes[at:at + elt * n * ch.width].view(e.dtype).view(n, ch.width)
-            self.recompute.write(w, *args[1:], filters=filters)
+            self.in_dc.write(w, *args, filters=filters)
         else:
             w_at, x_at, end = x_and_w_slots(self.dc_bytes.numel(), n, ch.width, elt)
             x = self.dc_bytes[x_at:end].view(torch.float32).view(n, ch.width)
             w = self.dc_bytes[w_at:w_at + elt * n * ch.width].view(e.dtype).view(n, ch.width)
-            mm_fp32(e, self.c[ch.v_start:ch.v_start + ch.width].t(), x)
-            if before_w is not None:
-                before_w()
-            write_w_from_logits(x, w, *args, self.softcap, self.smooth, self.cfg,
-                                v=self.c.shape[0], filters=filters, kept_count=kept_count,
-                                deterministic=self.deterministic,
-                                temperature=self.temperature)
+            self.in_dc.write(w, *args, x=x, filters=filters, kept_count=kept_count,
+                             before_w=before_w)
         return w
 
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:
@@ -246,8 +232,8 @@ class FilteredRun:
     def __init__(self, writer: ChunkWriter, decision: FilterDecision, scale):
         self.writer, self.decision, self.scale = writer, decision, scale
         e = writer.e
-        self.tma = writer.recompute is not None
-        self.lookahead = looks_ahead(e.shape[0], writer.cfg, True) if self.tma else True
+        self.tma = writer.route.writer == "tma"
+        self.lookahead = writer.route.lookahead
         self.pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
                        if e.is_cuda else None)
         self.pending: _Written | None = None
@@ -255,13 +241,12 @@ class FilteredRun:
     def run(self, plan: list[Chunk], replan) -> bool:
         """Whether the filter ran (False: nothing could skip; replan(v) then gives the rest of
         the vocabulary's chunks for an exact call, which runs here)."""
-        n, d = self.writer.e.shape
-        sums, min_flops = self.writer.g.sums, self.writer.cfg.filter.min_flops
+        sums, route = self.writer.g.sums, self.writer.route
         self.writer.place(plan, self.lookahead)
         for i, ch in enumerate(plan):
             if ch.in_tail:
                 self.flush()  # the tail's W shares one buffer
-            filters = not ch.in_tail and 4 * n * ch.width * d >= min_flops
+            filters = route.chunk_filters(ch)
             before_w = None if self.tma else self.flush
             w = self.writer.write(ch, filters, sums.kept_count[i:i + 1], before_w=before_w)
             done = _Written(ch, w)
@@ -351,20 +336,20 @@ def sparse_gemms(writer: ChunkWriter, done: _Written, kept, num_kept, flat, scal
 
 # ---- the whole backward -------------------------------------------------------------------
 
-def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, uniform=True,
+def backward(e, c, bias, rows: Rows, opts: Options, route: Route, *, p_max=None, uniform=True,
              de_out=None, de_dtype=None):
     """Gradients (dE, dC, dbias or None) of sum_n w_n loss_n + w'_n lse_n (rows.weight,
-    rows.weight_lse; w_n already 0 on ignored rows). opts.filter (needs p_max, the rows'
-    largest probability): the gradient filter. uniform: every row with a gradient has the same
-    weight (a mean or sum; see normalise_weights). de_out: an (N, D) buffer dE may be written
-    into, e.g. e itself when the caller no longer needs it (e is not read after the chunks).
-    de_dtype: dE's dtype (None: e's; torch.float32 keeps a partial dE unrounded for a sum
-    across ranks, vocab_parallel.py)."""
+    rows.weight_lse; w_n already 0 on ignored rows), by the route's writers, chunks and filter
+    (needs p_max, the rows' largest probability). route: of these rows (Route.for_rows where
+    they were gathered). uniform: every row with a gradient has the same weight (a mean or sum;
+    see normalise_weights). de_out: an (N, D) buffer dE may be written into, e.g. e itself when
+    the caller no longer needs it (e is not read after the chunks). de_dtype: dE's dtype (None:
+    e's; torch.float32 keeps a partial dE unrounded for a sum across ranks, vocab_parallel.py)."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
         return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
-    tma = cfg.chunks.recompute == "tma" and tma_ready(e) and tma_ready(c)
-    filter_options = _filter_worth_it(e, v, cfg, opts.filter, tma, uniform)
+    cfg = route.cfg
+    filter_options = route.backward_filter(uniform)
     rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform)
     decision = None
     if filter_options is not None:
@@ -376,63 +361,45 @@ def backward(e, c, bias, rows: Rows, opts: Options, cfg: Config, *, p_max=None, 
     # The sampled means first: their fp32 temporaries must not add to the peak that dC and
     # the dE accumulator make together.
     e_mean, c_mean = sampled_mean(e), sampled_mean(c)
-    plan = chunk_plan(n, v, d, e.element_size(), cfg, tma=tma, filtered=decision is not None)
+    plan = route.vocab_chunks(filtered=decision is not None)
     g = Grads(dc=torch.empty((v, d), device=e.device, dtype=e.dtype),
               de32=torch.zeros((n, d), device=e.device, dtype=torch.float32),
               sums=Sums.zeros(n, v, e.device, len(plan) if decision else None),
               row_scale=row_scale)
-    de, tail_work = _tail_buffers(e, v, cfg, g)
-    writer = ChunkWriter(e, c, bias, rows, g, opts, cfg, tma, tail_work)
+    de, tail_work = _tail_buffers(e, route, g)
+    writer = ChunkWriter(e, c, bias, rows, g, opts, route, tail_work)
     filtered = False
     if decision is None:
         exact_chunks(writer, plan, scale)
-    else:
-        def replan(v_next):  # the rest as an exact call would run it: wider chunks
-            return chunk_plan(n, v, d, e.element_size(), cfg, tma=tma, v_first=v_next,
-                              lookahead=False)
-        filtered = FilteredRun(writer, decision, scale).run(plan, replan)
+    else:  # the rest, where nothing can skip, as an exact call would run it: wider chunks
+        filtered = FilteredRun(writer, decision, scale).run(plan, route.exact_chunks_from)
     writer.tail_work = tail_work = None  # freed before dE's buffer is made (the peak)
     if de_dtype not in (None, e.dtype):  # neither the tail's buffer nor de_out: another dtype
         de = de_out = torch.empty((n, d), device=e.device, dtype=de_dtype)
     return _assemble(writer, scale, filtered, (e_mean, c_mean), de if de is not None else de_out)
 
 
-def _filter_worth_it(e, v, cfg, filter_options, tma, uniform):
-    """filter_options, or None where filtering cannot pay or cannot be right: too few GEMM
-    flops to skip (plan.filter_can_skip), or fp16 with per-row weights (filtered W shares one
-    scale across rows: the small rows' entries would underflow; exact per-row scaling keeps
-    every row's gradient)."""
-    if filter_options is None or filter_options.eps <= 0:
-        return None
-    if e.dtype == torch.float16 and not uniform:
-        return None
-    n, d = e.shape
-    return filter_options if filter_can_skip(n, v, d, e.element_size(), cfg, tma) else None
-
-
-def _tail_buffers(e, v, cfg, g):
+def _tail_buffers(e, route: Route, g):
     """(dE's output buffer or None, the tail's W buffer or None): the tail works in dE's buffer
-    when that is wide enough (plan.tail_width); else its own buffer is made when a tail chunk
-    first needs it (_tail_work)."""
+    when that is wide enough (Route.tail: plan.tail_width); else its own buffer is made when a
+    tail chunk first needs it (_tail_work)."""
     n, d = e.shape
-    tail = tail_width(n, v, d, e.element_size(), cfg)
+    tail = route.tail
     de = work = None
     if tail.in_de:
         de = torch.empty((n, d), device=e.device, dtype=e.dtype)
         work = de.view(-1)[: n * tail.width].view(n, tail.width)
-    if cfg.poison:  # every read of these must follow a write (tests)
+    if route.cfg.poison:  # every read of these must follow a write (tests)
         g.dc.fill_(float("nan"))
         if work is not None:
             work.fill_(float("nan"))
     return de, work
 
 
-def _tail_work(e, v, cfg):
+def _tail_work(e, route: Route):
     """The tail's own W buffer (N x its chunk width)."""
-    n, d = e.shape
-    work = torch.empty((n, tail_width(n, v, d, e.element_size(), cfg).width), device=e.device,
-                       dtype=e.dtype)
-    if cfg.poison:
+    work = torch.empty((e.shape[0], route.tail.width), device=e.device, dtype=e.dtype)
+    if route.cfg.poison:
         work.fill_(float("nan"))
     return work
 
@@ -458,16 +425,11 @@ def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
     finalize_de(g.de32, sums.row_round, c_mean, de, scale_f,
                 row_skip=sums.row_skip if filtered else None, c_skip_mean=c_skip_mean,
                 row_scale=g.row_scale)
-    # The tma route sums ColRound only when configured to (recompute.col_round).
-    if writer.recompute is None or cfg.recompute.col_round:
+    # The tma writer sums ColRound only when configured to (recompute.col_round).
+    if writer.route.writer != "tma" or cfg.recompute.col_round:
         rank1_dc(g.dc, sums.col_round, e_mean, scale_f, a2=skipped, x2=e_skip_mean)
     elif filtered:
         rank1_dc(g.dc, skipped, e_skip_mean, scale_f)
     if dbias is not None:
         dbias.copy_(sums.col_sum * scale_f)
     return de, g.dc, dbias
-
-
-def zeros_or_none(t):
-    """Zeros like t, or None for no t (no bias: no dbias)."""
-    return torch.zeros_like(t) if t is not None else None

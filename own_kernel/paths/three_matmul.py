@@ -35,16 +35,16 @@ import math
 
 import torch
 
-from own_kernel.kernels.check_targets import raise_on_bad_targets
-from own_kernel.policy.config import Config
 from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
-from own_kernel.kernels.forward import forward
 from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
-from own_kernel.paths.entries import refuse_create_graph, used_rows
+from own_kernel.kernels.scale import scale_into
+from own_kernel.paths.forward import forward
+from own_kernel.paths.shared import refuse_create_graph, used_rows
+from own_kernel.paths.targets import raise_on_bad_targets
+from own_kernel.policy.config import Config
 from own_kernel.policy.options import Options
 from own_kernel.policy.plan import ALIGN, FusedPlan, cdiv, even_rows
-from own_kernel.kernels.scale import scale_into
-from own_kernel.kernels.tile import tma_ready
+from own_kernel.policy.route import Route
 
 
 def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
@@ -196,7 +196,7 @@ class _Rows:
             de.index_copy_(0, self.index, self.de)
 
 
-def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg: Config, kept,
+def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, route: Route, kept,
                      columns, row_round=None) -> None:
     """z = the rows' logits (fp32 sums rounded to z's dtype), then (logits_grad.py) their
     gradient into g (z itself, or a 16-bit view of fp32 z's bytes), their losses, and, into
@@ -210,7 +210,7 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg:
             torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
         else:
             torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
-    filt = opts.filter
+    filt, cfg = opts.filter, route.cfg
     if kept is not None:
         kept.zero_()
     logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
@@ -221,12 +221,13 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, cfg:
 
 
 def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts: Options,
-                             cfg: Config, kept, row_round) -> None:
+                             route: Route, kept, row_round) -> None:
     """The rows' shifted logits y and tile_max, with their losses, from the TMA forward
-    (forward_tma.py), then their gradient over y (logits_grad.shifted_to_grad)."""
-    loss, lse, p_max, nll, lse_lo, _ = forward(
-        e_rows, c, bias, targets, opts.softcap, opts.label_smoothing, opts.ignore_index, cfg,
-        shifted=(y, tile_max))
+    (paths/forward.py, kernels/forward_tma.py), then their gradient over y
+    (logits_grad.shifted_to_grad)."""
+    cfg = route.cfg
+    loss, lse, p_max, nll, lse_lo, _ = forward(e_rows, c, bias, targets, opts, route,
+                                               shifted=(y, tile_max))
     losses.copy_(loss)
     filt = opts.filter
     if kept is not None:
@@ -238,15 +239,17 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
                     block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round)
 
 
-def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
-                         check: HostScalar, mean: bool):
-    """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients).
+def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check: HostScalar,
+                         mean: bool):
+    """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients), by the
+    route's plan (Route.fused: its chunks and logits format) and config.
 
     The first chunk (rows [0, plan.rows), ignored targets included: its pass zeroes their rows)
     is queued before the host reads the targets' check (check_targets.py): the GPU works on it
     while the host waits for that small kernel. The check's count then gives the mean's weight
     and the rest's rows with a target, gathered when some have none."""
     n, v = e.shape[0], c.shape[0]
+    cfg, plan = route.cfg, route.fused
     # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
     # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
     # written over the first half of each row's bytes (logits_grad.py).
@@ -263,8 +266,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
     # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
     # (the backward only scales, so nothing here keeps it past the forward).
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))
-    if plan.shifted:  # the TMA forward needs 16-byte aligned bases (rare: an offset view)
-        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
+    # The TMA forward needs 16-byte aligned bases (rare: an offset view): Route.fused_copies
+    e, c = (t.clone() if copy else t for t, copy in zip((e, c), route.fused_copies))
     every_column = aligned_runs([(0, v)], v)
 
     def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
@@ -272,7 +275,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, cfg: Config, plan: 
         gradient."""
         g = gs[:r1 - r0]
         args = (rows.e[r0:r1], c, bias, rows.targets[r0:r1],
-                losses[loss_at + r0:loss_at + r1], opts, cfg, kept)
+                losses[loss_at + r0:loss_at + r1], opts, route, kept)
         row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
         if plan.shifted:
             _shifted_logits_and_grad(g, tile_max[:r1 - r0], *args, row_round)
@@ -325,12 +328,12 @@ class FusedLce(torch.autograd.Function):
     tensors."""
 
     @staticmethod
-    def forward(ctx, e, c, targets, bias, opts: Options, cfg: Config, plan: FusedPlan,
-                check: HostScalar, mean: bool):
+    def forward(ctx, e, c, targets, bias, opts: Options, route: Route, check: HostScalar,
+                mean: bool):
         # The path picks each GEMM's dtypes itself: autocast must not recast them (on the CPU
         # it turned the fallbacks' fp32 products of 16-bit inputs back into 16-bit ones).
         with torch.autocast(e.device.type, enabled=False):
-            loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, cfg, plan, check, mean)
+            loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, route, check, mean)
         ctx.sums = sums  # intermediates, not inputs or outputs: plain attributes
         return loss
 
@@ -347,4 +350,4 @@ class FusedLce(torch.autograd.Function):
         if not kept:
             del ctx.sums
         de, dc, dbias = sums.gradients(grad, in_place=not kept)
-        return de, dc, None, dbias, None, None, None, None, None
+        return de, dc, None, dbias, None, None, None, None

@@ -81,10 +81,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from own_kernel.kernels.check_targets import check_and_count_targets
-from own_kernel.policy.config import Config
+from own_kernel.kernels import check_targets
+from own_kernel.paths.entries import rows_backward, rows_forward
+from own_kernel.paths.shared import refuse_create_graph
 from own_kernel.policy.options import Options
-from own_kernel.paths.entries import refuse_create_graph, rows_backward, rows_forward
+from own_kernel.policy.route import Route
 
 # Under torch.compile the vocab-parallel call is a graph break (it runs eagerly); with
 # fullgraph=True dynamo refuses it with this reason.
@@ -172,7 +173,7 @@ class _Call:
     smooth: float        # the caller's label smoothing
     ignored_lse: bool
     counts: object       # api's HostScalar of the targets' check and count, or None
-    cfg: Config          # the route's, for the forward and the backward
+    route: Route         # the call's, for the forward and the backward
 
 
 def local_targets(targets: Tensor, vp: VocabParallel, ignore_index: int) -> Tensor:
@@ -185,20 +186,20 @@ def local_targets(targets: Tensor, vp: VocabParallel, ignore_index: int) -> Tens
 
 @EAGER_ONLY
 def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, counts,
-                        cfg: Config):
+                        route: Route):
     """(loss per row, lse per row) of the gathered problem; e, c, targets, bias in the kernels'
-    layouts (api.py), targets global. counts: api's targets' check and count (or None). cfg:
-    the route's config (route.py), kept for the backward."""
+    layouts (api.py), targets global. counts: api's targets' check and count (or None). route:
+    the call's (policy/route.py: this rank's shard), kept for the backward."""
     v_total = vp.vocab_size(e.device)
     if counts is None and targets.numel():  # traced callers skip the API's check: not here
-        counts, _ = check_and_count_targets(targets, v_total, opts.ignore_index)
+        counts, _ = check_targets.check_and_count_targets(targets, v_total, opts.ignore_index)
         if counts is not None and counts.values()[0]:
             raise ValueError(f"targets: a value outside [0, {v_total}) that is not "
                              f"ignore_index={opts.ignore_index}")
     local_opts = dataclasses.replace(
         opts, ignore_index=LOCAL_IGNORE,
         label_smoothing=opts.label_smoothing * vp.size / v_total)
-    call = _Call(local_opts, vp, v_total, opts.label_smoothing, opts.ignored_lse, counts, cfg)
+    call = _Call(local_opts, vp, v_total, opts.label_smoothing, opts.ignored_lse, counts, route)
     t_local = local_targets(targets, vp, opts.ignore_index)
     loss, lse, agree = _VocabParallelRows.apply(e, c, t_local, bias, call,
                                                 targets_checksum(targets))
@@ -219,7 +220,7 @@ class _VocabParallelRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, c, t_local, bias, call: _Call, checksum):
         fwd_opts = dataclasses.replace(call.opts, label_smoothing=1.0 if call.smooth else 0.0)
-        shard = rows_forward(e, c, t_local, bias, fwd_opts, call.cfg)
+        shard = rows_forward(e, c, t_local, bias, fwd_opts, call.route)
         loss, lse, nll, p_max, z_t, agree = combine_shards(shard, t_local, call, checksum)
         ctx.save_for_backward(e, c, t_local, bias, lse, nll, p_max, z_t)
         ctx.call = call
@@ -239,7 +240,7 @@ class _VocabParallelRows(torch.autograd.Function):
         # softmax gradient does not sum to 0 over its columns), so each is rounded only once
         # the sum is made.
         de, dc, dbias = rows_backward(e, c, t_local, bias, (lse, nll, p_max), grad_loss,
-                                      grad_lse, call.opts, call.cfg, num_used=num_used,
+                                      grad_lse, call.opts, call.route, num_used=num_used,
                                       de_dtype=torch.float32)
         if call.smooth and call.vp.size < call.v_total:
             _add_smoothing_target_term(e, c, t_local, grad_loss, z_t, call, (de, dc, dbias))

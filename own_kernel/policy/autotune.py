@@ -120,10 +120,12 @@ def time_launch(launch, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def tunes(t: torch.Tensor, cfg, candidates: tuple) -> bool:
-    """Whether a launch on t's device picks its shape from candidates: the portable target
-    (cfg.autotune) on a CUDA GPU. The interpreter keeps its one fixed config."""
-    return cfg.autotune and t.is_cuda and bool(candidates)
+def tunes(on: torch.Tensor | str, cfg, candidates: tuple) -> bool:
+    """Whether a launch on a tensor's device (or a device type: "cuda", "cpu") picks its shape
+    from candidates: the portable target (cfg.autotune) on a CUDA GPU. The interpreter keeps
+    its one fixed config. The route asks it once per call (Route.pointer_tuned)."""
+    on_cuda = on.is_cuda if isinstance(on, torch.Tensor) else on == "cuda"
+    return cfg.autotune and on_cuda and bool(candidates)
 
 
 def tuned_launch(key: str, candidates: tuple, launch, rows: int, cols: int, device,

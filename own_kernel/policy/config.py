@@ -345,7 +345,7 @@ INTERPRETER = Config(
 def with_overrides(cfg: Config, overrides: dict) -> Config:
     """cfg with fields replaced from a nested dict of field names ({"forward": {"tma": False}});
     an unknown name raises, naming it. A Config's name gains the overrides, so that the name
-    tells configs apart (ops.config_key carries it from a forward to its backward)."""
+    tells configs apart."""
     changes = {}
     for name, value in overrides.items():
         if not any(f.name == name for f in dataclasses.fields(cfg)):
@@ -394,6 +394,24 @@ def config_for(device: torch.device, dtype: torch.dtype) -> Config:
     if _OVERRIDES:
         return _cached_override(base, json.dumps(_OVERRIDES[-1], sort_keys=True))
     return base
+
+
+def config_key(device: torch.device, dtype: torch.dtype) -> str:
+    """The recipe of config_for(device, dtype) as it is now: its target, and the overrides in
+    force as JSON after a newline. The custom ops carry it from a forward to its backward
+    (their schema takes strings, not a Config): config_of_key makes the same config again
+    whatever target or override is in force when the backward runs."""
+    target = _target_key(device, dtype)
+    return f"{target}\n{json.dumps(_OVERRIDES[-1], sort_keys=True)}" if _OVERRIDES else target
+
+
+def config_of_key(key: str, device: torch.device, dtype: torch.dtype) -> Config:
+    """The config of a config_key recipe; no recipe ("") resolves config_for(device, dtype)."""
+    if not key:
+        return config_for(device, dtype)
+    target, _, overrides = key.partition("\n")
+    base = _resolved(target)
+    return _cached_override(base, overrides) if overrides else base
 
 
 TARGETS = ("hopper-16bit", "portable")

@@ -215,16 +215,21 @@ def x_and_w_slots(dc_bytes: int, n: int, width: int, elt: int) -> tuple[int, int
     return w_start, x_start, end
 
 
+def chunk_filters(chunk: Chunk, n: int, d: int, cfg: Config) -> bool:
+    """Whether a chunk of a filtered backward filters: a chunk in dC (the tail does not) whose
+    dense GEMMs cost at least filter.min_flops (below that, the host's wait for its kept-column
+    count costs more than skipping saves)."""
+    return not chunk.in_tail and 4 * n * chunk.width * d >= cfg.filter.min_flops
+
+
 def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: Config, tma: bool) -> bool:
     """Whether a filtered backward of this shape would skip anything at all. Only the chunks
-    in dC (not the tail) with at least filter.min_flops of dense GEMMs filter, and only when
-    those add up to filter.min_total_flops: below that the filter's fixed host costs (its
-    reductions, a wait per chunk, the gathers' launches) exceed what it can save."""
-    min_flops = cfg.filter.min_flops
+    that filter (chunk_filters) do, and only when their dense GEMMs add up to
+    filter.min_total_flops: below that the filter's fixed host costs (its reductions, a wait per
+    chunk, the gathers' launches) exceed what it can save."""
     plan = chunk_plan(n, v, d, elt, cfg, tma=tma, filtered=True)
-    flops = [4 * n * ch.width * d for ch in plan if not ch.in_tail]
-    filtering = sum(f for f in flops if f >= min_flops)
-    return any(f >= min_flops for f in flops) and filtering >= cfg.filter.min_total_flops
+    filtering = [4 * n * ch.width * d for ch in plan if chunk_filters(ch, n, d, cfg)]
+    return bool(filtering) and sum(filtering) >= cfg.filter.min_total_flops
 
 
 # ---- ignored rows ---------------------------------------------------------------------------

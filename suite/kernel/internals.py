@@ -17,11 +17,17 @@ import torch
 
 
 def forward_lse(e, c, targets, softcap):
-    """The forward pass alone (no autograd): returns the rows' log-sum-exp."""
+    """The forward pass alone (no autograd), by the forward kernel a call of these tensors
+    takes (its route): returns the rows' log-sum-exp."""
+    from own_kernel.paths.forward import forward
     from own_kernel.policy.config import config_for
-    from own_kernel.kernels.forward import forward
+    from own_kernel.policy.options import Options
+    from own_kernel.policy.route import call_of, route, tma_ready
 
-    return forward(e, c, None, targets, softcap, 0.0, -100, config_for(e.device, e.dtype))[1]
+    opts = Options(softcap=softcap)
+    call = call_of(e, c, None, opts, needs_grad=False, e_tma_ready=tma_ready(e),
+                   c_tma_ready=tma_ready(c))
+    return forward(e, c, None, targets, opts, route(call, config_for(e.device, e.dtype)))[1]
 
 
 def config_in_force(device: torch.device, dtype: torch.dtype) -> dict:
@@ -40,14 +46,16 @@ def config_override(override: dict):
 
 
 def backward_plan(n, v, d, dtype, device, filtered) -> list:
-    """The chunks [(start, width, "dC" | "tail")] a backward of this shape runs (TMA-readable
-    inputs assumed where the config recomputes with TMA)."""
+    """The chunks [(start, width, "dC" | "tail")] a recompute backward of this shape runs
+    (contiguous inputs: TMA-readable where their rows are 16-byte multiples), filtered or
+    not, as its route plans them."""
     from own_kernel.policy.config import config_for
-    from own_kernel.policy.plan import chunk_plan
+    from own_kernel.policy.route import Call, route
 
-    cfg = config_for(torch.device(device), dtype)
-    elt = torch.tensor([], dtype=dtype).element_size()
-    plan = chunk_plan(n, v, d, elt, cfg, tma=cfg.chunks.recompute == "tma", filtered=filtered)
+    device = torch.device(device)
+    call = Call(n, v, d, dtype, workspace_mib=0, filtered=filtered,
+                on_cuda=device.type == "cuda")
+    plan = route(call, config_for(device, dtype)).vocab_chunks(filtered)
     return [(ch.v_start, ch.width, "tail" if ch.in_tail else "dC") for ch in plan]
 
 
