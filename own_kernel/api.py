@@ -1,4 +1,5 @@
-"""Public API: argument checks, layouts, shift and reduction around the op (ops.py)."""
+"""Public API: argument checks, layouts, shift and reduction around the passes (the route:
+policy/route.py; the paths: paths/)."""
 from __future__ import annotations
 
 import os
@@ -166,7 +167,7 @@ def _eager_rows(e2, c, t2, bias, opts: Options, r: Route, check):
     return scatter(loss_used), None, scatter(ent_used) if opts.entropy else ent_used
 
 
-@accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): distributed.py
+@accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): integrations/distributed.py
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
@@ -187,14 +188,15 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
     (AUTO_FLAT_P_MAX). ``return_lse=True`` also returns the per-token log-sum-exp.
     ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
-    gradients' size, at the cost of a second recompute of the logits (backward_low_memory.py);
+    gradients' size, at the cost of a second recompute of the logits (paths/low_memory.py);
     by default the backward holds an fp32 copy of dE (4 bytes per entry of e).
     ``vocab_parallel=VocabParallel(group, start, stop)``: c (and bias) are this rank's columns
     [start, stop) of the vocabulary, e and targets the whole problem's on every rank; the loss
     is the gathered problem's, dE is all-reduced, dC this shard's (eagerly: a graph break under
-    torch.compile; vocab_parallel.py).
+    torch.compile; paths/vocab_parallel.py).
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
-    budget of the three-matmul training path (fused.py): loss and gradients computed at once in
+    budget of the three-matmul training path (paths/three_matmul.py): loss and gradients
+    computed at once in
     row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
     chunks, dC's fp32 accumulator) within it;
     (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget

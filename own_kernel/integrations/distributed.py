@@ -7,9 +7,9 @@ The rules, by placement on a one-dimensional device mesh:
 
 - ``c`` ``Shard(0)`` (vocabulary rows, as ColwiseParallel on lm_head shards it, evenly or as
   torch.chunk does where the mesh does not divide V): the vocab-parallel path of
-  vocab_parallel.py over the mesh's process group, this rank's rows ``c.to_local()``; the
+  paths/vocab_parallel.py over the mesh's process group, this rank's rows ``c.to_local()``; the
   bias, if any, must be ``Shard(0)`` on the same mesh. The hidden states and targets are the
-  whole problem's on every rank of the mesh (replicated), as in vocab_parallel.py.
+  whole problem's on every rank of the mesh (replicated), as in paths/vocab_parallel.py.
 - ``c`` ``Replicate()``: its local tensor, like a plain tensor.
 - ``e`` ``Replicate()``: its local tensor; ``e`` sharded on a token dimension (not its last,
   the hidden dimension) is gathered first (an all-gather whose backward keeps this rank's rows:

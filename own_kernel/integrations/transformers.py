@@ -346,7 +346,7 @@ def token_logprobs(model, input_ids: Tensor, labels: Tensor, attention_mask: Ten
 
 # ---- lm_head under torch.distributed ---------------------------------------------------------
 # A tensor-parallel lm_head (ColwiseParallel, transformers' tp_plan) holds its weight as a
-# DTensor sharded by vocabulary: the kernel takes it as it is (own_kernel/distributed.py), and
+# DTensor sharded by vocabulary: the kernel takes it as it is (integrations/distributed.py), and
 # the logits the plan would gather are never built. Under FSDP2, lm_head.weight is the unsharded
 # plain tensor during the wrapping module's forward; an lm_head given its own fully_shard is
 # unsharded only during its own call, so the loss runs inside one.

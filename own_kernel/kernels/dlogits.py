@@ -16,7 +16,7 @@ ColRound); the backward adds it back through the mean rows of C (dE) and E (dC):
 rounding leaks into the component that all rows of C (or E) share, where the true
 contributions cancel, and that is where accumulating in 16 bits loses dE. ColSum (dbias) sums d.
 
-The portable target tunes the tiles on the user's GPU (autotune.py: per shape bucket of the
+The portable target tunes the tiles on the user's GPU (policy/autotune.py: per shape bucket of the
 launch's rows, width and D), each candidate timed into scratch sums.
 """
 import triton

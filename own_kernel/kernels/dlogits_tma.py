@@ -59,7 +59,7 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
     row_wsum = tl.zeros_like(lse)
     if FILTER:
         # Over the rows that may skip (eps > 0): a column is kept when one of its entries
-        # exceeds its row's eps. (backward.py counts the kept columns afterwards: an atomic
+        # exceeds its row's eps. (paths/recompute.py counts the kept columns afterwards: an atomic
         # whose old value is used here stalls the tile for an L2 round trip, 6 ms per call.)
         may_skip = eps > 0
         d_skip = tl.where(may_skip[:, None], d_used, 0.0)

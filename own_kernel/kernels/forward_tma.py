@@ -11,7 +11,8 @@ Columns past this program's split (not past V) are masked in the epilogue, as in
 Needs 16-byte aligned bases and row strides and unit stride along D (forward.py checks; other
 inputs take the pointer kernel).
 
-STORE_Y (the three-matmul path's shifted logits, fused.py): each tile's logits are also written,
+STORE_Y (the three-matmul path's shifted logits, paths/three_matmul.py): each tile's logits are
+also written,
 in the input dtype, relative to their row's largest raw logit in that tile:
 
     M[n, tile] = max_v x[n, v],   Y[n, v] = x[n, v] - M[n, tile]   (Y rounded to 16 bits)

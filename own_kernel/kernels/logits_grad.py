@@ -1,5 +1,5 @@
 """The three-matmul path's one memory-bound pass: a chunk of rows' logits, turned in place into
-their gradient (fused.py).
+their gradient (paths/three_matmul.py).
 
 For row n of the chunk, with raw logits x (the GEMM's output, bias included), z = softcap(x),
 lse = log sum_v exp(z_v), t the target and ls the label smoothing:
@@ -93,7 +93,7 @@ def _grad_block(x, g_row, Kept, v0, cols, v_mask, ref, off2, tgt, pt_m1, valid, 
     g_used = g.to(g_row.dtype.element_ty)
     tl.store(g_row + v0 + cols[None, :], g_used, mask=v_mask[None, :])
     rounded = tl.zeros((1,), tl.float32)
-    if ROW_ROUND:  # what rounding g removed, for dE's correction (fused.py)
+    if ROW_ROUND:  # what rounding g removed, for dE's correction (paths/three_matmul.py)
         rounded = tl.sum(tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0), axis=1)
     if FILTER:
         big = tl.max(tl.where(v_mask[None, :], tl.abs(g), 0.0), axis=1)

@@ -1,4 +1,5 @@
-"""dst = src * scale[0], one pass: the three-matmul path's backward (fused.py) applies the
+"""dst = src * scale[0], one pass: the three-matmul path's backward (paths/three_matmul.py)
+applies the
 loss's upstream gradient, a 0-d device tensor, without reading it on the host.
 
 src and dst are contiguous, of any float dtypes (dst may be src: in place; then a scale of 1,

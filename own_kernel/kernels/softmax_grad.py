@@ -5,12 +5,14 @@ cuBLAS has written X = E @ C[chunk].T in fp32 (N x width); this kernel turns it 
 exactly as dlogits.py does after its own recompute (see there for the symbols), and writes d
 rounded to the input dtype to W for the GEMMs dE += W @ C and dC = W^T @ E.
 
-Sums it keeps, in fp32 (the corrections backward.py adds back through mean rows):
+Sums it keeps, in fp32 (the corrections paths/recompute.py adds back through mean rows):
 - RowRound / ColRound: d minus its rounded value, per row and per column (of the vocabulary);
-- with FILTER, over the rows that may skip (eps[n] > 0; eps 0 marks a flat row, which backward.py
+- with FILTER, over the rows that may skip (eps[n] > 0; eps 0 marks a flat row, which
+  paths/recompute.py
   handles exactly on its own): per column ColKeep = 1 when some |d[n, v]| > eps[n] (a column of
   all-negligible entries is skipped by the GEMMs) and ColWSum += sum of the rounded values; per
-  row RowWSum += sum of the rounded values (backward.py subtracts the kept share); KeptCount +=
+  row RowWSum += sum of the rounded values (paths/recompute.py subtracts the kept share);
+  KeptCount +=
   the number of columns this launch kept (the first program to set a column's ColKeep counts
   it), which sizes the gathered GEMMs. ColKeep and ColWSum are indexed by vocabulary entry;
 - ColSum = sum of d per column (dbias).
@@ -28,7 +30,7 @@ descriptors' row strides are 16-byte aligned; TMA zero-fills reads past N and cl
 there. GPUs before Hopper have no TMA (Triton would only emulate the descriptors): with tma
 False (the portable target) the same kernel loads X and stores W through masked pointers, rows
 stride_xn and stride_wn apart, and the portable target tunes its tiles on the user's GPU
-(autotune.py), timed into scratch sums.
+(policy/autotune.py), timed into scratch sums.
 """
 import triton
 import triton.language as tl

@@ -130,7 +130,7 @@ def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, t
 def softcap_scalars(softcap, temperature=1.0):
     """Host-side constants of z = softcap(x) / temperature, for logits(): (2 log2(e) / s,
     s / T), or (1, 1 / T) without a softcap. The derivative's 1 / T is not in them: the
-    backward puts it on the row weights (ops.rows_backward)."""
+    backward puts it on the row weights (paths/entries.rows_backward)."""
     if softcap is None:
         return 1.0, 1.0 / temperature
     return 2.0 * LOG2E_F / softcap, float(softcap) / temperature

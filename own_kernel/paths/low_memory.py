@@ -1,6 +1,6 @@
 """Backward in bounded memory (low_memory=True): dE by row chunks, then dC by vocabulary chunks.
 
-backward.py accumulates dE over vocabulary chunks in an fp32 N x D buffer: 4 N D bytes beside
+paths/recompute.py accumulates dE over vocabulary chunks in an fp32 N x D buffer: 4 N D bytes beside
 gradients of 2 (N + V) D bytes (16-bit), up to twice their size when N is near V. Here no buffer
 of that kind exists; each output row is finished inside one chunk:
 
@@ -13,13 +13,13 @@ of that kind exists; each output row is finished inside one chunk:
                                                                      else an fp32 w x D sum)
   end:                        dC += scale ColRound x mean(E)                   (rank1_dc)
 
-dE and dC each come out of one fp32 reduction and one rounding, as in backward.py, so the two
+dE and dC each come out of one fp32 reduction and one rounding, as in paths/recompute.py, so the two
 give the same accuracy (RowRound / ColRound: what rounding W removed; see dlogits.py). The price
 is a second recompute of the logits: five N x V x D matmuls instead of four.
 
 Workspace: pass 1 works in dC's buffer (not yet written), pass 2 in dC's unwritten tail while it
 is large enough, then in one buffer of low_memory.frac of the gradients' bytes (plan.low_memory_plan). Exact gradients only: the filter's column skipping
-needs a chunk's every row at once (backward.py).
+needs a chunk's every row at once (paths/recompute.py).
 """
 import dataclasses
 import math
@@ -67,7 +67,7 @@ def _gemm_into(acc, a, b, first: bool, max_k: int) -> None:
     multiples of 8. An unaligned reduction (V 50257) sends cuBLAS to kernels several times
     slower; a long one loses accuracy: with K = 256000 in one GEMM, dE's error on lm inputs was
     1.4 times that of 8192-wide pieces (results/notes/low-memory.md), whose partial sums add in
-    fp32 as backward.py's chunks do."""
+    fp32 as paths/recompute.py's chunks do."""
     k = a.shape[1]
     cuts = list(range(0, k // 8 * 8, max(8, max_k // 8 * 8))) + [k // 8 * 8, k]
     spans = [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo] or [(0, k)]

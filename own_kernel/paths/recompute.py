@@ -344,7 +344,8 @@ def backward(e, c, bias, rows: Rows, opts: Options, route: Route, *, p_max=None,
     they were gathered). uniform: every row with a gradient has the same weight (a mean or sum;
     see normalise_weights). de_out: an (N, D) buffer dE may be written into, e.g. e itself when
     the caller no longer needs it (e is not read after the chunks). de_dtype: dE's dtype (None:
-    e's; torch.float32 keeps a partial dE unrounded for a sum across ranks, vocab_parallel.py)."""
+    e's; torch.float32 keeps a partial dE unrounded for a sum across ranks,
+    paths/vocab_parallel.py)."""
     (n, d), v = e.shape, c.shape[0]
     if n == 0:
         return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)

@@ -245,7 +245,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     route's plan (Route.fused: its chunks and logits format) and config.
 
     The first chunk (rows [0, plan.rows), ignored targets included: its pass zeroes their rows)
-    is queued before the host reads the targets' check (check_targets.py): the GPU works on it
+    is queued before the host reads the targets' check (paths/targets.py): the GPU works on it
     while the host waits for that small kernel. The check's count then gives the mean's weight
     and the rest's rows with a target, gathered when some have none."""
     n, v = e.shape[0], c.shape[0]

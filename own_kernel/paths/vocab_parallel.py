@@ -9,7 +9,7 @@ rank holds dE for the whole problem (all-reduced), and dC / dbias for its own sh
 
 How it works
 ------------
-Forward: each rank runs the single-GPU forward (ops.rows_forward) on its shard, with its
+Forward: each rank runs the single-GPU forward (entries.rows_forward) on its shard, with its
 targets mapped to shard-local columns: a target on another rank's shard becomes -2, an ignored
 one -1 (the local ignore_index: a user ignore_index that is a valid column on one rank, e.g. 0,
 cannot then be confused with a shard-local column 0). Neither matches any column, so the shard
@@ -39,7 +39,7 @@ the difference lse - lse_o >= ln 2 is a sum of non-negative terms, M - lse_o + l
 T_rest), with no cancellation either. The largest probability (the filter's flatness test) is
 exp(max_r max-logit_r - lse), the shards' max logits riding in the MAX all-reduce.
 
-Backward: each rank runs the single-GPU backward (ops.rows_backward) on its shard with the
+Backward: each rank runs the single-GPU backward (paths/entries.rows_backward) on its shard with the
 *global* lse, nll and largest probability: its softmax is then the global one restricted to its
 columns, the target column matches only on the owning rank (which takes p_t - 1 from the global
 nll), and it returns its dC and dbias shard and a partial dE, which is all-reduced (SUM). Label
@@ -65,12 +65,12 @@ shift, low_memory and filter_eps (each rank filters its own shard, with the glob
 probability) all work. It runs eagerly: under torch.compile the call is a graph break (its
 collectives and host reads are not traced), and fullgraph=True refuses it, naming vocab_parallel
 in the reason (EAGER_ONLY). A traced caller skips the API's targets' check; this path then
-checks the targets itself. Each rank's partial dE stays in fp32 (backward.py's accumulator,
+checks the targets itself. Each rank's partial dE stays in fp32 (paths/recompute.py's accumulator,
 finalized without rounding) through the SUM, and label smoothing's target term is added to those
 fp32 rows: the hidden states' shared component cancels across the ranks' partials before dE is
 rounded once. The backward runs with the forward's config (the route's, carried in _Call).
 
-DTensors (a c sharded by vocabulary under ColwiseParallel, FSDP2): distributed.py.
+DTensors (a c sharded by vocabulary under ColwiseParallel, FSDP2): integrations/distributed.py.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The portable target (any CUDA GPU without Hopper's TMA path, and fp32 inputs) has no tiles
 measured here for every GPU it may meet. So its kernels (the forward, the backward's pointer
-dlogits and softmax_grad) time a small set of candidate launch shapes (config.py: ``Tiles``, or
+dlogits and softmax_grad) time a small set of candidate launch shapes (policy/config.py:
+``Tiles``, or
 ``SoftmaxGrad`` for softmax_grad) on the first call of a shape bucket, keep the fastest, and
 store it in a JSON cache keyed by (kernel, GPU name, dtype, shape bucket): later calls, later
 processes and the benchmark's timed calls read it and pay nothing. ``python -m suite kernel

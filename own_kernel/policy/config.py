@@ -102,7 +102,7 @@ class SoftmaxGrad:
 
 @dataclass(frozen=True)
 class Chunks:
-    """Vocabulary chunks of the backward (plan.py): W lives in dC's unwritten tail."""
+    """Vocabulary chunks of the backward (policy/plan.py): W lives in dC's unwritten tail."""
     recompute: Literal["tma", "cublas"]
     max_width: int           # columns per chunk at most ...
     max_entries: int         # ... or max_entries / N when that is more (few tokens)
@@ -122,7 +122,7 @@ class Chunks:
 
 @dataclass(frozen=True)
 class Filter:
-    """The gradient filter's host-side choices (backward.py)."""
+    """The gradient filter's host-side choices (paths/recompute.py)."""
     max_width: int           # filtered chunks may be wider: each costs the host a wait
     max_entries: int
     min_flops: float         # chunks with fewer dense GEMM flops run exact
@@ -135,14 +135,14 @@ class Filter:
 
 @dataclass(frozen=True)
 class Compaction:
-    """Rows whose target is ignored, left out of the work (api.py, ops.py)."""
+    """Rows whose target is ignored, left out of the work (api.py, paths/entries.py)."""
     max_used: float = 15 / 16      # gather only when at most this fraction is used
     fwd_min_flops: float = 0.0     # gather before the forward from this many forward flops
 
 
 @dataclass(frozen=True)
 class LowMemory:
-    """low_memory=True (backward_low_memory.py)."""
+    """low_memory=True (paths/low_memory.py)."""
     frac: float = 1 / 16           # pass 2's workspace, of the gradients' bytes
     min_entries: int = 2**21       # least rows x D (pass 1) or columns x D (pass 2) per chunk
     row_align: int = 128
@@ -151,7 +151,8 @@ class LowMemory:
 
 @dataclass(frozen=True)
 class Fused:
-    """The three-matmul training path (fused.py): row chunks whose logits fit a workspace."""
+    """The three-matmul training path (paths/three_matmul.py): row chunks whose logits fit a
+    workspace."""
     min_rows: int = 1024           # fewer rows per chunk: dC's fp32 accumulation is memory-bound
     block: int = 2048              # columns per step of the logits-to-gradient pass (and per
     num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
@@ -199,7 +200,7 @@ class Config:
     low_memory: LowMemory = field(default_factory=LowMemory)
     fused: Fused = field(default_factory=Fused)
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
-    # Tiles timed on the user's GPU on first use and cached on disk (autotune.py): the
+    # Tiles timed on the user's GPU on first use and cached on disk (policy/autotune.py): the
     # forward's, the pointer dlogits kernel's and the pointer softmax_grad's (tma False) from
     # these candidates. Off: the tiles above as they are.
     autotune: bool = False
@@ -291,7 +292,7 @@ _PORTABLE_SOFTMAX_GRAD_CANDIDATES = (
 
 # Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers and shared
 # memory). The tiles of the forward, of dlogits.py and of softmax_grad.py are tuned on the
-# user's GPU (autotune.py); the rest is fixed.
+# user's GPU (policy/autotune.py); the rest is fixed.
 PORTABLE = Config(
     name="portable",
     # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since

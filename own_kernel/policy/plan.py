@@ -346,7 +346,7 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
     return chunks
 
 
-# ---- the three-matmul path (fused.py) -------------------------------------------------------
+# ---- the three-matmul path (paths/three_matmul.py) ---------------------------------------------
 
 def even_rows(n: int, most: int) -> int:
     """Rows per chunk of n rows in as few chunks of at most ``most`` rows as hold them, evenly

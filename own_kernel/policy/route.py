@@ -346,7 +346,9 @@ class Route:
     @cached_property
     def low_memory_plan(self) -> LowMemoryPlan | None:
         c = self.call
-        return low_memory_plan(c.n, c.v, c.d, c.elt, self.cfg) if self.path == "low-memory" else None
+        if self.path != "low-memory":
+            return None
+        return low_memory_plan(c.n, c.v, c.d, c.elt, self.cfg)
 
     # ---- rows with a target -------------------------------------------------------------------
 

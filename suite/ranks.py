@@ -1,9 +1,11 @@
-"""``python -m suite bench --vocab-parallel K``: the bench's cells with C sharded by vocabulary
-over K ranks (own_kernel/vocab_parallel.py), one process per rank, launched here.
+"""The ranks of ``python -m suite bench --vocab-parallel K``: the bench's cells with C sharded by
+vocabulary over K ranks (own_kernel/paths/vocab_parallel.py), one process per rank. The runner
+(suite/runner.py: ``run(..., world_size=K)``) runs them.
 
-The parent (:func:`run`) writes ``plan.json``, records the providers that have no sharded path
-as ``unsupported``, and spawns K ranks (torch.multiprocessing, MASTER_ADDR 127.0.0.1 and a free
-port): NCCL with one GPU per rank on CUDA (NVLink multicast off: ``NCCL_NVLS_ENABLE=0``,
+The runner writes ``plan.json``, records the providers that have no sharded path as
+``unsupported`` (:func:`write_unsupported`), and spawns K ranks (:func:`run_worlds`;
+torch.multiprocessing, MASTER_ADDR 127.0.0.1 and a free port): NCCL with one GPU per rank on
+CUDA (NVLink multicast off: ``NCCL_NVLS_ENABLE=0``,
 ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` in every rank's environment), gloo on the CPU. If the
 ranks die (a crash, a collective that timed out), the (cell, provider) they were measuring
 becomes ``crashed`` rows and a fresh world resumes the rest.
@@ -23,14 +25,11 @@ comparison; the two runs go to separate folders, since rows are keyed by (cell, 
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import math
 import os
 import socket
-import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -41,8 +40,8 @@ from suite.inputs import make_inputs
 from suite.measure import (_Leaves, _memory_run, _phase_calls, accuracy, free_memory, is_oom,
                            measure_floor, one_line, sync, time_calls, time_stats)
 from suite.reference import reference
-from suite.results import ResultsWriter, device_label, done_pairs, environment, read_rows
-from suite.runner import PLAN, Cell, default_reps
+from suite.cells import INFLIGHT, PLAN, Cell
+from suite.results import ResultsWriter, device_label, done_pairs, environment
 from suite.schema import PHASE_MATMULS
 
 # Providers with a sharded path: the own kernel's options that take vocab_parallel.
@@ -50,7 +49,6 @@ SHARDED_OPTIONS = {"own": dict(filter_eps=None), "own_filter": dict(filter_eps="
                    "own_low_memory": dict(filter_eps=None, low_memory=True)}
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
-INFLIGHT = ".inflight"
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this (then: crashed)
 FAILURE_ORDER = ("crashed", "oom", "nan", "error", "unavailable", "unsupported")
 
@@ -98,52 +96,16 @@ def sharded_fn(name: str, vp):
     return fn
 
 
-# ---- the parent ----------------------------------------------------------------------------
+# ---- the parent: the runner's worlds ----------------------------------------------------------
 
-def run(cells, providers, phases, out_dir, *, world_size, device="cpu", reps=None,
-        warmup=None, resume=False, quiet=False,
-        collective_timeout_s=COLLECTIVE_TIMEOUT_S) -> Path:
-    """Measure ``providers`` on ``cells`` with C sharded over ``world_size`` ranks into
-    ``out_dir`` (its own folder: rows of another world size there are refused)."""
-    reason = check_world_size(world_size, device)
-    if reason:
-        raise ValueError(f"--vocab-parallel: {reason}")
-    d_reps, d_warmup = default_reps(device)
-    reps, warmup = (d_reps if reps is None else reps), (d_warmup if warmup is None else warmup)
-    providers = [catalog.get(p).name for p in providers]
-    out = Path(out_dir)
-    _check_folder(out, world_size, resume)
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
-    out.mkdir(parents=True, exist_ok=True)
-    plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
-            "providers": providers, "phases": list(phases), "reps": reps, "warmup": warmup,
-            "device": str(device), "plugins": [], "world_size": world_size,
-            "collective_timeout_s": collective_timeout_s}
-    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
-    writer = ResultsWriter(out, dict(environment(str(device)), world_size=world_size), run_id)
-    done = done_pairs(out, phases) if resume else set()
-    t0 = time.time()
+def write_unsupported(writer, cells, providers, plan: dict, done) -> None:
+    """An ``unsupported`` row per phase for each provider without a sharded path."""
     for cell in cells:
         for name in providers:
             why = unsupported_reason(name)
             if why and (cell.cell_id, name) not in done:
                 writer.write([_row(cell, plan, name, {"phase": ph, "status": "unsupported",
-                                                      "error": why}) for ph in phases])
-    _run_worlds(out, plan, done)
-    if not quiet:
-        print(f"vocab-parallel bench: {len(cells)} cell(s) over {world_size} ranks in "
-              f"{time.time() - t0:.0f} s -> {out}/results.csv")
-    return out
-
-
-def _check_folder(out: Path, world: int, resume: bool) -> None:
-    if (out / "results.csv").exists() and not resume:
-        raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
-                              f"or choose another --out")
-    other = {r["world_size"] for r in read_rows(out)} - {str(world)}
-    if other:
-        raise ValueError(f"--out: {out} holds rows of world size {sorted(other)}; a "
-                         f"--vocab-parallel {world} run needs a folder of its own")
+                                                      "error": why}) for ph in plan["phases"]])
 
 
 def _row(cell: Cell, plan: dict, provider: str, metrics: dict, extra=None) -> dict:
@@ -160,7 +122,7 @@ def _pending(out: Path, plan: dict, done) -> list[tuple[str, str]]:
             and (Cell(**c).cell_id, p) not in mine | set(done)]
 
 
-def _run_worlds(out: Path, plan: dict, done) -> None:
+def run_worlds(out: Path, plan: dict, done) -> None:
     """Spawn worlds of ranks until every sharded (cell, provider) pair has rows; a world that
     dies leaves ``crashed`` rows for the pair it was measuring (all pending, before any)."""
     import torch.multiprocessing as mp
