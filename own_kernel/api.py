@@ -9,7 +9,6 @@ import torch
 from torch import Tensor, nn
 
 from own_kernel.integrations.distributed import accepts_dtensors, is_plain
-from own_kernel.kernels.gemm import HostScalar
 from own_kernel.paths.entries import LceRowsEager, lce_rows, used_rows
 from own_kernel.paths.targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
 from own_kernel.paths.three_matmul import FusedLce

@@ -1,6 +1,6 @@
-"""The portable target's autotuning (own_kernel/autotune.py) and target selection: the cache's
-key, its read and write across processes, the backward kernels' tuning (into scratch sums), the
-forced portable target, config validation."""
+"""The portable target's autotuning (own_kernel/policy/autotune.py) and target selection: the
+cache's key, its read and write across processes, the backward kernels' tuning (into scratch
+sums), the forced portable target, config validation."""
 import dataclasses
 import itertools
 import json

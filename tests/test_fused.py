@@ -1,5 +1,5 @@
-"""The three-matmul training path (own_kernel/fused.py) against an fp64 reference under the
-Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
+"""The three-matmul training path (own_kernel/paths/three_matmul.py) against an fp64 reference
+under the Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
 the API's choice of path."""
 import pytest
 import torch

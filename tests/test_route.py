@@ -1,5 +1,5 @@
-"""The route (own_kernel/route.py): pure decisions at real shapes on every target's config (no
-launch), own_kernel.plan against the path a call actually runs, options that cannot apply
+"""The route (own_kernel/policy/route.py): pure decisions at real shapes on every target's
+config (no launch), own_kernel.plan against the path a call actually runs, options that cannot apply
 refused or reported, and the providers calling the API as a user does."""
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def _named(r) -> dict:
     if r.path == "three-matmul":
         return dict(forward={"tma"} if r.forward == "tma" else set(),
                     logits={"shifted" if r.logits == "shifted" else "cublas"}, writers=set(),
-                    filters=r.call.filtered, stores_y=r.logits == "shifted")
+                    filters=r.filter is not None, stores_y=r.logits == "shifted")
     writers = set()
     if r.path == "recompute":
         writers = {r.tail_writer if ch.in_tail else r.writer
@@ -257,11 +257,13 @@ def test_the_paths_launch_the_routes_choice_not_the_configs(launches, monkeypatc
 
 
 @pytest.mark.skipif(DEV.type == "cuda", reason="the interpreter's config (see above)")
-def test_the_filter_runs_only_where_the_route_says(launches, monkeypatch):
+@pytest.mark.parametrize("options", [dict(filter_eps=1e-9), dict(filter_eps=1e-9, workspace_mib=8)],
+                         ids=["recompute", "three-matmul"])
+def test_the_filter_runs_only_where_the_route_says(launches, monkeypatch, options):
     e, c, t = _inputs()
-    _run(own_kernel.linear_cross_entropy, e, c, t, dict(filter_eps=1e-9))
+    _run(own_kernel.linear_cross_entropy, e, c, t, options)
     assert any(x.filters for x in launches)
     launches.clear()
     _forced(monkeypatch, "filter", None)
-    _run(own_kernel.linear_cross_entropy, e, c, t, dict(filter_eps=1e-9))
+    _run(own_kernel.linear_cross_entropy, e, c, t, options)
     assert launches and not any(x.filters for x in launches)

@@ -210,7 +210,7 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, rout
             torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
         else:
             torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
-    filt, cfg = opts.filter, route.cfg
+    filt, cfg = route.filter, route.cfg
     if kept is not None:
         kept.zero_()
     logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
@@ -229,7 +229,7 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
     loss, lse, p_max, nll, lse_lo, _ = forward(e_rows, c, bias, targets, opts, route,
                                                shifted=(y, tile_max))
     losses.copy_(loss)
-    filt = opts.filter
+    filt = route.filter
     if kept is not None:
         kept.zero_()
     shifted_to_grad(y, tile_max, cfg.forward.tiles.block_v, (lse, p_max, nll, lse_lo), targets,
@@ -261,8 +261,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
                 if plan.shifted else None)
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
-            if opts.filter is not None else None)
-    sums = _Sums(e, c, bias, plan, filtered=opts.filter is not None)
+            if route.filter is not None else None)
+    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None)
     # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
     # (the backward only scales, so nothing here keeps it past the forward).
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))

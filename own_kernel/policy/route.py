@@ -290,9 +290,12 @@ class Route:
 
     @cached_property
     def filter(self) -> FilterOptions | None:
-        """The gradient filter the recompute backward runs (its threshold), or None: exact.
-        None too where it cannot pay: too few GEMM flops to skip (plan.filter_can_skip)."""
+        """The gradient filter the call runs (its threshold), or None: exact. The three-matmul
+        path filters its chunks' column blocks whenever asked; the recompute backward not
+        where it cannot pay: too few GEMM flops to skip (plan.filter_can_skip)."""
         f = self.call.filter
+        if self.path == "three-matmul":
+            return f
         if self.path != "recompute" or f is None or f.eps <= 0:
             return None
         c = self.call
@@ -420,8 +423,8 @@ class Route:
             kernels += f", writer={self.writer!r}, tail_writer={self.tail_writer!r}"
         if self.fused is not None:
             kernels += f", logits={self.logits!r}"
-        if self.filter is not None or (self.fused is not None and self.call.filtered):
-            kernels += f", filter={self.call.filter!r}"
+        if self.filter is not None:
+            kernels += f", filter={self.filter!r}"
         return (f"Route(path={self.path!r}, entry={self.entry!r}, {kernels}, chunks={self.chunks},"
                 f" chunk_size={self.chunk_size}, peak_bytes={self.peak_bytes}, budget_mib="
                 f"{self.budget_mib}, note={self.note!r}, config={self.cfg.name!r})")

@@ -38,7 +38,7 @@ def config_in_force(device: torch.device, dtype: torch.dtype) -> dict:
 
 
 def config_override(override: dict):
-    """A context: the kernel runs with ``override`` (nested field names of own_kernel.config,
+    """A context: the kernel runs with ``override`` (nested field names of own_kernel.policy.config,
     e.g. {"forward": {"tma": False}}) on top of its config."""
     from own_kernel.policy.config import overridden
 
