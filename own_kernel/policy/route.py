@@ -60,6 +60,7 @@ PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
 FORWARDS = ("tma", "pointer", "cublas")
 W_WRITERS = ("tma", "cublas", "pointer")
+LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -240,8 +241,8 @@ class Route:
 
     @property
     def logits(self) -> str:
-        """The three-matmul path's logits: "shifted", "fp32" or "input" (the input dtype); ""
-        on the other paths (no logits are kept)."""
+        """The three-matmul path's logits (LOGITS): "shifted", "fp32" or "input" (the input
+        dtype); "" on the other paths (no logits are kept)."""
         if self.fused is None:
             return ""
         return "shifted" if self.fused.shifted else "fp32" if self.fused.logits_fp32 else "input"
