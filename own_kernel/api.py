@@ -1,33 +1,24 @@
-"""Public API: argument checks, layouts, shift and reduction around the op (ops.py)."""
+"""Public API: argument checks, layouts, shift and reduction around the passes (the route:
+policy/route.py; the paths: paths/)."""
 from __future__ import annotations
 
-import math
 import os
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from own_kernel.check_targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
-from own_kernel.config import Config, config_for, forced_target
-from own_kernel.distributed import accepts_dtensors, is_plain
-from own_kernel.fused import FusedLce
-from own_kernel.gemm import HostScalar
-from own_kernel.ops import LceRowsEager, config_key, gather_pays, lce_rows, used_rows
-from own_kernel.options import FilterOptions, Options
-from own_kernel.route import Call, Plan, Route, describe, route
-from own_kernel.vocab_parallel import (VocabParallel, check_vocab_parallel,
-                                       vocab_parallel_rows)
+from own_kernel.integrations.distributed import accepts_dtensors, is_plain
+from own_kernel.paths.entries import LceRowsEager, lce_rows, used_rows
+from own_kernel.paths.targets import TargetsCheck, queued_or_new_check, raise_on_bad_targets
+from own_kernel.paths.three_matmul import FusedLce
+from own_kernel.paths.vocab_parallel import (VocabParallel, check_vocab_parallel,
+                                             vocab_parallel_rows)
+from own_kernel.policy.config import config_for, config_key, forced_target
+from own_kernel.policy.options import CallOptions, Options
+from own_kernel.policy.route import Route, call_of, route, tma_ready
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# filter_eps="auto": skip a tile when every gradient entry is below the input dtype's resolution
-# relative to the target's O(1) entry.
-AUTO_EPS = {torch.bfloat16: 2.0**-12, torch.float16: 2.0**-14, torch.float32: 2.0**-20}
-# ... but only in rows whose softmax is peaked (largest probability >= AUTO_FLAT_P_MAX). In a flat
-# row the skipped tail carries almost all the mass and it correlates with the row's own hidden
-# state (p_v grows with e.c_v), a direction no mean-row compensation can restore: on the suite's
-# uniform inputs filtering every row costs a 2e-2 dE error (naive bf16: 2e-3), as Apple's does.
-AUTO_FLAT_P_MAX = 2.0**-8
 
 
 def _check_runnable(device: torch.device, dtype: torch.dtype) -> None:
@@ -76,49 +67,6 @@ def _validate_tensors(e, c, targets, bias, targets_check=None):
     _check_runnable(e.device, e.dtype)
 
 
-def _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
-                      workspace_mib=None):
-    if workspace_mib is not None and (not isinstance(workspace_mib, int)
-                                      or isinstance(workspace_mib, bool) or workspace_mib < 0):
-        raise ValueError(f"workspace_mib: expected None or an int >= 0; got {workspace_mib!r}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none'; got {reduction!r}")
-    if not isinstance(shift, int) or isinstance(shift, bool) or shift < 0:
-        raise ValueError(f"shift: expected an int >= 0; got {shift!r}")
-    if shift and (e.dim() < 2 or shift >= e.shape[-2]):
-        raise ValueError(f"shift: {shift} needs a sequence dimension longer than it "
-                         f"(e.shape = {tuple(e.shape)})")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing: expected a value in [0, 1]; got {label_smoothing}")
-    if softcap is not None and not float(softcap) > 0:
-        raise ValueError(f"softcap: expected None or a positive number; got {softcap}")
-    if filter_eps is not None and filter_eps != "auto":
-        if isinstance(filter_eps, str) or not float(filter_eps) >= 0:
-            raise ValueError(f"filter_eps: expected None, 'auto' or a float >= 0; got {filter_eps!r}")
-    if not isinstance(low_memory, bool):
-        raise TypeError(f"low_memory: expected True or False; got {low_memory!r}")
-    if low_memory and filter_eps is not None:
-        raise ValueError(f"low_memory: computes exact gradients only; got filter_eps={filter_eps!r} "
-                         f"(pass filter_eps=None)")
-
-
-def _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel):
-    """temperature and return_entropy, and what they do not combine with."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature) or not temperature > 0):
-        raise ValueError(f"temperature: expected a finite number > 0; got {temperature!r}")
-    if not isinstance(return_entropy, bool):
-        raise TypeError(f"return_entropy: expected True or False; got {return_entropy!r}")
-    if return_entropy and filter_eps is not None:
-        # The filter's eps bounds p - onehot; the entropy's p (z - mu) terms are another
-        # approximation, not tested: exact gradients only.
-        raise ValueError(f"filter_eps: return_entropy=True computes exact gradients only; got "
-                         f"filter_eps={filter_eps!r} (pass filter_eps=None)")
-    if vocab_parallel is not None and (return_entropy or temperature != 1):
-        raise ValueError("vocab_parallel: return_entropy and temperature are not supported "
-                         "with a sharded vocabulary")
-
-
 class LossEntropy(NamedTuple):
     """``linear_cross_entropy(..., return_entropy=True)``: the loss and the softmax entropy
     per token, each reduced as ``reduction`` says."""
@@ -139,30 +87,17 @@ class TokenLogprobs(NamedTuple):
     entropy: Tensor
 
 
-def _rows_to_gather(e: Tensor, c: Tensor, targets: Tensor, ignore_index: int,
-                    check: HostScalar, cfg: Config) -> Tensor | None:
-    """The used rows, when forward and backward should run on them only (else None). This
-    reads the targets' count on the host before the forward is queued: the GPU then idles while
-    the host queues the gather and the forward, so only calls whose forward is long enough to
-    hide that (compact_fwd_min_flops) read it. The decision depends on this call's inputs
-    alone. Calls that do not read it here drop rows in the backward only (ops.rows_backward)."""
-    n, d = e.shape
-    if 2 * n * c.shape[0] * d < cfg.compaction.fwd_min_flops:
-        return None
-    num_used = int(check.values()[1])
-    if not gather_pays(e, c, num_used, cfg, before_forward=True):
-        return None
-    return used_rows(targets != ignore_index, num_used)
+def _readable_as_is(t: Tensor) -> bool:
+    """Whether the kernels read 2-D t as it is: unit stride along D and rows that do not
+    overlap (not an expanded or transposed view). Offset views and row strides larger than D
+    (slices of a wider tensor) are read in place."""
+    rows, cols = t.shape
+    return t.stride(1) == 1 and (rows <= 1 or t.stride(0) >= max(cols, 1))
 
 
 def _matrix_for_kernels(t: Tensor) -> Tensor:
-    """t, or its contiguous copy where the kernels could not read it as it is: they need unit
-    stride along D and rows that do not overlap (an expanded or transposed view). Offset views
-    and row strides larger than D (slices of a wider tensor) are read in place."""
-    rows, cols = t.shape
-    if t.stride(1) == 1 and (rows <= 1 or t.stride(0) >= max(cols, 1)):
-        return t
-    return t.contiguous()
+    """t, or its contiguous copy where the kernels could not read it as it is."""
+    return t if _readable_as_is(t) else t.contiguous()
 
 
 def _kernel_layouts(e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None):
@@ -176,64 +111,62 @@ def _kernel_layouts(e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None):
     return e2, _matrix_for_kernels(c), t2, bias
 
 
-def _options(dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-             low_memory, temperature=1.0, return_entropy=False) -> Options:
-    filt = None
-    if filter_eps == "auto":
-        filt = FilterOptions(AUTO_EPS[dtype], AUTO_FLAT_P_MAX)
-    elif filter_eps is not None and float(filter_eps) > 0:
-        filt = FilterOptions(float(filter_eps))
-    return Options(int(ignore_index), float(softcap) if softcap is not None else None,
-                   float(label_smoothing), filt, bool(return_lse), low_memory,
-                   torch.are_deterministic_algorithms_enabled(), float(temperature),
-                   return_entropy)
-
-
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _call(e2: Tensor, c: Tensor, bias, opts: Options, reduction: str,
-          workspace_mib: int | None, vocab_parallel, needs_grad: bool) -> Call:
-    return Call(e2.shape[0], c.shape[0], e2.shape[1], e2.dtype, reduction, needs_grad,
-                bias is not None, opts.ignored_lse, opts.low_memory, opts.filter is not None,
-                vocab_parallel is not None, torch.compiler.is_compiling(), workspace_mib,
-                entropy=opts.entropy, temperature=opts.temperature != 1.0,
-                fp32_weight=c.dtype != e2.dtype)
-
-
-def _route_of(call: Call, device: torch.device) -> Route:
-    """The call's route (route.py), asked once per call: the path, its plan and the config
-    every pass of the call runs with, its backward included."""
+def _route_of(e2: Tensor, c: Tensor, bias, opts: Options, user: CallOptions, needs_grad: bool,
+              layouts: tuple) -> Route:
+    """The call's route (policy/route.py), asked once per call: the path, its entry, its
+    kernels and the config every pass of the call runs with, its backward included. layouts:
+    (e_tma_ready, c_tma_ready) of the tensors the kernels will read."""
     forced = forced_target()
-    if forced is not None and device.type != "cuda":
+    if forced is not None and e2.device.type != "cuda":
         raise ValueError(f"use_target({forced!r}) (or CCE_OWN_TARGET): selects a CUDA target; "
-                         f"the tensors are on {device}, where only the interpreter's config "
+                         f"the tensors are on {e2.device}, where only the interpreter's config "
                          f"runs")
-    return route(call, config_for(device, call.dtype))
+    call = call_of(e2, c, bias, opts, reduction=user.reduction, needs_grad=needs_grad,
+                   vocab_parallel=user.vocab_parallel is not None,
+                   compiling=torch.compiler.is_compiling(), workspace_mib=user.workspace_mib,
+                   fp32_weight=c.dtype != e2.dtype, e_tma_ready=layouts[0],
+                   c_tma_ready=layouts[1])
+    return route(call, config_for(e2.device, e2.dtype))
 
 
-def _eager_rows(e2, c, t2, bias, opts: Options, cfg: Config, check):
-    """(loss per row, lse per row or None, entropy per row or empty) of an eager call. Gathered
-    rows are what the backward needs anyway; a call without one (evaluation) keeps the
-    forward's few floats of memory and relies on its skipped row blocks."""
-    needs_grad = _needs_grad(e2, c, bias)
-    rows = (None if opts.ignored_lse or opts.low_memory or check is None or not needs_grad
-            else _rows_to_gather(e2, c, t2, opts.ignore_index, check, cfg))
+def _layouts(e2: Tensor, c: Tensor) -> tuple:
+    """(e_tma_ready, c_tma_ready) of the kernels' e2 and c: None for c where an fp32 weight's
+    16-bit copy is read (a tensor of its own) and for both where the call is traced (the
+    custom ops route their real tensors)."""
+    if torch.compiler.is_compiling():
+        return None, None
+    return tma_ready(e2), None if c.dtype != e2.dtype else tma_ready(c)
+
+
+def _eager_rows(e2, c, t2, bias, opts: Options, r: Route, check):
+    """(loss per row, lse per row or None, entropy per row or empty) of an eager call. Where the
+    route reads the targets' count before the forward (Route.reads_count_before_forward), the
+    rows with a target are gathered when that pays: what the backward needs anyway; a call
+    without one (evaluation) keeps the forward's few floats of memory and relies on its
+    skipped row blocks."""
+    rows = None
+    if r.reads_count_before_forward and check is not None:
+        num_used = int(check.values()[1])
+        if r.gathers(num_used, before_forward=True):
+            rows = used_rows(t2 != opts.ignore_index, num_used)
     if rows is None:
-        loss_rows, lse, _, _, _, ent = LceRowsEager.apply(e2, c, t2, bias, opts, cfg, check)
+        loss_rows, lse, _, _, _, ent = LceRowsEager.apply(e2, c, t2, bias, opts, r, check)
         return loss_rows, lse, ent
     # Only the used rows, gathered (index_select's backward scatters their dE back). Their lse
     # is not returned, so the others' is not needed; the others' entropy is 0.
-    loss_used, _, _, _, _, ent_used = LceRowsEager.apply(e2.index_select(0, rows), c, t2[rows],
-                                                         bias, opts, cfg, check)
+    loss_used, _, _, _, _, ent_used = LceRowsEager.apply(
+        e2.index_select(0, rows), c, t2[rows], bias, opts, r.for_rows(num_used), check)
 
     def scatter(x):
         return x.new_zeros(t2.shape).index_copy(0, rows, x)
     return scatter(loss_used), None, scatter(ent_used) if opts.entropy else ent_used
 
 
-@accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): distributed.py
+@accepts_dtensors  # DTensor arguments (tensor parallel, FSDP2): integrations/distributed.py
 def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          ignore_index: int = -100, softcap: float | None = None,
                          reduction: str = "mean", shift: int = 0, label_smoothing: float = 0.0,
@@ -254,14 +187,15 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     below it; "auto" picks the dtype's eps and leaves rows with a flat softmax exact
     (AUTO_FLAT_P_MAX). ``return_lse=True`` also returns the per-token log-sum-exp.
     ``low_memory=True`` (exact only) bounds the backward's workspace to a small fraction of the
-    gradients' size, at the cost of a second recompute of the logits (backward_low_memory.py);
+    gradients' size, at the cost of a second recompute of the logits (paths/low_memory.py);
     by default the backward holds an fp32 copy of dE (4 bytes per entry of e).
     ``vocab_parallel=VocabParallel(group, start, stop)``: c (and bias) are this rank's columns
     [start, stop) of the vocabulary, e and targets the whole problem's on every rank; the loss
     is the gathered problem's, dE is all-reduced, dC this shard's (eagerly: a graph break under
-    torch.compile; vocab_parallel.py).
+    torch.compile; paths/vocab_parallel.py).
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
-    budget of the three-matmul training path (fused.py): loss and gradients computed at once in
+    budget of the three-matmul training path (paths/three_matmul.py): loss and gradients
+    computed at once in
     row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
     chunks, dC's fp32 accumulator) within it;
     (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget
@@ -283,33 +217,31 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     """
     e, c, bias = _autocast(e, c, bias)
     _validate_tensors(e, c, targets, bias, targets_check)
-    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
-                      workspace_mib)
-    _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
+    user = CallOptions(ignore_index, softcap, reduction, shift, label_smoothing, filter_eps,
+                       return_lse, low_memory, vocab_parallel, workspace_mib, temperature,
+                       return_entropy).check(e.shape)
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)
         v_total = vocab_parallel.vocab_size(e.device)
-    opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-                    low_memory, temperature, return_entropy)
+    opts = user.kernel_options(e.dtype)
     lead = targets.shape
     targets = _shifted(targets, shift, ignore_index)
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    r = _route_of(_call(e2, c, bias, opts, reduction, workspace_mib, vocab_parallel,
-                        _needs_grad(e2, c, bias)), e2.device)
+    r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
     check, count = queued_or_new_check(targets_check, t2, v_total, ignore_index,
                                        split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
-        return FusedLce.apply(e2, c, t2, bias, opts, r.cfg, r.fused, check, reduction == "mean")
+        return FusedLce.apply(e2, c, t2, bias, opts, r, check, reduction == "mean")
     c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
     ent_rows = None
     if r.entry == "vocab-parallel":
-        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r.cfg)
+        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r)
     elif r.entry == "compiled":
         loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
-                                                     config_key(r.cfg))
+                                                     config_key(e2.device, e2.dtype))
     else:
-        loss_rows, lse, ent_rows = _eager_rows(e2, c, t2, bias, opts, r.cfg, check)
+        loss_rows, lse, ent_rows = _eager_rows(e2, c, t2, bias, opts, r, check)
     raise_on_bad_targets(check, targets, v_total, ignore_index)
     return _outputs(loss_rows, lse if return_lse else None, ent_rows if return_entropy else None,
                     lead, shift, reduction, count)
@@ -367,10 +299,11 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
          shift: int = 0, label_smoothing: float = 0.0, filter_eps: float | str | None = None,
          return_lse: bool = False, low_memory: bool = False,
          vocab_parallel: VocabParallel | None = None, workspace_mib: int | None = None,
-         temperature: float = 1.0, return_entropy: bool = False) -> Plan:
-    """The path ``linear_cross_entropy`` takes with the same arguments, here and now (grad
-    mode, autocast, use_target), and what it holds: a Plan (route.py) with the path's name,
-    its chunks, the estimated peak bytes beyond the inputs and why a budget goes unused.
+         temperature: float = 1.0, return_entropy: bool = False) -> Route:
+    """The route ``linear_cross_entropy`` takes with the same arguments, here and now (grad
+    mode, autocast, use_target): the very Route object the call runs by (policy/route.py), with
+    its path, its kernels (forward, W writers, filter), its chunks, the estimated peak bytes
+    beyond the inputs and why a budget goes unused (``own_kernel.Plan`` is its type).
     Nothing is launched and no tensor's values are read; the arguments are checked as the call
     checks them. DTensor arguments are refused: pass the local shards and ``vocab_parallel``."""
     for name, t in (("e", e), ("c", c), ("targets", targets), ("bias", bias)):
@@ -378,6 +311,7 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
             raise TypeError(f"{name}: plan() takes plain tensors (got {type(t).__name__}); "
                             f"pass the local shard and vocab_parallel= where c is sharded")
     needs_grad = _needs_grad(e, c, bias)
+    layouts = _planned_layouts(e, c, bias)
     if torch.is_autocast_enabled(e.device.type):  # stand-ins of the autocast dtype, no copies
         dtype = torch.get_autocast_dtype(e.device.type)
         weight_dtype = torch.float32 if _fp32_weight(e, c, bias) else dtype
@@ -385,16 +319,28 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
         c, bias = (None if t is None else torch.empty((), dtype=weight_dtype, device=t.device)
                    .expand(t.shape).requires_grad_(t.requires_grad) for t in (c, bias))
     _validate_tensors(e, c, targets, bias)
-    _validate_options(e, reduction, shift, label_smoothing, softcap, filter_eps, low_memory,
-                      workspace_mib)
-    _validate_rl_options(temperature, return_entropy, filter_eps, vocab_parallel)
+    user = CallOptions(ignore_index, softcap, reduction, shift, label_smoothing, filter_eps,
+                       return_lse, low_memory, vocab_parallel, workspace_mib, temperature,
+                       return_entropy).check(e.shape)
     if vocab_parallel is not None:
         check_vocab_parallel(vocab_parallel, c)
-    opts = _options(e.dtype, ignore_index, softcap, label_smoothing, filter_eps, return_lse,
-                    low_memory, temperature, return_entropy)
-    call = _call(e.reshape(-1, e.shape[-1]), c, bias, opts, reduction, workspace_mib,
-                 vocab_parallel, needs_grad)
-    return describe(call, _route_of(call, e.device))
+    return _route_of(e.reshape(-1, e.shape[-1]), c, bias, user.kernel_options(e.dtype), user,
+                     needs_grad, layouts)
+
+
+def _planned_layouts(e: Tensor, c: Tensor, bias) -> tuple:
+    """_layouts of the tensors a call with these arguments would hand the kernels, found
+    without making them: None where the call reads a copy of its own (autocast's cast, a
+    reshape that cannot be a view, a layout the kernels cannot read as it is)."""
+    dtype = torch.get_autocast_dtype(e.device.type) \
+        if torch.is_autocast_enabled(e.device.type) else e.dtype
+    try:
+        e2 = e.view(-1, e.shape[-1]) if e.dtype == dtype and e.dim() >= 1 else None
+    except RuntimeError:  # reshape copies
+        e2 = None
+    e_ready = tma_ready(e2) if e2 is not None and _readable_as_is(e2) else None
+    c_kept = c.dtype == dtype and c.dim() == 2 and not _fp32_weight(e, c, bias)
+    return e_ready, tma_ready(c) if c_kept and _readable_as_is(c) else None
 
 
 def _fp32_weight(e, c, bias) -> bool:

@@ -155,7 +155,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-parallel", type=int, metavar="K",
                    help="C sharded by vocabulary over K >= 2 ranks, launched by the bench "
                         "(NCCL, one GPU each; gloo on the CPU); the own providers only, rows "
-                        "with world_size K (suite/vocab_parallel_bench.py)")
+                        "with world_size K (suite/ranks.py)")
 
 
 def invoked_name(argv0: str | None = None) -> str:
@@ -340,10 +340,10 @@ def _smoke_verdict(out: Path, providers) -> int:
 
 def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int:
     """``bench --vocab-parallel K``: the cells with C sharded over K ranks."""
-    from suite import runner, vocab_parallel_bench
+    from suite import ranks, runner
 
     k = args.vocab_parallel
-    reason = vocab_parallel_bench.check_world_size(k, device)
+    reason = ranks.check_world_size(k, device)
     if reason:
         parser.error(f"--vocab-parallel: {reason}")
     for flag, value in (("--isolate", args.isolate), ("--rerun", args.rerun),
@@ -358,9 +358,9 @@ def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int
         print(f"bench: preset {preset}, {len(cells)} cell(s) x {len(providers)} provider(s), C "
               f"sharded over {k} ranks on {device} -> {out}")
     try:
-        vocab_parallel_bench.run(cells, providers, args.phases or runner.PHASES, out,
-                                 world_size=k, device=device, reps=args.reps,
-                                 warmup=args.warmup, resume=args.resume, quiet=args.quiet)
+        runner.run(cells, providers, args.phases or runner.PHASES, out, world_size=k,
+                   device=device, reps=args.reps, warmup=args.warmup, resume=args.resume,
+                   quiet=args.quiet)
     except FileExistsError as err:
         parser.error(f"--out: {err}")
     except ValueError as err:

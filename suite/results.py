@@ -71,7 +71,7 @@ def environment(device: str | None = None) -> dict:
         "compute_capability": None,
         "driver": None,
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
-        # The own kernel's config overrides (own_kernel/config.py) a run was measured under.
+        # The own kernel's config overrides (own_kernel/policy/config.py) a run was measured under.
         "own_config_overrides": os.environ.get("CCE_OWN_CONFIG") or None,
         "argv": sys.argv,
     }

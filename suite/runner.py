@@ -7,6 +7,8 @@ poisoned CUDA context), the provider it was running is recorded as ``crashed`` a
 resumes the cell.
 ``isolate="provider"`` gives every (cell, provider) pair its own child, so no provider's time
 depends on what ran before it in the process (inputs and reference are rebuilt per child).
+``run(..., world_size=K)`` (``bench --vocab-parallel K``) measures the cells with C sharded by
+vocabulary over K ranks, each a process of its own (suite/ranks.py).
 """
 from __future__ import annotations
 
@@ -23,51 +25,18 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from suite import catalog, presets, registry
+from suite import catalog, presets, ranks, registry
+from suite.cells import INFLIGHT, PLAN, Cell
 from suite.isolate import Worker, serve
 from suite.inputs import LM_ENTROPY, make_inputs
 from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
 from suite.reference import reference
 from suite.results import ResultsWriter, done_pairs, environment, read_rows
 from suite.schema import PHASES
-
-INFLIGHT = ".inflight"  # (cell_id, provider) being measured, for --isolate crash attribution
-PLAN = "plan.json"
-
-
-@dataclass(frozen=True)
-class Cell:
-    dist: str
-    n: int
-    d: int
-    v: int
-    dtype: str
-    softcap: float | None = None
-    ignore_frac: float = 0.0
-    bias: bool = False
-    seed: int = 0
-    file: str | None = None
-    lm_entropy: float = LM_ENTROPY  # the lm generator's mean softmax entropy (nats)
-
-    @property
-    def cell_id(self) -> str:
-        dist = self.dist if self.file is None else f"file:{Path(self.file).stem}"
-        sc = "none" if self.softcap is None else f"{self.softcap:g}"
-        # the entropy only where it is not the default: earlier runs' ids stay valid
-        h = f"-h{self.lm_entropy:g}" if self.dist == "lm" and self.lm_entropy != LM_ENTROPY else ""
-        return (f"{dist}{h}-n{self.n}-d{self.d}-v{self.v}-{self.dtype}-sc{sc}"
-                f"-ig{self.ignore_frac:g}-b{int(self.bias)}-s{self.seed}")
-
-    def fields(self) -> dict:
-        return {"cell_id": self.cell_id, "dist": self.dist, "n": self.n, "d": self.d,
-                "v": self.v, "dtype": self.dtype, "softcap": self.softcap,
-                "ignore_frac": self.ignore_frac, "bias": self.bias, "seed": self.seed}
-
 
 # Each preset is a list of axis products; command-line axes replace the preset's.
 AXES = ("dist", "n", "d", "v", "dtype", "softcap", "ignore_frac", "bias", "seed", "lm_entropy")
@@ -217,7 +186,8 @@ def _device_label(device) -> str:
 
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
         warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=(),
-        select=None, summary=True) -> Path:
+        select=None, summary=True, world_size=None,
+        collective_timeout_s=ranks.COLLECTIVE_TIMEOUT_S) -> Path:
     """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder.
 
     ``select(cell, provider) -> bool``: only the pairs it accepts are measured (the gate runs
@@ -226,18 +196,28 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
 
     ``rerun`` (with ``resume``): providers measured again where rows exist, e.g. after a kernel
     change; the new rows are appended and every reader keeps the latest row of a (cell,
-    provider, phase)."""
+    provider, phase).
+
+    ``world_size`` (K >= 2): C sharded by vocabulary over K ranks, one process per rank
+    launched here (suite/ranks.py; ``bench --vocab-parallel K``), into a folder of its own
+    (rows of another world size there are refused); not with isolate, rerun, plugins or
+    select."""
     device = str(device or default_device())
+    if world_size is not None:
+        _check_sharded(world_size, device, isolate=isolate, rerun=rerun, plugins=plugins,
+                       select=select)
     d_reps, d_warmup = default_reps(device)
     reps = d_reps if reps is None else reps
     warmup = d_warmup if warmup is None else warmup
     phases, providers, isolate, rerun = _checked(phases, providers, reps, warmup, isolate,
                                                  rerun, resume)
     out = Path(out_dir)
-    if (out / "results.csv").exists() and not resume:
-        raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
-                              f"or choose another --out")
+    _check_out(out, resume, world_size)
     done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
+    if world_size is not None:
+        sharded = dict(world_size=world_size, collective_timeout_s=collective_timeout_s)
+        return _run_sharded(out, _write_plan(out, cells, providers, phases, reps, warmup,
+                                             device, plugins, **sharded), cells, done, quiet)
     chosen = [(c, [p for p in providers if select is None or select(c, p)]) for c in cells]
     todo = [(c, [p for p in ps if (c.cell_id, p) not in done]) for c, ps in chosen]
     todo = [(c, ps) for c, ps in todo if ps]
@@ -246,12 +226,7 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if skipped and not quiet:
         print(f"resume: {skipped} finished (cell, provider) pairs skipped")
 
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
-    out.mkdir(parents=True, exist_ok=True)
-    plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
-            "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
-            "device": device, "plugins": list(plugins)}
-    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    plan = _write_plan(out, cells, providers, phases, reps, warmup, device, plugins)
     t0 = time.time()
     _measure_all(out, plan, todo, isolate, quiet)
     if summary and not quiet:
@@ -264,6 +239,54 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
         if torch.device(device).type == "cpu":
             print("NOTE: measured on the CPU (Triton kernels interpreted): these are smoke-test "
                   "numbers, not GPU numbers.")
+    return out
+
+
+def _write_plan(out: Path, cells, providers, phases, reps, warmup, device, plugins,
+                **sharded) -> dict:
+    """The run's plan (a new run id), written to the folder's plan.json for its children."""
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
+            "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
+            "device": device, "plugins": list(plugins), **sharded}
+    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    return plan
+
+
+def _check_out(out: Path, resume: bool, world_size) -> None:
+    """The run folder: a finished run's only with resume; a sharded run's of one world size."""
+    if (out / "results.csv").exists() and not resume:
+        raise FileExistsError(f"{out}/results.csv exists: pass --resume to continue that run, "
+                              f"or choose another --out")
+    if world_size is not None:
+        other = {r["world_size"] for r in read_rows(out)} - {str(world_size)}
+        if other:
+            raise ValueError(f"--out: {out} holds rows of world size {sorted(other)}; a "
+                             f"--vocab-parallel {world_size} run needs a folder of its own")
+
+
+def _check_sharded(world_size: int, device: str, **not_with) -> None:
+    reason = ranks.check_world_size(world_size, device)
+    if reason:
+        raise ValueError(f"--vocab-parallel: {reason}")
+    for name, value in not_with.items():
+        if value:
+            raise ValueError(f"{name} is not available with world_size (vocab-parallel)")
+
+
+def _run_sharded(out: Path, plan: dict, cells, done, quiet: bool) -> Path:
+    """The sharded run: ``unsupported`` rows for the providers without a sharded path, then
+    worlds of ranks until every other pair has rows (suite/ranks.py)."""
+    t0 = time.time()
+    world = plan["world_size"]
+    writer = ResultsWriter(out, dict(environment(plan["device"]), world_size=world),
+                           plan["run_id"])
+    ranks.write_unsupported(writer, cells, plan["providers"], plan, done)
+    ranks.run_worlds(out, plan, done)
+    if not quiet:
+        print(f"vocab-parallel bench: {len(cells)} cell(s) over {world} ranks in "
+              f"{time.time() - t0:.0f} s -> {out}/results.csv")
     return out
 
 

@@ -30,7 +30,7 @@ def temp_providers():
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """The keywords of each call own_kernel.transformers' patched forward makes to the kernel."""
-    import own_kernel.transformers as hf_patch
+    import own_kernel.integrations.transformers as hf_patch
 
     calls = []
     kernel = hf_patch.linear_cross_entropy

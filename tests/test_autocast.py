@@ -21,9 +21,10 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import own_kernel  # noqa: E402
-from own_kernel import fused, linear_cross_entropy  # noqa: E402
-from own_kernel.config import HOPPER_16BIT, overridden  # noqa: E402
-from own_kernel.route import Call, describe, route  # noqa: E402
+from own_kernel import linear_cross_entropy  # noqa: E402
+from own_kernel.paths import three_matmul as fused  # noqa: E402
+from own_kernel.policy.config import HOPPER_16BIT, overridden  # noqa: E402
+from own_kernel.policy.route import Call, route  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("CPU tests (fp16 autocast under the Triton interpreter); the GPU measurement is "
@@ -59,13 +60,13 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
     assert p.extra_bytes == chunk <= budget * MIB
     assert p.rows >= cfg.fused.min_rows and p.rows * p.chunks >= n
     # What plan() reports: dE, fp32 dC, autocast's 16-bit copy of C, the chunk, the losses.
-    peak = describe(call, r).peak_bytes
+    peak = r.peak_bytes
     assert peak == 2 * n * d + 4 * v * d + 2 * v * d + chunk + 4 * n
     assert peak <= 2 * n * d + 4 * v * d + 2 * v * d + budget * MIB + 4 * n
 
 
 def test_fp32_logits_halve_the_rows_the_budget_holds():
-    from own_kernel.config import with_overrides
+    from own_kernel.policy.config import with_overrides
     n, v, d = SHAPES[1]
     call = Call(n, v, d, BF16, fp32_weight=True)
     p32 = route(call, with_overrides(HOPPER_16BIT, {"fused": {"logits_shifted": False}})).fused
@@ -81,7 +82,7 @@ def test_a_bias_is_counted_in_fp32_and_in_its_copy():
     n, v, d = SHAPES[0]
     call = Call(n, v, d, BF16, has_bias=True, fp32_weight=True)
     r = route(call, HOPPER_16BIT)
-    assert describe(call, r).peak_bytes == (2 * n * d + 4 * (v * d + v) + 2 * (v * d + v)
+    assert r.peak_bytes == (2 * n * d + 4 * (v * d + v) + 2 * (v * d + v)
                                             + r.fused.extra_bytes + 4 * n)
 
 
@@ -306,7 +307,7 @@ def test_the_measurement_tool_parses_its_shapes_and_needs_cuda(monkeypatch, caps
     ("own_shifted", True, False), ("own_fp32logits", False, True), ("own_logits16", False, False)])
 def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, fp32):
     # Each provider's override gives its kind of logits whatever the config's default.
-    from own_kernel.config import with_overrides
+    from own_kernel.policy.config import with_overrides
     from suite.kernel import autocast as tool
 
     _, override, _ = tool._provider(provider)

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 import own_kernel  # noqa: E402
 from own_kernel import linear_cross_entropy  # noqa: E402
-from own_kernel.api import AUTO_EPS  # noqa: E402
-from own_kernel.config import overridden  # noqa: E402
+from own_kernel.policy.options import AUTO_EPS  # noqa: E402
+from own_kernel.policy.config import overridden  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])

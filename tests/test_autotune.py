@@ -1,6 +1,6 @@
-"""The portable target's autotuning (own_kernel/autotune.py) and target selection: the cache's
-key, its read and write across processes, the backward kernels' tuning (into scratch sums), the
-forced portable target, config validation."""
+"""The portable target's autotuning (own_kernel/policy/autotune.py) and target selection: the
+cache's key, its read and write across processes, the backward kernels' tuning (into scratch
+sums), the forced portable target, config validation."""
 import dataclasses
 import itertools
 import json
@@ -12,9 +12,9 @@ import textwrap
 import pytest
 import torch
 
-import own_kernel.config as config
-from own_kernel import autotune
-from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, SoftmaxGrad, Tiles,
+import own_kernel.policy.config as config
+from own_kernel.policy import autotune
+from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, SoftmaxGrad, Tiles,
                                with_overrides)
 from tests.test_backward_portable import chunk_case, recompute_chunk, write_chunk
 
@@ -30,8 +30,8 @@ def test_shape_bucket_groups_shapes_that_share_tiles():
 
 _TUNE_IN_CHILD = textwrap.dedent("""
     import json, sys
-    from own_kernel import autotune
-    from own_kernel.config import Tiles
+    from own_kernel.policy import autotune
+    from own_kernel.policy.config import Tiles
     calls = []
     candidates = (Tiles(64, 128, 32, 4, 3), Tiles(128, 128, 64, 8, 3), Tiles(16, 16, 16, 1, 1))
     def time_ms(tiles):
@@ -167,14 +167,11 @@ def tune_here(monkeypatch, tmp_path):
     namespace: .timed (one entry per candidate timed), .times, .cache."""
     from types import SimpleNamespace
 
-    from own_kernel import dlogits, softmax_grad
-
     state = SimpleNamespace(timed=[], times=itertools.count(1.0), cache=tmp_path / "tiles.json")
     monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(state.cache))
     monkeypatch.setattr(autotune, "_MEMO", {})
-    for module in (dlogits, softmax_grad):
-        monkeypatch.setattr(module, "tunes", lambda t, cfg, candidates: cfg.autotune and
-                            bool(candidates))
+    monkeypatch.setattr(autotune, "tunes", lambda t, cfg, candidates: cfg.autotune and
+                        bool(candidates))
 
     def time_launch(launch, reps=5):
         for _ in range(3):

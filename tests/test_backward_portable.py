@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 
 from own_kernel import linear_cross_entropy
-from own_kernel.config import INTERPRETER, overridden, with_overrides
-from own_kernel.rows import Rows, Sums
+from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
+from own_kernel.kernels.rows import Rows, Sums
 from tests.test_own_kernel import LOW_MEMORY_SMALL, _calls, _check_call, reference, rel
 
 CUBLAS = {"chunks": {"recompute": "cublas"}}
@@ -74,20 +74,25 @@ def sum_tol(d_err, terms, dim):
 
 
 def write_chunk(case, cfg, deterministic=False):
-    """The case's W and sums from X (softmax_grad.py)."""
-    from own_kernel.softmax_grad import write_w_from_logits
+    """The case's W and sums from X (softmax_grad.py), tuned where the route would tune."""
+    from own_kernel.kernels.softmax_grad import write_w_from_logits
+    from own_kernel.policy import autotune
 
+    tuned = not cfg.softmax_grad.tma and autotune.tunes(case.x, cfg, cfg.softmax_grad_candidates)
     write_w_from_logits(case.x, case.w, case.bias, case.rows, case.sums, case.v_start,
-                        case.softcap, case.ls, cfg, v=case.v, filters=case.filters,
+                        case.softcap, case.ls, cfg, v=case.v, tuned=tuned, filters=case.filters,
                         kept_count=case.sums.kept_count, deterministic=deterministic)
 
 
 def recompute_chunk(case, cfg):
-    """The case's W and sums from E and C (the pointer dlogits.py)."""
-    from own_kernel.dlogits import write_w_pointer
+    """The case's W and sums from E and C (the pointer dlogits.py), tuned where the route
+    would tune."""
+    from own_kernel.kernels.dlogits import write_w_pointer
+    from own_kernel.policy import autotune
 
     write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums, case.v_start,
-                    case.softcap, case.ls, cfg)
+                    case.softcap, case.ls, cfg,
+                    tuned=autotune.tunes(case.e, cfg, cfg.dlogits_candidates))
 
 
 @pytest.mark.parametrize("filters", [False, True])
@@ -142,7 +147,7 @@ def test_pointer_softmax_grad_deterministic_partials_match_the_atomics():
 
 
 def _spy_tma_flags(monkeypatch):
-    from own_kernel import softmax_grad
+    from own_kernel.kernels import softmax_grad
 
     flags, real = [], softmax_grad.cce_softmax_grad_kernel
     monkeypatch.setattr(softmax_grad, "cce_softmax_grad_kernel", type("Spy", (), {

@@ -1,5 +1,5 @@
-"""``python -m suite bench --vocab-parallel K`` (suite/vocab_parallel_bench.py) on the CPU: two
-gloo ranks, kernels interpreted, fp32. The rows carry world_size 2, status ok, and errors against
+"""``python -m suite bench --vocab-parallel K`` (the runner's world_size, suite/ranks.py) on the
+CPU: two gloo ranks, kernels interpreted, fp32. The rows carry world_size 2, status ok, and errors against
 the reference like the single-process run's on the same cells; a peer without a sharded path
 is an ``unsupported`` row saying why; a bad K is a CLI error naming --vocab-parallel. The ranks'
 merge, the gathered dC error, the shard bounds and the old-CSV compatibility are checked
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from suite import cli, runner, vocab_parallel_bench
+from suite import cli, ranks, runner
 from suite.reference import rel_err
 from suite.results import ResultsWriter, read_rows
 from suite.schema import ROW_FIELD_DEFAULTS, ROW_FIELDS
@@ -82,15 +82,15 @@ def test_a_folder_of_another_world_size_is_refused(tmp_path):
     writer.write([{**cell.fields(), "provider": "own", "phase": "fwd", "status": "ok",
                    "timestamp": "t"}])
     with pytest.raises(ValueError, match="world size .*'1'.* needs a folder of its own"):
-        vocab_parallel_bench.run([cell], ["own"], ["fwd"], tmp_path, world_size=2,
+        runner.run([cell], ["own"], ["fwd"], tmp_path, world_size=2,
                                  resume=True)
 
 
 def test_uneven_shards_tile_the_vocabulary():
-    assert vocab_parallel_bench.shard_bounds(37, 2) == [(0, 19), (19, 37)]
-    assert vocab_parallel_bench.shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert ranks.shard_bounds(37, 2) == [(0, 19), (19, 37)]
+    assert ranks.shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
     with pytest.raises(ValueError, match="world size <= V"):
-        vocab_parallel_bench.shard_bounds(2, 3)
+        ranks.shard_bounds(2, 3)
 
 
 def test_merge_takes_the_max_over_ranks_and_a_failing_rank_is_the_status():
@@ -98,11 +98,11 @@ def test_merge_takes_the_max_over_ranks_and_a_failing_rank_is_the_status():
     ok = dict(phase="fwd", status="ok", reps=3, ms=2.0, ms_p20=1.0, ms_p80=3.0, ms_min=1.0,
               peak_extra_mib=5.0, peak_abs_mib=9.0, floor_ms=1.0, loss_rel_err=1e-7)
     slow = dict(ok, ms=4.0, peak_abs_mib=7.0, loss_rel_err=3e-7)
-    merged = vocab_parallel_bench.merge_ranks([ok, slow], cell)
+    merged = ranks.merge_ranks([ok, slow], cell)
     assert (merged["ms"], merged["peak_abs_mib"], merged["loss_rel_err"]) == (4.0, 9.0, 3e-7)
     assert merged["floor_ratio"] == 4.0 and merged["tokens_per_s"] == 16 / 4e-3
     oom = {"phase": "fwd", "status": "oom", "error": "OutOfMemoryError: x"}
-    failed = vocab_parallel_bench.merge_ranks([ok, oom], cell)
+    failed = ranks.merge_ranks([ok, oom], cell)
     assert failed["status"] == "oom" and failed["error"] == "rank 1: OutOfMemoryError: x"
 
 
@@ -113,7 +113,7 @@ def test_gathered_dc_error_equals_the_error_of_the_gathered_gradient():
     got = ref + 1e-3 * noise  # larger errors on the second shard
     rows = [{"dc_rel_err": rel_err(got[a:b], ref[a:b]),
              "_dc_ref_sq": float(ref[a:b].square().sum())} for a, b in [(0, 19), (19, 37)]]
-    gathered = vocab_parallel_bench._gathered_rel_err(rows, "dc")
+    gathered = ranks._gathered_rel_err(rows, "dc")
     assert math.isclose(gathered, rel_err(got, ref), rel_tol=1e-12)
     assert not math.isclose(gathered, max(r["dc_rel_err"] for r in rows), rel_tol=1e-3)
 
@@ -140,7 +140,7 @@ def test_an_old_results_csv_reads_as_world_size_1_and_takes_single_rows(tmp_path
 
 def test_a_vocabulary_smaller_than_the_world_is_an_error_row(tmp_path):
     cells = [runner.Cell("uniform", 4, 8, 1, "fp32")]
-    vocab_parallel_bench.run(cells, ["own"], ["fwd"], tmp_path, world_size=2, reps=1,
+    runner.run(cells, ["own"], ["fwd"], tmp_path, world_size=2, reps=1,
                              warmup=0, quiet=True)
     (row,) = read_rows(tmp_path)
     assert (row["status"], row["world_size"]) == ("error", "2")
@@ -166,12 +166,12 @@ def test_a_dead_world_leaves_crashed_rows_and_a_fresh_world_goes_on(tmp_path, mo
                                             error_index=1, error_pid=1, exit_code=-11)
         writer = ResultsWriter(tmp_path, {}, plan["run_id"])
         by_id = {c.cell_id: c for c in cells}
-        writer.write([vocab_parallel_bench._row(by_id[c], plan, p, {"phase": "fwd",
+        writer.write([ranks._row(by_id[c], plan, p, {"phase": "fwd",
                                                                     "status": "ok"})
                       for c, p in pending])
 
     monkeypatch.setattr(mp, "start_processes", fake_world)
-    vocab_parallel_bench.run(cells, ["own", "own_filter"], ["fwd"], tmp_path, world_size=2,
+    runner.run(cells, ["own", "own_filter"], ["fwd"], tmp_path, world_size=2,
                              quiet=True)
     rows = {(r["cell_id"], r["provider"]): r for r in read_rows(tmp_path)}
     crashed = rows[(cells[0].cell_id, "own")]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel import linear_cross_entropy
-from own_kernel.config import overridden
+from own_kernel.policy.config import overridden
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 
@@ -129,7 +129,7 @@ def test_fp16_rows_keep_their_gradient_whatever_their_weight():
 def test_results_do_not_depend_on_the_previous_call(monkeypatch):
     # Let the forward gather used rows at any size, so its decision is live on the CPU, and
     # record how many rows each forward sees: the decision must not depend on earlier calls.
-    import own_kernel.ops as ops
+    import own_kernel.paths.entries as ops
 
     seen = []
     apply = ops.LceRowsEager.apply

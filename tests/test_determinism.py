@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from own_kernel import linear_cross_entropy
-from own_kernel.config import overridden
+from own_kernel.policy.config import overridden
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 ROUTES = {

@@ -1,5 +1,5 @@
-"""DTensor arguments of linear_cross_entropy (own_kernel/distributed.py) and the Hugging Face patch
-under torch.distributed's engines (FSDP2's fully_shard, tensor parallelism's ColwiseParallel),
+"""DTensor arguments of linear_cross_entropy (own_kernel/integrations/distributed.py) and the
+Hugging Face patch under torch.distributed's engines (FSDP2's fully_shard, tensor parallelism's ColwiseParallel),
 over gloo with 2 and 3 CPU processes, kernels under the Triton interpreter, fp32 (fp16 for the
 mixed-precision policy): loss and gradients equal the single-process run's.
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import own_kernel
 from own_kernel import linear_cross_entropy, token_logprobs
-from own_kernel import ops
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, PORTABLE
-from own_kernel.route import Call, route
+from own_kernel.paths import entries as ops
+from own_kernel.policy.config import HOPPER_16BIT, INTERPRETER, PORTABLE
+from own_kernel.policy.route import Call, route
 
 DEVICE = os.environ.get("CCE_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda" and torch.cuda.is_available()
@@ -556,8 +556,8 @@ def test_grpo_extras_split_the_tokens_into_whole_sequences():
 
 def test_the_custom_ops_schema_fake_and_autograd_with_the_entropy():
     # what torch.compile relies on: the sixth output (the entropy) and its gradient's inputs
-    from own_kernel.ops import lce_rows, lce_rows_backward
-    from own_kernel.options import Options
+    from own_kernel.paths.entries import lce_rows, lce_rows_backward
+    from own_kernel.policy.options import Options
 
     e, c, _, t = _inputs(12, 9, 16, 23, torch.float32, ignore=0.2)
     e.requires_grad_()

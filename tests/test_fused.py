@@ -1,12 +1,13 @@
-"""The three-matmul training path (own_kernel/fused.py) against an fp64 reference under the
-Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
+"""The three-matmul training path (own_kernel/paths/three_matmul.py) against an fp64 reference
+under the Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
 the API's choice of path."""
 import pytest
 import torch
 
-from own_kernel import fused, linear_cross_entropy
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
-from own_kernel.plan import even_rows, fused_plan
+from own_kernel import linear_cross_entropy
+from own_kernel.paths import three_matmul as fused
+from own_kernel.policy.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
+from own_kernel.policy.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
 
@@ -16,9 +17,9 @@ def fused_calls(monkeypatch):
     calls = []
     real = fused.fused_loss_and_grads
 
-    def spy(e, c, targets, bias, opts, cfg, plan, check, mean):
-        calls.append(([], plan.accumulate_dc, opts.filter is not None))
-        return real(e, c, targets, bias, opts, cfg, plan, check, mean)
+    def spy(e, c, targets, bias, opts, route, check, mean):
+        calls.append(([], route.fused.accumulate_dc, opts.filter is not None))
+        return real(e, c, targets, bias, opts, route, check, mean)
 
     def spy_chunk(real_chunk):
         def chunk(z, *args):
@@ -114,9 +115,9 @@ def _spy_plans(monkeypatch) -> list:
     """plan.shifted of each fused call of the test."""
     seen, inner = [], fused.fused_loss_and_grads
 
-    def spy(e, c, targets, bias, opts, cfg, plan, check, mean):
-        seen.append(plan.shifted)
-        return inner(e, c, targets, bias, opts, cfg, plan, check, mean)
+    def spy(e, c, targets, bias, opts, route, check, mean):
+        seen.append(route.fused.shifted)
+        return inner(e, c, targets, bias, opts, route, check, mean)
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
     return seen
@@ -202,7 +203,7 @@ def test_auto_filter_keeps_flat_rows_exact(fused_calls):
 
 
 def test_scale_into_scales_casts_and_checks_its_arguments():
-    from own_kernel.scale import scale_into
+    from own_kernel.kernels.scale import scale_into
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5000, generator=g)  # more than one block, a ragged last one
     scale = torch.tensor(-0.375)
@@ -410,3 +411,33 @@ def test_fp32_calls_take_their_own_default_budget(fused_calls):
         linear_cross_entropy(e, c, t).backward()
         linear_cross_entropy(e.half(), c.half(), t).backward()  # 16-bit: the other budget, 0
     assert len(fused_calls) == 1
+
+
+def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypatch):
+    """queue_targets_check(targets, v, ignore_index) is what a call of any path uses: on the
+    three-matmul path (several chunks) the call counts only its first chunk's targets apart,
+    not the whole check again, with the same loss and gradients."""
+    import own_kernel
+    import own_kernel.kernels.check_targets as ct
+    launched = []
+    launch = ct.check_and_count_targets
+    monkeypatch.setattr(ct, "check_and_count_targets",
+                        lambda t, *a, **k: launched.append(t.numel()) or launch(t, *a, **k))
+    g = torch.Generator().manual_seed(4)
+    e, c = torch.randn(20, 16, generator=g), torch.randn(40, 16, generator=g)
+    t = torch.randint(0, 40, (20,), generator=g)
+    t[::6] = -100
+
+    def loss_and_grads(**kwargs):
+        ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
+        with overridden({"fused": {"max_rows": 8}}):
+            assert own_kernel.plan(ee, cc, t, workspace_mib=16).path == "three-matmul"
+            loss = own_kernel.linear_cross_entropy(ee, cc, t, workspace_mib=16, **kwargs)
+        loss.backward()
+        return loss, ee.grad, cc.grad
+
+    plain = loss_and_grads()
+    launched.clear()
+    queued = loss_and_grads(targets_check=own_kernel.queue_targets_check(t, 40, -100))
+    assert launched == [20, 8]  # the queued check, then the first chunk's 8 targets alone
+    assert all(torch.equal(a, b) for a, b in zip(plain, queued))

@@ -15,8 +15,8 @@ transformers = pytest.importorskip("transformers", minversion="5",
                                    reason="own_kernel.transformers needs transformers >= 5 "
                                           "(the test extra installs it)")
 
-import own_kernel.ops as ops  # noqa: E402
-import own_kernel.transformers as hf_patch  # noqa: E402
+import own_kernel.paths.entries as ops  # noqa: E402
+import own_kernel.integrations.transformers as hf_patch  # noqa: E402
 from own_kernel.transformers import SUPPORTED, patch, unpatch  # noqa: E402
 
 VOCAB, SEQ = 96, 12
@@ -494,7 +494,7 @@ def test_the_module_imports_transformers_lazily():
 def _launch_order(monkeypatch, model):
     """Records "check" for each launch of the targets' check and "trunk" for each call of the
     base model, in order."""
-    import own_kernel.check_targets as ct
+    import own_kernel.kernels.check_targets as ct
     events = []
     launch = ct.check_and_count_targets
 
@@ -525,17 +525,21 @@ def test_the_targets_check_is_queued_before_the_trunk_once(monkeypatch, kernel_c
 
 
 def test_a_queued_targets_check_is_used_only_for_what_it_checked():
-    """A check queued for other targets, a vocabulary size, a split, or targets modified since
-    (their version) is not used: the call checks anew, so it never reads a stale count."""
-    from own_kernel.check_targets import queue_targets_check, queued_or_new_check
+    """A check queued for other targets, a vocabulary size, or targets modified since (their
+    version) is not used: the call checks anew, so it never reads a stale count. How the call
+    splits its rows is not what a check is for: a queued check serves any split, counting the
+    first chunk's targets apart where it did not count them."""
+    from own_kernel.paths.targets import queue_targets_check, queued_or_new_check
     t = torch.tensor([[1, 2, -100], [4, -100, 6]])
     q = queue_targets_check(t, 10, -100, split=2)
     assert q.check.values() == [0.0, 4.0, 2.0] and int(q.count) == 4
     flat = t.reshape(-1)
     assert queued_or_new_check(q, flat, 10, -100, 2)[1] is q.count
-    for args in ((flat.clone(), 10, -100, 2), (flat, 11, -100, 2), (flat, 10, -100, 3),
-                 (flat, 10, 0, 2)):
+    for args in ((flat.clone(), 10, -100, 2), (flat, 11, -100, 2), (flat, 10, 0, 2)):
         assert queued_or_new_check(q, *args)[1] is not q.count
+    for split, first in ((0, 0.0), (3, 2.0), (5, 3.0), (6, 4.0), (9, 4.0)):
+        check, count = queued_or_new_check(q, flat, 10, -100, split)
+        assert count is q.count and check.values() == [0.0, 4.0, first], split
     t[0, 2] = 7  # in place: a new version, one more used target
     check, count = queued_or_new_check(q, flat, 10, -100, 2)
     assert count is not q.count and int(count) == 5

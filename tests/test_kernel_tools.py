@@ -58,7 +58,7 @@ def test_check_refuses_what_it_cannot_do_here(capsys, monkeypatch, device):
 def test_check_compares_gradients_on_the_cpu(capsys):
     import torch
 
-    from own_kernel.api import AUTO_EPS
+    from own_kernel.policy.options import AUTO_EPS
 
     n, d, v = 8, 16, 40
     cli.main(["kernel", "check", "--n", str(n), "--d", str(d), "--v", str(v), "--device", "cpu"])

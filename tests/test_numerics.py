@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel import linear_cross_entropy
-from own_kernel.config import INTERPRETER, overridden, with_overrides
-from own_kernel.plan import fused_plan
+from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
+from own_kernel.policy.plan import fused_plan
 
 DEVICE = os.environ.get("CCE_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda" and torch.cuda.is_available()
@@ -217,7 +217,7 @@ def test_accuracy_tools_large_logits_are_exact_in_fp32():
 def test_the_rounding_corrections_mean_row_copies_nothing_of_the_rows():
     # sampled_mean sums ~4096 rows of C in fp32: as one GEMV, not through an fp32 copy of the
     # rows (4 bytes a sampled element, on top of the three-matmul path's peak).
-    from own_kernel.gemm import MEAN_SAMPLE_ROWS, sampled_mean
+    from own_kernel.kernels.gemm import MEAN_SAMPLE_ROWS, sampled_mean
 
     c = torch.randn(128256, 4096, device="cuda", dtype=torch.bfloat16)
     sampled_mean(c[:8192])  # cuBLAS's workspace, allocated at a process's first GEMM

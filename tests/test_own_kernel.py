@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel import LinearCrossEntropy, linear_cross_entropy
-from own_kernel.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
+from own_kernel.policy.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
 
 
 def reference(e, c, t, bias=None, softcap=None, reduction="mean", ls=0.0, ignore_index=-100, shift=0):
@@ -138,7 +138,7 @@ def test_auto_filter_keeps_flat_rows_exact(monkeypatch):
     # row block of the interpreter's tiles) are peaked (a large target logit), the rest flat
     # (p ~ 1/V < AUTO_FLAT_P_MAX); an eps above every flat entry would skip all of their tiles
     # without the guard.
-    from own_kernel import api
+    from own_kernel.policy import options
 
     g = torch.Generator().manual_seed(5)
     n, v = 32, 1024
@@ -153,11 +153,11 @@ def test_auto_filter_keeps_flat_rows_exact(monkeypatch):
         linear_cross_entropy(e, c, t, filter_eps=filter_eps).backward()
         return e.grad.clone()
 
-    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
+    monkeypatch.setitem(options.AUTO_EPS, torch.float32, 5e-3)
     exact, auto = grad_e(None), grad_e("auto")
     assert rel(auto[16:], exact[16:].double()) < 1e-6, "flat rows must not be filtered"
     assert rel(auto[:16], exact[:16].double()) > 1e-6, "peaked rows must be filtered"
-    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.0)  # no guard: the flat rows lose their tail
+    monkeypatch.setattr(options, "AUTO_FLAT_P_MAX", 0.0)  # no guard: the flat rows lose their tail
     assert rel(grad_e("auto")[16:], exact[16:].double()) > 1e-3
 
 
@@ -209,9 +209,9 @@ def test_ignored_rows_skipped_forward_and_dropped_backward(monkeypatch, tma, dro
     # are dropped before the forward (gathered), before the backward only, or not at all: then
     # the forward computes no logits for the all-ignored blocks and the backward runs on every
     # row, the ignored ones inert through their +inf lse. All must match fp64.
-    import own_kernel.ops as ops
-    from own_kernel.config import config_for
-    from own_kernel.options import Options
+    import own_kernel.paths.entries as ops
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.options import Options
 
     compaction = {"fwd_min_flops": 0 if drop == "forward" else 1e30}
     if drop == "none":
@@ -262,7 +262,7 @@ def _ignored_rows_case(monkeypatch, ops, config_for, Options, filter_eps, drop):
 def test_forward_gathers_used_rows_by_this_call_alone(monkeypatch):
     # Calls large enough (compact_fwd_min_flops) read the count before the forward and gather
     # the used rows when that pays, whatever the previous call did; without gradients, never.
-    import own_kernel.ops as ops
+    import own_kernel.paths.entries as ops
 
     fwd_rows = []
     real_fwd = ops.forward
@@ -291,7 +291,7 @@ def test_forward_gathers_used_rows_by_this_call_alone(monkeypatch):
     (32768, 24577, 32000, 2304, True, False),
 ])
 def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
-    from own_kernel.plan import compaction_pays, tail_width
+    from own_kernel.policy.plan import compaction_pays, tail_width
 
     assert compaction_pays(n, used, v, d, 2, HOPPER_16BIT) is expect
     if used:
@@ -303,10 +303,10 @@ def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
 def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
     # forward.l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
     # blocks (the last group partial); every (row block, split) must still run exactly once.
-    from own_kernel import forward
-    from own_kernel.config import config_for
-    from own_kernel.plan import split_plan
-    from own_kernel.tile import num_sms
+    from own_kernel.paths import forward
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.plan import split_plan
+    from own_kernel.kernels.tile import num_sms
 
     n, d, v = 100, 24, 300
     cfg = config_for(torch.device("cpu"), torch.float32)
@@ -352,19 +352,13 @@ RECOMPUTE_ROUTES = {
 
 def _spy_w_writers(monkeypatch):
     """Which launcher wrote each chunk's W: ["tma" | "cublas" | "pointer", ...]."""
-    from own_kernel import backward, backward_low_memory, dlogits_tma
+    from own_kernel.paths import writers as w
 
     writers = []
-    real_tma = dlogits_tma.RecomputeTma.write
-    monkeypatch.setattr(dlogits_tma.RecomputeTma, "write",
-                        lambda self, *a, **k: writers.append("tma") or real_tma(self, *a, **k))
-    for module in (backward, backward_low_memory):
-        real_pointer = module.write_w_pointer
-        monkeypatch.setattr(module, "write_w_pointer", lambda *a, _real=real_pointer, **k:
-                            writers.append("pointer") or _real(*a, **k))
-    real_logits = backward.write_w_from_logits
-    monkeypatch.setattr(backward, "write_w_from_logits",
-                        lambda *a, **k: writers.append("cublas") or real_logits(*a, **k))
+    for kind, cls in (("tma", w.TmaWriter), ("pointer", w.PointerWriter),
+                      ("cublas", w.CublasWriter)):
+        monkeypatch.setattr(cls, "write", lambda self, *a, _real=cls.write, _kind=kind, **k:
+                            writers.append(_kind) or _real(self, *a, **k))
     return writers
 
 
@@ -428,7 +422,7 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     # backward_low_memory.py: dE by row chunks, dC by column chunks (over row groups with
     # "small"); dC's buffer and the workspace start as NaN, so a read before a write shows. With
     # a z-loss on the lse and ignored rows.
-    from own_kernel import backward_low_memory as blm
+    from own_kernel.policy import route as route_module
 
     # "groups": chunks of pass 1 must be so tall that dC's buffer holds only part of their W
     override = {"chunks": {"recompute": "tma" if recompute == "tma" else "cublas"},
@@ -438,8 +432,9 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
     if chunks == "groups":
         override["low_memory"] = {**LOW_MEMORY_SMALL["low_memory"], "min_entries": 24 * 64}
     plans = []
-    real_plan = blm.low_memory_plan
-    monkeypatch.setattr(blm, "low_memory_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    real_plan = route_module.low_memory_plan
+    monkeypatch.setattr(route_module, "low_memory_plan",
+                        lambda *a: plans.append(real_plan(*a)) or plans[-1])
     writers = _spy_w_writers(monkeypatch)
     g = torch.Generator().manual_seed(23)
     n, d, v = 150, 24, 61  # n > 2 d: row groups need less workspace than every row at once
@@ -478,7 +473,7 @@ def test_low_memory_backward_matches_reference(monkeypatch, recompute, chunks, d
 def test_low_memory_plan_fits_its_buffers(n, v, d, elt):
     # Pass 1's W and fp32 result fit the larger of dC's buffer and pass 2's; pass 2's fit its
     # buffer; that buffer is low_memory.frac of the gradients wherever that holds one row block.
-    from own_kernel.plan import low_memory_plan, tile_bytes
+    from own_kernel.policy.plan import low_memory_plan, tile_bytes
 
     cfg = HOPPER_16BIT
     plan = low_memory_plan(n, v, d, elt, cfg)
@@ -538,7 +533,7 @@ def test_low_memory_rejects_the_filter_and_non_bools():
                                           (8192, 32000, 4096, 2), (1, 7, 16, 2)])
 def test_chunk_plan_keeps_workspace_off_unwritten_rows(n, v, d, elt):
     # The cuBLAS route (tma False): X and W at dC's end, above the chunk's own rows.
-    from own_kernel.plan import chunk_plan, x_and_w_slots
+    from own_kernel.policy.plan import chunk_plan, x_and_w_slots
 
     for cfg in (INTERPRETER, HOPPER_16BIT):
         plan = chunk_plan(n, v, d, elt, cfg, tma=False)
@@ -570,7 +565,7 @@ def test_tma_chunk_plan_keeps_live_w_slots_apart(n, v, d, elt):
     # look-ahead: one W at a time, and twice the width for the same bytes.
     import itertools
 
-    from own_kernel.plan import chunk_plan, looks_ahead, w_slots
+    from own_kernel.policy.plan import chunk_plan, looks_ahead, w_slots
 
     # HOPPER_16BIT sends chunks narrower than the tail's to the tail (chunks.tail_min_width);
     # without that rule, what fits in dC alone decides the chunks.
@@ -610,9 +605,9 @@ def test_filtered_cublas_chunks_and_pointer_tail_read_only_what_they_wrote(monke
     # end (a multiple of 8 here, not of dlogits' 32-wide tiles) and run the pointer kernel into
     # the tail's buffer. Workspaces and dC start as NaN (poison), so a GEMM reading W the
     # kernels never wrote shows as NaN, and poisoning must change nothing at all.
-    from own_kernel import backward
-    from own_kernel.config import config_for
-    from own_kernel.plan import chunk_plan
+    from own_kernel.paths import recompute as backward
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.plan import chunk_plan
 
     override = {"dlogits": {"block_v": 32},
                 "chunks": {"max_width": 40, "min_width": 8, "align": 8, "recompute": "cublas"},
@@ -656,9 +651,10 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
     # Many narrow tma chunks: their W slots alternate inside dC's unwritten tail while dC fills
     # up (w_slots). dC and the workspaces start as NaN (poison): a GEMM reading a W slot that a
     # later chunk's dC rows or the look-ahead's W overwrote shows as NaN or as a difference.
-    from own_kernel import backward, dlogits, dlogits_tma, softmax_grad
-    from own_kernel.config import config_for
-    from own_kernel.plan import chunk_plan
+    from own_kernel.kernels import dlogits, dlogits_tma, softmax_grad
+    from own_kernel.paths import recompute as backward
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.plan import chunk_plan
 
     override = {
         "chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
@@ -706,8 +702,8 @@ def test_tma_chunks_read_only_what_they_wrote(monkeypatch, filter_eps, subtiles,
 def test_tail_runs_exact_in_a_filtered_call(recompute):
     # The tail's chunks do not filter: their dC rows match the exact mode's, while the chunks
     # in dC still skip columns (a large eps: visible there).
-    from own_kernel.config import config_for
-    from own_kernel.plan import chunk_plan
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.plan import chunk_plan
 
     override = {"dlogits": {"block_v": 32},
                 "chunks": {"max_width": 40, "min_width": 8, "align": 8, "recompute": recompute},
@@ -738,7 +734,7 @@ def test_gather_kept_matches_torch(dtype):
     # (eps 0), and the gathered row sums taken off row_skip.
     import triton
 
-    from own_kernel.gather_kept import cce_gather_kept_kernel
+    from own_kernel.kernels.gather_kept import cce_gather_kept_kernel
 
     g = torch.Generator().manual_seed(3)
     n, width, num_kept, size = 45, 200, 37, 72
@@ -765,15 +761,17 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
     # tma chunks narrower than filter_min_flops (4 N width D) and the tail run exact inside a
     # filtered backward: with every chunk below it the result is exact mode's; with some above
     # (the 24-wide chunks here: 4 * 40 * 24 * 16 = 61440 flops) they filter, poison-safe.
-    from own_kernel import backward
+    from own_kernel.paths import recompute as backward
 
     override = {"chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
                 "filter": {"max_width": 24, "min_flops": min_flops}}
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
     can_skip, decisions, runs = [], [], []
-    real_can_skip, real_filter_rows = backward.filter_can_skip, backward.filter_rows
-    monkeypatch.setattr(backward, "filter_can_skip",
+    from own_kernel.policy import route as route_module
+
+    real_can_skip, real_filter_rows = route_module.filter_can_skip, backward.filter_rows
+    monkeypatch.setattr(route_module, "filter_can_skip",
                         lambda *a: can_skip.append(real_can_skip(*a)) or can_skip[-1])
     monkeypatch.setattr(backward, "filter_rows",
                         lambda *a: decisions.append(1) or real_filter_rows(*a))
@@ -804,8 +802,8 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
 def test_custom_ops_pass_opcheck(low_memory):
     # Schema, fake (meta) implementation and autograd registration of both ops, as
     # torch.compile uses them.
-    from own_kernel.ops import lce_rows, lce_rows_backward
-    from own_kernel.options import Options
+    from own_kernel.paths.entries import lce_rows, lce_rows_backward
+    from own_kernel.policy.options import Options
 
     g = torch.Generator().manual_seed(5)
     e = torch.randn(9, 16, generator=g, requires_grad=True)
@@ -876,14 +874,16 @@ def test_filter_decision_read_after_the_first_chunk(monkeypatch, peaked_rows, fi
     # after the first tma chunk's kernel is queued, that chunk running as if filtering. When the
     # answer is no (too many flat rows, or none peaked), what it added for the filter must be
     # dropped: the gradients are exact mode's, poison-safe, and the later chunks run unfiltered.
-    from own_kernel import api, backward, dlogits_tma
-    from own_kernel.config import config_for
-    from own_kernel.plan import chunk_plan
+    from own_kernel.kernels import dlogits_tma
+    from own_kernel.paths import recompute as backward
+    from own_kernel.policy import options
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.plan import chunk_plan
 
     override = {"chunks": {"recompute": "tma", "max_width": 24, "min_width": 8, "align": 8},
                 "filter": {"max_width": 24}}
-    monkeypatch.setitem(api.AUTO_EPS, torch.float32, 5e-3)
-    monkeypatch.setattr(api, "AUTO_FLAT_P_MAX", 0.01)
+    monkeypatch.setitem(options.AUTO_EPS, torch.float32, 5e-3)
+    monkeypatch.setattr(options, "AUTO_FLAT_P_MAX", 0.01)
     n, d, v = 40, 16, 203
     e, c, t = peaked_inputs(n, d, v, seed=1)
     e[peaked_rows:] *= 0.001  # flat softmax: p_max ~ 1/V, below AUTO_FLAT_P_MAX
@@ -940,7 +940,7 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     # Plans of the H200's config, without a GPU. chunks.tail_min_width: with many tokens dC's
     # free tail holds only chunks narrower than the tail's (dE's buffer), so they all go to the
     # tail. filter.min_total_flops: a filter whose chunks carry too little GEMM work is not run.
-    from own_kernel.plan import TailPlan, chunk_plan, filter_can_skip, looks_ahead, tail_width
+    from own_kernel.policy.plan import TailPlan, chunk_plan, filter_can_skip, looks_ahead, tail_width
 
     cfg = HOPPER_16BIT
     no_tail_min = with_overrides(cfg, {"chunks": {"tail_min_width": False}})

@@ -1,5 +1,5 @@
-"""The route (own_kernel/route.py): pure decisions at real shapes on every target's config (no
-launch), own_kernel.plan against the path a call actually runs, options that cannot apply
+"""The route (own_kernel/policy/route.py): pure decisions at real shapes on every target's
+config (no launch), own_kernel.plan against the path a call actually runs, options that cannot apply
 refused or reported, and the providers calling the API as a user does."""
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import own_kernel  # noqa: E402
-from own_kernel import fused, linear_cross_entropy, ops  # noqa: E402
-from own_kernel.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
+from own_kernel import linear_cross_entropy  # noqa: E402
+from own_kernel.paths import entries as ops, three_matmul as fused  # noqa: E402
+from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
                                use_target)
-from own_kernel.plan import fused_plan  # noqa: E402
-from own_kernel.route import Call, describe, route  # noqa: E402
+from own_kernel.policy.plan import fused_plan  # noqa: E402
+from own_kernel.policy.route import Call, route  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,18 +88,15 @@ def test_describe_reports_the_plans_chunks_and_a_peak_above_the_gradients():
     grads = (QWEN_SMALL["n"] + QWEN_SMALL["v"]) * QWEN_SMALL["d"] * 2
     call = Call(**QWEN_SMALL, dtype=BF16)
     r = route(call, HOPPER_16BIT)
-    p = describe(call, r)
+    p = r  # the route is the plan own_kernel.plan reports
     assert (p.path, p.chunks, p.chunk_size) == ("three-matmul", r.fused.chunks, r.fused.rows)
     assert p.peak_bytes >= grads + r.fused.extra_bytes
-    rec = describe(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0),
-                   route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT))
+    rec = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT)
     assert rec.path == "recompute" and rec.chunks > 1
     assert rec.peak_bytes >= grads + 4 * QWEN_SMALL["n"] * QWEN_SMALL["d"]  # dE's fp32 copy
-    low = describe(Call(**QWEN_SMALL, dtype=BF16, low_memory=True),
-                   route(Call(**QWEN_SMALL, dtype=BF16, low_memory=True), HOPPER_16BIT))
+    low = route(Call(**QWEN_SMALL, dtype=BF16, low_memory=True), HOPPER_16BIT)
     assert grads < low.peak_bytes < rec.peak_bytes
-    fwd = describe(Call(**QWEN_SMALL, dtype=BF16, needs_grad=False),
-                   route(Call(**QWEN_SMALL, dtype=BF16, needs_grad=False), HOPPER_16BIT))
+    fwd = route(Call(**QWEN_SMALL, dtype=BF16, needs_grad=False), HOPPER_16BIT)
     assert fwd.chunks == 0 and fwd.peak_bytes < grads // 100
 
 

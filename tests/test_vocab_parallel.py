@@ -1,4 +1,4 @@
-"""Vocab-parallel CCE (own_kernel/vocab_parallel.py) over gloo, 2 and 3 CPU processes, kernels
+"""Vocab-parallel CCE (own_kernel/paths/vocab_parallel.py) over gloo, 2 and 3 CPU processes, kernels
 under the Triton interpreter, fp32: the loss, lse and gradients of the sharded call equal the
 single-process kernel's on the gathered problem and fp64's, with uneven shards, ignored targets,
 softcap, label smoothing, bias, every reduction, return_lse, shift and low_memory; FSDP2's
@@ -27,8 +27,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from own_kernel import (LinearCrossEntropy, VocabParallel, linear_cross_entropy,  # noqa: E402
-                        vocab_parallel)
+from own_kernel import LinearCrossEntropy, VocabParallel, linear_cross_entropy  # noqa: E402
+from own_kernel.paths import vocab_parallel  # noqa: E402
 
 N, D, V = 14, 16, 37
 TOL_FP64 = 1e-5     # against fp64, relative to the largest entry of each result

@@ -19,7 +19,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from own_kernel.autotune import time_launch
+from own_kernel.policy.autotune import time_launch
 from suite.kernel.common import require_cuda
 from suite.results import environment
 
@@ -102,7 +102,7 @@ def _naive(e, c, t):
 def run_route(name, e, c, t, ref, reps, workspace_mib):
     """(loss, loss error, dE error, dC error, median ms) of one route ("naive": torch)."""
     from own_kernel import linear_cross_entropy
-    from own_kernel.config import overridden
+    from own_kernel.policy.config import overridden
 
     kwargs, overrides = ROUTES.get(name, ({}, {}))
     if name.startswith("three_matmul"):

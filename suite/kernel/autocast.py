@@ -145,7 +145,7 @@ def _floor_ms(e, c, reps: int) -> float:
 
 
 def _shape_rows(name, n, d, v, providers, args) -> list[dict]:
-    from own_kernel.config import overridden
+    from own_kernel.policy.config import overridden
     from suite.measure import free_memory, is_oom, one_line
 
     e, c, t = _inputs(n, d, v)

@@ -17,37 +17,45 @@ import torch
 
 
 def forward_lse(e, c, targets, softcap):
-    """The forward pass alone (no autograd): returns the rows' log-sum-exp."""
-    from own_kernel.config import config_for
-    from own_kernel.forward import forward
+    """The forward pass alone (no autograd), by the forward kernel a call of these tensors
+    takes (its route): returns the rows' log-sum-exp."""
+    from own_kernel.paths.forward import forward
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.options import Options
+    from own_kernel.policy.route import call_of, route, tma_ready
 
-    return forward(e, c, None, targets, softcap, 0.0, -100, config_for(e.device, e.dtype))[1]
+    opts = Options(softcap=softcap)
+    call = call_of(e, c, None, opts, needs_grad=False, e_tma_ready=tma_ready(e),
+                   c_tma_ready=tma_ready(c))
+    return forward(e, c, None, targets, opts, route(call, config_for(e.device, e.dtype)))[1]
 
 
 def config_in_force(device: torch.device, dtype: torch.dtype) -> dict:
     """The kernel's config for this device and dtype, overrides included, as a nested dict."""
-    from own_kernel.config import config_for
+    from own_kernel.policy.config import config_for
 
     return dataclasses.asdict(config_for(device, dtype))
 
 
 def config_override(override: dict):
-    """A context: the kernel runs with ``override`` (nested field names of own_kernel.config,
+    """A context: the kernel runs with ``override`` (nested field names of own_kernel.policy.config,
     e.g. {"forward": {"tma": False}}) on top of its config."""
-    from own_kernel.config import overridden
+    from own_kernel.policy.config import overridden
 
     return overridden(override)
 
 
 def backward_plan(n, v, d, dtype, device, filtered) -> list:
-    """The chunks [(start, width, "dC" | "tail")] a backward of this shape runs (TMA-readable
-    inputs assumed where the config recomputes with TMA)."""
-    from own_kernel.config import config_for
-    from own_kernel.plan import chunk_plan
+    """The chunks [(start, width, "dC" | "tail")] a recompute backward of this shape runs
+    (contiguous inputs: TMA-readable where their rows are 16-byte multiples), filtered or
+    not, as its route plans them."""
+    from own_kernel.policy.config import config_for
+    from own_kernel.policy.route import Call, route
 
-    cfg = config_for(torch.device(device), dtype)
-    elt = torch.tensor([], dtype=dtype).element_size()
-    plan = chunk_plan(n, v, d, elt, cfg, tma=cfg.chunks.recompute == "tma", filtered=filtered)
+    device = torch.device(device)
+    call = Call(n, v, d, dtype, workspace_mib=0, filtered=filtered,
+                on_cuda=device.type == "cuda")
+    plan = route(call, config_for(device, dtype)).vocab_chunks(filtered)
     return [(ch.v_start, ch.width, "tail" if ch.in_tail else "dC") for ch in plan]
 
 
@@ -55,7 +63,7 @@ def backward_plan(n, v, d, dtype, device, filtered) -> list:
 def filter_record():
     """Inside the block, each filtered backward appends {'filtered': bool, 'kept': [columns
     kept per chunk] or None, 'flat': rows that never skip} to the yielded list."""
-    from own_kernel import backward
+    from own_kernel.paths import recompute as backward
 
     records, run = [], backward.FilteredRun.run
 
@@ -84,8 +92,8 @@ def compiled_kernels() -> dict:
     from triton.runtime.jit import JITFunction
 
     out = {}
-    for info in pkgutil.iter_modules(own_kernel.__path__):
-        module = importlib.import_module(f"own_kernel.{info.name}")
+    for info in pkgutil.walk_packages(own_kernel.__path__, "own_kernel."):
+        module = importlib.import_module(info.name)
         for name, fn in vars(module).items():
             if isinstance(fn, JITFunction) and name.startswith("cce_"):
                 for i, compiled in enumerate(_compiled_variants(fn)):
@@ -103,7 +111,7 @@ def _compiled_variants(fn) -> list:
 
 def run_portable_forward(e, c, targets, softcap) -> None:
     """The forward on the portable path (on a CUDA GPU, its tiles are tuned on first use)."""
-    from own_kernel.config import use_target
+    from own_kernel.policy.config import use_target
 
     with use_target("portable"):
         forward_lse(e, c, targets, softcap)
@@ -113,7 +121,7 @@ def run_portable_loss_and_grad(e, c, targets, softcap, filter_eps=None) -> None:
     """Loss and gradients on the portable path through the recompute backward (workspace_mib=0:
     not the three-matmul path), so its softmax_grad and dlogits tiles are tuned on first use."""
     from own_kernel import linear_cross_entropy
-    from own_kernel.config import use_target
+    from own_kernel.policy.config import use_target
 
     e, c = e.detach().requires_grad_(), c.detach().requires_grad_()
     with use_target("portable"):
@@ -123,6 +131,6 @@ def run_portable_loss_and_grad(e, c, targets, softcap, filter_eps=None) -> None:
 
 def portable_tile_cache():
     """(the tile cache's path, its entries)."""
-    from own_kernel.autotune import cache_path, read_cache
+    from own_kernel.policy.autotune import cache_path, read_cache
 
     return cache_path(), read_cache()

@@ -88,7 +88,7 @@ def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_
     # recompute backward, the three-matmul path where the default budget holds it), forced
     # here so it can be measured beside the Hopper path: workspace_mib None is the API's own
     # choice, what a user of such a GPU gets. CUDA only: use_target is an error on CPU tensors.
-    from own_kernel.config import use_target
+    from own_kernel.policy.config import use_target
 
     with use_target("portable"):
         return _call(e, c, targets, bias, softcap, ignore_index, filter_eps,

@@ -1,0 +1,71 @@
+"""Forward, the pointer kernel: per-row log-sum-exp of softcap(E @ C.T + b) without
+materialising N x V (any strides; forward_tma.py is its TMA twin, paths/forward.py the pass
+that picks between them as the route says and combines the splits).
+
+Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V tiles
+and keeps an online log-sum-exp in fp32 (running max m of the logits, running sum s of
+exp(z - m); tile.py). Row blocks vary fastest in the program id, so the programs resident at one
+time read the same C tiles and share them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
+first loads overlap this tile's epilogue). The splits' partial (m, s) are combined in O(splits*N),
+with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
+each row's loss (lse_combine.py).
+"""
+import triton
+import triton.language as tl
+
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update,
+                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
+                                     store_split_partials)
+from own_kernel.policy.plan import cdiv
+
+
+@triton.jit
+def cce_fwd_kernel(E, C, Bias, Targets, Part,
+                   N, V, D, v_per_split, plane, splits, group_rows, ignore_index,
+                   stride_en, stride_ed, stride_cv, stride_cd,
+                   tanh_scale, cap,
+                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                   NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    num_nb = tl.cdiv(N, BLOCK_N)
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    v_start = split * v_per_split
+    v_end = tl.minimum(v_start + v_per_split, V)
+    if SKIP_IGNORED:
+        v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
+
+    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    t = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_mask = offs_v < v_end
+        x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+                       stride_en, stride_ed, stride_cv, stride_cd,
+                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+        m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
+                                             HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+
+    store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
+                         NEED_ENT)
+
+
+def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored,
+                     sums):
+    """Each split's (running max, sum[, sum of logits][, entropy's t]) per row into part,
+    pointer loads (any strides). grid: plan.ForwardGrid; cfg: the Config; sums: PartialSums."""
+    (n, d), v = e.shape, c.shape[0]
+    k = cfg.forward.tiles
+    cce_fwd_kernel[(cdiv(n, k.block_n) * grid.splits,)](
+        e, c, bias if bias is not None else part, targets, part,
+        n, v, d, grid.v_per_split, grid.splits * n, grid.splits, grid.group_rows,
+        int(ignore_index), e.stride(0), e.stride(1), c.stride(0), c.stride(1),
+        *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
+        SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
+        DOT_PRECISION=dot_precision(e.dtype), **k.launch())

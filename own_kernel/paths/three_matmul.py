@@ -1,0 +1,353 @@
+"""The three-matmul training path: loss and both gradients in the forward, in row chunks whose
+logits live briefly in a bounded workspace.
+
+When the loss's upstream gradient is one scalar (reduction "mean" or "sum"), the backward only
+scales, so the forward can do all the work once per chunk of rows R:
+
+    Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (fp32; 16-bit: config.Fused)
+    G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
+    (or, shifted logits: the TMA forward writes Z_R in 16 bits relative to each tile's row max
+    with the rows' lse and losses, forward_tma.py; then one read of Z_R, G over it)
+    dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
+                                      the filter or V mod 8 splits the K = V reduction)
+    dC   += w G_R^T E_R               cuBLAS into an fp32 accumulator when there are several
+                                      chunks (16-bit accumulation loses the cancellations of
+                                      frequent tokens' columns on LM-like inputs)
+
+with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
+path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
+is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need
+only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
+flat row's), and dE and dC run over marked blocks only.
+
+Under autocast an fp32 weight (C, and its bias) arrives as it is: its gradient is fp32 anyway,
+so dC's fp32 sums, in one chunk or several, are returned as that gradient (scaled in place) and
+no 16-bit dC or cast back exists. The GEMMs read a 16-bit copy of C made here and dropped with
+the forward: the backward only scales.
+
+No host read idles the GPU: the targets' check is read once the first chunk is queued (that
+chunk keeps its rows without a target, zeroed by the pass; the rest's such rows are gathered
+out), and the backward scales by the upstream gradient on the device.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
+from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
+from own_kernel.kernels.scale import scale_into
+from own_kernel.paths.forward import forward
+from own_kernel.paths.shared import refuse_create_graph, used_rows
+from own_kernel.paths.targets import raise_on_bad_targets
+from own_kernel.policy.config import Config
+from own_kernel.policy.options import Options
+from own_kernel.policy.plan import ALIGN, FusedPlan, cdiv, even_rows
+from own_kernel.policy.route import Route
+
+
+def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
+    """runs with the last V mod 8 columns as their own run (at V 50257 one GEMM over all the
+    columns fell off cuBLAS's fast kernels)."""
+    cut = v - v % ALIGN
+    out = []
+    for a, b in runs:
+        out += [(a, cut), (cut, b)] if a < cut < b else [(a, b)]
+    return out
+
+
+def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
+    """Column ranges [a, b) of the consecutive marked blocks (a host read of the marks)."""
+    runs, start = [], None
+    for i, k in enumerate(kept.tolist() + [0]):
+        if k and start is None:
+            start = i
+        elif not k and start is not None:
+            runs.append((start * block, min(v, i * block)))
+            start = None
+    return runs
+
+
+class _Sums:
+    """The gradients being assembled: dE rows as they complete (summed in fp32 rows when the
+    plan splits their reduction), dC (fp32 over chunks, or the single chunk's own), dbias's
+    fp32 column sums. fp32 inputs need no fp32 copies: dE's rows and dC (the outputs
+    themselves) are the GEMMs' outputs and dC's accumulator. The upstream gradient is applied
+    by :meth:`gradients` in the backward, on the device: dC's fp32 accumulator is kept until
+    then and rounded there, so reading that gradient on the host (which would idle the GPU
+    while the host catches up) costs nothing to avoid."""
+
+    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
+        """c and bias as the caller gave them: their dtype is their gradients' (an fp32 weight
+        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks)."""
+        if c.dtype != e.dtype and not plan.accumulate_dc:
+            raise ValueError(f"c: a {c.dtype} weight beside {e.dtype} hidden states needs a "
+                             f"plan that sums dC in fp32 (plan.fused_plan's dc_fp32)")
+        self.de = torch.empty(e.shape, device=e.device, dtype=e.dtype)
+        self.de32 = (torch.empty(plan.rows, e.shape[1], device=e.device, dtype=torch.float32)
+                     if plan.de_rows_fp32 else None)
+        v, d = c.shape
+        # Exact, the first chunk writes every row of dC (its fp32 buffer with beta 0): no pass
+        # to zero its bytes. Filtered, a skipped block's rows must read as zero.
+        self.dc32_zeroed = filtered
+        alloc = torch.zeros if filtered else torch.empty
+        if plan.accumulate_dc:
+            self.dc32 = alloc(v, d, device=c.device, dtype=torch.float32)
+            self.dc = None
+        else:
+            self.dc32 = None
+            self.dc = alloc(c.shape, device=c.device, dtype=c.dtype)  # contiguous: scale_into
+        self.dbias32 = (torch.zeros(v, device=c.device, dtype=torch.float32)
+                        if bias is not None else None)
+        self.dtype, self.bias_dtype = c.dtype, None if bias is None else bias.dtype
+        self.weight = 1.0  # the reduction's, set once the host has read the targets' count
+        # 16-bit G: what rounding removed from each row goes back into dE through C's mean row
+        # (as finalize_de.py does on the recompute path): where every row of C shares a large
+        # component, dE's true terms along it cancel and the rounding residue would not.
+        self.row_round = self.c_mean = None
+        if e.dtype != torch.float32:
+            self.row_round = torch.empty(plan.rows, device=c.device, dtype=torch.float32)
+            self.c_mean = sampled_mean(c)
+
+    def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
+        """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
+        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
+        one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
+        rows = g.shape[0]
+        if one_run and self.de32 is None:  # one GEMM: its fp32 sums rounded once, into dE
+            (a, b), = runs
+            if self.row_round is None:
+                mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight)
+            else:  # the correction first, added to the GEMM's fp32 sums before the rounding
+                torch.mul(self.row_round[:rows, None] * self.weight, self.c_mean[None, :],
+                          out=de_rows)
+                mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight, accumulate=True)
+        else:  # fp32 rows (or fp32 dE itself) summed over the runs
+            de32 = de_rows if self.de32 is None else self.de32[:rows]
+            if not one_run:
+                de32.zero_()
+            for a, b in runs:
+                addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
+            if self.row_round is not None:
+                de32.addr_(self.row_round[:rows], self.c_mean, alpha=self.weight)
+            if self.de32 is not None:
+                de_rows.copy_(de32)
+        dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
+        for a, b in runs:
+            if self.dc32 is not None:
+                addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
+                           beta=dc_beta)
+            else:
+                mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight)
+            if self.dbias32 is not None:
+                self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
+
+    def zero(self) -> None:
+        """No row has a target: every gradient is zero."""
+        self.de.zero_()
+        if self.dc32 is not None:
+            self.dc32.zero_()
+        else:
+            self.dc.zero_()
+        self.weight = 0.0
+
+    def gradients(self, grad: torch.Tensor, in_place: bool = True):
+        """(dE, dC, dbias or None) times the upstream gradient ``grad`` (a 0-d device tensor).
+        in_place: scaled in their own buffers (the sums are then spent); else into new ones
+        (the sums stay for another backward: retain_graph)."""
+        def out(t):
+            return t if in_place else torch.empty_like(t)
+
+        de = scale_into(self.de, out(self.de), grad)
+        if self.dc32 is None:
+            dc = scale_into(self.dc, out(self.dc), grad)
+        elif self.dc32.dtype == self.dtype:  # fp32 inputs, or an fp32 weight: the buffer is dC
+            dc = scale_into(self.dc32, out(self.dc32), grad)
+        else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
+            dc = scale_into(self.dc32, torch.empty(self.dc32.shape, device=de.device,
+                                                   dtype=self.dtype), grad)
+        dbias = (None if self.dbias32 is None else
+                 (self.dbias32 * (grad * self.weight)).to(self.bias_dtype))
+        return de, dc, dbias
+
+
+class _Rows:
+    """Rows of the problem a run of chunks goes over: E's rows, their targets and where their dE
+    rows go: slices of the call's own (no ignored target among them), or gathered copies of the
+    rows with a target whose dE is scattered back by :meth:`finish`."""
+
+    def __init__(self, e, targets, de, index=None):
+        self.e, self.targets, self.de, self.index = e, targets, de, index
+
+    @classmethod
+    def rest(cls, e, targets, de, start: int, used: int, ignore_index: int) -> "_Rows":
+        """Rows [start, N) of which ``used`` have a target: the slices when all have one, else
+        those rows gathered (a row without a target costs three matmuls' work for nothing)."""
+        if used == e.shape[0] - start:
+            return cls(e[start:], targets[start:], de[start:])
+        index = used_rows(targets[start:] != ignore_index, used, offset=start)
+        return cls(e.index_select(0, index), targets[index],
+                   torch.empty(used, e.shape[1], device=e.device, dtype=e.dtype), index)
+
+    def finish(self, de, start: int) -> None:
+        if self.index is not None:
+            de[start:].zero_()
+            de.index_copy_(0, self.index, self.de)
+
+
+def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, route: Route, kept,
+                     columns, row_round=None) -> None:
+    """z = the rows' logits (fp32 sums rounded to z's dtype), then (logits_grad.py) their
+    gradient into g (z itself, or a 16-bit view of fp32 z's bytes), their losses, and, into
+    row_round, what rounding the gradient removed."""
+    for a, b in columns:
+        if z.dtype != e_rows.dtype:  # fp32 logits of 16-bit inputs; bias added in fp32
+            mm_fp32(e_rows, c[a:b].t(), z[:, a:b])
+            if bias is not None:
+                z[:, a:b] += bias[a:b]
+        elif bias is None:
+            torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
+        else:
+            torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
+    filt, cfg = route.filter, route.cfg
+    if kept is not None:
+        kept.zero_()
+    logits_to_grad(z, targets, losses, ignore_index=opts.ignore_index, softcap=opts.softcap,
+                   label_smoothing=opts.label_smoothing, kept=kept,
+                   eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
+                   block=cfg.fused.block, num_warps=cfg.fused.num_warps, g=g,
+                   row_round=row_round)
+
+
+def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts: Options,
+                             route: Route, kept, row_round) -> None:
+    """The rows' shifted logits y and tile_max, with their losses, from the TMA forward
+    (paths/forward.py, kernels/forward_tma.py), then their gradient over y
+    (logits_grad.shifted_to_grad)."""
+    cfg = route.cfg
+    loss, lse, p_max, nll, lse_lo, _ = forward(e_rows, c, bias, targets, opts, route,
+                                               shifted=(y, tile_max))
+    losses.copy_(loss)
+    filt = route.filter
+    if kept is not None:
+        kept.zero_()
+    shifted_to_grad(y, tile_max, cfg.forward.tiles.block_v, (lse, p_max, nll, lse_lo), targets,
+                    ignore_index=opts.ignore_index, softcap=opts.softcap,
+                    label_smoothing=opts.label_smoothing, kept=kept,
+                    eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
+                    block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round)
+
+
+def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check: HostScalar,
+                         mean: bool):
+    """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients), by the
+    route's plan (Route.fused: its chunks and logits format) and config.
+
+    The first chunk (rows [0, plan.rows), ignored targets included: its pass zeroes their rows)
+    is queued before the host reads the targets' check (paths/targets.py): the GPU works on it
+    while the host waits for that small kernel. The check's count then gives the mean's weight
+    and the rest's rows with a target, gathered when some have none."""
+    n, v = e.shape[0], c.shape[0]
+    cfg, plan = route.cfg, route.fused
+    # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
+    # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
+    # written over the first half of each row's bytes (logits_grad.py).
+    logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
+                         dtype=torch.float32 if plan.logits_fp32 else e.dtype)
+    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
+    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits
+    tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
+                if plan.shifted else None)
+    losses = torch.empty(n, device=e.device, dtype=torch.float32)
+    kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
+            if route.filter is not None else None)
+    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None)
+    # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
+    # (the backward only scales, so nothing here keeps it past the forward).
+    c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))
+    # The TMA forward needs 16-byte aligned bases (rare: an offset view): Route.fused_copies
+    e, c = (t.clone() if copy else t for t, copy in zip((e, c), route.fused_copies))
+    every_column = aligned_runs([(0, v)], v)
+
+    def chunk(rows: _Rows, r0: int, r1: int, loss_at: int):
+        """Queues rows [r0, r1) of ``rows``: their logits, gradient and losses; returns the
+        gradient."""
+        g = gs[:r1 - r0]
+        args = (rows.e[r0:r1], c, bias, rows.targets[r0:r1],
+                losses[loss_at + r0:loss_at + r1], opts, route, kept)
+        row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
+        if plan.shifted:
+            _shifted_logits_and_grad(g, tile_max[:r1 - r0], *args, row_round)
+        else:
+            _logits_and_grad(ws[:r1 - r0], g, *args, every_column, row_round)
+        return g
+
+    head = _Rows(e[:plan.rows], targets[:plan.rows], sums.de[:plan.rows])
+    first = head.e.shape[0]
+    z = chunk(head, 0, first, 0)
+    raise_on_bad_targets(check, targets, v, opts.ignore_index)
+    _, num_used, used_first = (int(x) for x in check.values())
+    if num_used == 0:
+        sums.zero()
+        return torch.full((), math.nan if mean else 0.0, device=e.device), sums
+    sums.weight = 1.0 / num_used if mean else 1.0
+    sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
+    rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
+    m = rest.e.shape[0]
+    step = even_rows(m, plan.rows)  # the rest's gathered rows are fewer than the plan's
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        z = chunk(rest, r0, r1, first)
+        sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
+                       _runs(kept, cfg, v, every_column))
+    del logits, ws, gs, z, tile_max
+    sums.de32 = None
+    rest.finish(sums.de, first)
+    return losses[:first + m].sum() * sums.weight, sums
+
+
+def _runs(kept, cfg: Config, v: int, every_column):
+    return every_column if kept is None else aligned_runs(kept_runs(kept, cfg.fused.block, v), v)
+
+
+def _graph_is_kept() -> bool:
+    """Whether this backward's graph is kept (retain_graph=True): then the gradients are
+    scaled into new tensors and the unscaled ones kept for the next backward; else they are
+    scaled in place (no second copy at the peak). Unknown (an autograd without the query):
+    kept, which is right either way."""
+    query = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if query is None else bool(query())
+
+
+class FusedLce(torch.autograd.Function):
+    """The loss (mean or sum) with its gradients computed in the forward; the backward scales
+    them by the upstream gradient on the device (no host read of it). The gradients are the
+    forward's state (ctx.sums), not saved tensors: autograd's saved-tensor hooks never see
+    them, and a graph that is not kept drops them after its backward, as it drops saved
+    tensors."""
+
+    @staticmethod
+    def forward(ctx, e, c, targets, bias, opts: Options, route: Route, check: HostScalar,
+                mean: bool):
+        # The path picks each GEMM's dtypes itself: autocast must not recast them (on the CPU
+        # it turned the fallbacks' fp32 products of 16-bit inputs back into 16-bit ones).
+        with torch.autocast(e.device.type, enabled=False):
+            loss, sums = fused_loss_and_grads(e, c, targets, bias, opts, route, check, mean)
+        ctx.sums = sums  # intermediates, not inputs or outputs: plain attributes
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        refuse_create_graph()
+        sums = getattr(ctx, "sums", None)
+        if sums is None:  # autograd's own words for saved tensors already freed
+            raise RuntimeError(
+                "linear_cross_entropy: trying to backward through the graph a second time; "
+                "its gradients were freed by the first backward. Specify retain_graph=True "
+                "in the first backward to call it again.")
+        kept = _graph_is_kept()
+        if not kept:
+            del ctx.sums
+        de, dc, dbias = sums.gradients(grad, in_place=not kept)
+        return de, dc, None, dbias, None, None, None, None

@@ -1,0 +1,467 @@
+"""The kernel's configuration: one frozen, validated value per target, resolved once per
+(device, dtype) and passed down.
+
+Targets: ``HOPPER_16BIT`` (sm90, bf16/fp16: TMA loads, the persistent recompute kernel),
+``PORTABLE`` (any other CUDA device, and fp32 inputs: pointer kernels, cuBLAS recompute) and
+``INTERPRETER`` (TRITON_INTERPRET=1 on the CPU: tiny tiles, one config per kernel, chunks small
+enough that every path runs on tiny shapes). Every tuned number carries its reason; the notes
+under ``results/notes/`` hold the measurements and the commands that repeat them.
+
+Experiments and tests override fields without touching the hot path: ``overridden({...})`` (a
+context manager) or ``CCE_OWN_CONFIG='{"forward": {"tma": false}}'`` (read once, at import),
+both as nested dicts of field names; an unknown name is an error that names it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _power_of_two(name: str, value: int) -> None:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two, got {value}")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One Triton launch shape: rows x columns x depth per program, warps, pipeline stages."""
+    block_n: int
+    block_v: int
+    block_d: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        for name in ("block_n", "block_v", "block_d", "num_warps"):
+            _power_of_two(f"tiles.{name}", getattr(self, name))
+        if self.num_stages < 1:
+            raise ValueError(f"tiles.num_stages: expected >= 1, got {self.num_stages}")
+
+    def launch(self) -> dict:
+        """The kernel keywords of this shape."""
+        return dict(BLOCK_N=self.block_n, BLOCK_V=self.block_v, BLOCK_D=self.block_d,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward's log-sum-exp GEMM (forward.py, forward_tma.py)."""
+    tiles: Tiles
+    tma: bool = False        # TMA loads where the inputs allow (Hopper)
+    flatten: bool = False    # pipeline loads across vocabulary tiles
+    l2_mib: int = 0          # E bytes the resident programs may share in L2; 0 = no bound
+    warp_specialize: bool = False  # TMA loop: Triton's producer/consumer warp groups (sm90+)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """The backward's persistent recompute kernel (dlogits_tma.py): logits on the tensor cores,
+    W written by the epilogue in `subtiles` column slices."""
+    tiles: Tiles
+    subtiles: int = 1
+    group_n: int = 8         # row blocks sharing the chunk's C tiles in L2
+    persistent: bool = False
+    flatten: bool = False
+    col_round: bool = True   # sum what rounding W removed per column (dC's correction)
+    warp_specialize: bool = False  # the tile loop in Triton's producer/consumer warp groups
+
+    def __post_init__(self):
+        if self.subtiles not in (1, 2, 4) or self.tiles.block_v % self.subtiles:
+            raise ValueError(f"recompute.subtiles: expected 1, 2 or 4 dividing block_v, got "
+                             f"{self.subtiles}")
+
+
+@dataclass(frozen=True)
+class SoftmaxGrad:
+    """cuBLAS-recompute route: fp32 logits X -> W (softmax_grad.py)."""
+    block_n: int
+    block_v: int
+    num_warps: int
+    stages: int
+    waves: int               # programs per SM the grid aims at
+    tma: bool = True         # X and W through TMA descriptors (Hopper); else pointer loads
+
+    def __post_init__(self):
+        for name in ("block_n", "block_v", "num_warps"):
+            _power_of_two(f"softmax_grad.{name}", getattr(self, name))
+        for name in ("stages", "waves"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"softmax_grad.{name}: expected >= 1, got {getattr(self, name)}")
+        if not isinstance(self.tma, bool):
+            raise ValueError(f"softmax_grad.tma: expected a bool, got {self.tma!r}")
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Vocabulary chunks of the backward (policy/plan.py): W lives in dC's unwritten tail."""
+    recompute: Literal["tma", "cublas"]
+    max_width: int           # columns per chunk at most ...
+    max_entries: int         # ... or max_entries / N when that is more (few tokens)
+    min_width: int           # narrower chunks go to the tail
+    align: int               # widths are multiples of this
+    tail_min_width: bool     # (tma) cuBLAS chunks narrower than the tail's go to the tail
+    min_tail_width: int      # the tail's chunks are at least this wide ...
+    tail_mib: int            # ... else this many MiB of W
+
+    def __post_init__(self):
+        if self.recompute not in ("tma", "cublas"):
+            raise ValueError(f"chunks.recompute: expected 'tma' or 'cublas', got {self.recompute!r}")
+        if self.align % 8:
+            raise ValueError(f"chunks.align: expected a multiple of 8 (16-byte TMA rows), got "
+                             f"{self.align}")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """The gradient filter's host-side choices (paths/recompute.py)."""
+    max_width: int           # filtered chunks may be wider: each costs the host a wait
+    max_entries: int
+    min_flops: float         # chunks with fewer dense GEMM flops run exact
+    min_total_flops: float   # calls whose filtering chunks add up to less run exact
+    max_kept: float          # a chunk keeping more than this fraction of columns runs dense
+    kept_align: int          # gathered column counts are padded to a multiple of this
+    max_flat: float          # more flat rows than this fraction: no column skipping
+    lookahead_max_n: int     # queue chunk k+1's kernel before chunk k's GEMMs up to this N
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Rows whose target is ignored, left out of the work (api.py, paths/entries.py)."""
+    max_used: float = 15 / 16      # gather only when at most this fraction is used
+    fwd_min_flops: float = 0.0     # gather before the forward from this many forward flops
+
+
+@dataclass(frozen=True)
+class LowMemory:
+    """low_memory=True (paths/low_memory.py)."""
+    frac: float = 1 / 16           # pass 2's workspace, of the gradients' bytes
+    min_entries: int = 2**21       # least rows x D (pass 1) or columns x D (pass 2) per chunk
+    row_align: int = 128
+    max_k: int = 8192              # longest GEMM reduction: one K = 256000 lost dE accuracy
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The three-matmul training path (paths/three_matmul.py): row chunks whose logits fit a
+    workspace."""
+    min_rows: int = 1024           # fewer rows per chunk: dC's fp32 accumulation is memory-bound
+    block: int = 2048              # columns per step of the logits-to-gradient pass (and per
+    num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
+    default_workspace_mib: int = 1024
+    # fp32 inputs: IEEE fp32 GEMMs run at a fraction of the tensor cores' rate, so chunks of a
+    # few thousand rows keep them as busy as larger ones, and the call stays nearer the
+    # gradients' size (portable-h100-2).
+    default_workspace_mib_fp32: int = 512
+    max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
+    filtered: bool = False         # filtered calls take the path at the default budget too
+    # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
+    # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
+    # give naive 16-bit accuracy on confident rows (own_kernel/README.md, "Accuracy").
+    logits_fp32: bool = True
+    # 16-bit inputs on the TMA forward: each logit in the input dtype relative to its row's
+    # largest in its forward tile (forward_tma.py), written by the forward beside its lse:
+    # half fp32's bytes at about its accuracy; the loss and lse come from the forward's sums.
+    # Takes precedence over logits_fp32 where the TMA forward runs. y_slices: the tile's
+    # stores in 1 or 2 column slices (shared memory for the store's staging).
+    logits_shifted: bool = False
+    y_slices: int = 2
+
+    def __post_init__(self):
+        _power_of_two("fused.block", self.block)
+        if self.y_slices not in (1, 2):
+            raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
+        if self.min_rows < 1:
+            raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        for name in ("default_workspace_mib", "default_workspace_mib_fp32"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"fused.{name}: expected >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    forward: Forward
+    dlogits: Tiles                 # the pointer W writer (dlogits.py)
+    dlogits_tiles_per_program: int
+    recompute: Recompute
+    softmax_grad: SoftmaxGrad
+    chunks: Chunks
+    filter: Filter
+    compaction: Compaction = field(default_factory=Compaction)
+    low_memory: LowMemory = field(default_factory=LowMemory)
+    fused: Fused = field(default_factory=Fused)
+    poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
+    # Tiles timed on the user's GPU on first use and cached on disk (policy/autotune.py): the
+    # forward's, the pointer dlogits kernel's and the pointer softmax_grad's (tma False) from
+    # these candidates. Off: the tiles above as they are.
+    autotune: bool = False
+    forward_candidates: tuple = ()
+    dlogits_candidates: tuple = ()
+    softmax_grad_candidates: tuple = ()
+
+    def __post_init__(self):
+        for name, kind in (("forward_candidates", Tiles), ("dlogits_candidates", Tiles),
+                           ("softmax_grad_candidates", SoftmaxGrad)):
+            if not all(isinstance(k, kind) for k in getattr(self, name)):
+                raise ValueError(f"{name}: expected a tuple of {kind.__name__}")
+        if any(k.tma for k in self.softmax_grad_candidates):
+            raise ValueError("softmax_grad_candidates: expected tma False (only the pointer "
+                             "variant is tuned)")
+
+
+# Hopper (sm90), 16-bit inputs. Measured on an H200 unless said otherwise.
+HOPPER_16BIT = Config(
+    name="hopper-16bit",
+    # 128 x 256 TMA tiles with nested loops: the fastest forward (results/notes/forward-tiles.md);
+    # l2_mib 24: E's resident row blocks stay in L2 (19 -> 1.7 GB DRAM at N 32768; forward-l2.md).
+    forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24),
+    dlogits=Tiles(128, 128, 64, num_warps=8, num_stages=4),
+    dlogits_tiles_per_program=1,
+    # Persistent, flattened: the next tile's loads overlap this one's epilogue; column sums of
+    # the rounding residual cost the most and change dC the least (recompute-kernel.md,
+    # column-rounding.md).
+    recompute=Recompute(Tiles(128, 256, 64, num_warps=8, num_stages=3), subtiles=4, group_n=8,
+                        persistent=True, flatten=True, col_round=False),
+    # 16 x 128: 3-4 programs per SM; 32 x 256 ran at 25 % occupancy (softmax-grad-tiles.md).
+    softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8, tma=True),
+    # 2048-column tail chunks in dE's buffer beat 1024 at N 32768 (tail-chunks.md).
+    chunks=Chunks("tma", max_width=8192, max_entries=4096 * 8192, min_width=1024, align=64,
+                  tail_min_width=True, min_tail_width=2048, tail_mib=40),
+    # A filtered chunk costs the host ~0.5 ms: 3e11 flops of dense GEMM (filter-min-flops.md);
+    # few tokens need wide chunks to hide it (filter-chunk-width.md); the look-ahead stops
+    # paying past N 16384 (filter-lookahead.md).
+    filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384),
+    # The count's read before the forward idles the GPU: only calls long enough to hide it
+    # (ignored-targets.md).
+    compaction=Compaction(fwd_min_flops=4e12),
+    # Shifted 16-bit logits: fp32 logits' accuracy at half their bytes, so half the chunks
+    # (shifted-logits.md).
+    fused=Fused(logits_shifted=True),
+)
+
+# The portable forward's candidate tiles: the fixed 64 x 128 x 32 that runs everywhere, and
+# larger ones for GPUs with the registers and shared memory (sm80 and later); a candidate a GPU
+# cannot compile or run is skipped.
+_PORTABLE_FORWARD_CANDIDATES = (
+    Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 64, num_warps=8, num_stages=3),
+    Tiles(128, 256, 64, num_warps=8, num_stages=3),
+    Tiles(128, 128, 64, num_warps=4, num_stages=4),
+    Tiles(64, 256, 64, num_warps=8, num_stages=4),
+    # Deeper or taller: the largest tile won every bucket on the H100 (portable-h100); these
+    # need more shared memory than an A100's and are skipped there.
+    Tiles(128, 256, 64, num_warps=8, num_stages=4),
+    Tiles(256, 128, 64, num_warps=8, num_stages=3),
+)
+
+# The pointer dlogits kernel's candidates (tail chunks, low_memory): a GEMM like the forward's
+# with a heavier epilogue (W's store, row and column sums), so no 128 x 256 tile; the fixed
+# 64 x 128 x 32 first.
+_PORTABLE_DLOGITS_CANDIDATES = (
+    Tiles(64, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=4, num_stages=3),
+    Tiles(128, 128, 32, num_warps=8, num_stages=3),
+    Tiles(64, 128, 64, num_warps=4, num_stages=3),
+    Tiles(128, 64, 64, num_warps=4, num_stages=3),
+    Tiles(64, 256, 32, num_warps=8, num_stages=3),
+)
+
+# The pointer softmax_grad's candidates: it streams X once, so tiles differ in how many bytes
+# each loop step keeps in flight (BLOCK_N x BLOCK_V fp32, STAGES deep) against the registers
+# its column sums take (up to four BLOCK_N x BLOCK_V fp32 accumulators); Hopper's 16 x 128
+# first.
+_PORTABLE_SOFTMAX_GRAD_CANDIDATES = (
+    SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8, tma=False),
+    SoftmaxGrad(16, 128, num_warps=4, stages=3, waves=8, tma=False),
+    SoftmaxGrad(32, 128, num_warps=8, stages=3, waves=8, tma=False),
+    SoftmaxGrad(16, 256, num_warps=8, stages=3, waves=8, tma=False),
+    SoftmaxGrad(8, 256, num_warps=4, stages=4, waves=8, tma=False),
+    SoftmaxGrad(32, 64, num_warps=4, stages=4, waves=8, tma=False),
+)
+
+# Any other CUDA device, and fp32 inputs (IEEE fp32 dots use far more registers and shared
+# memory). The tiles of the forward, of dlogits.py and of softmax_grad.py are tuned on the
+# user's GPU (policy/autotune.py); the rest is fixed.
+PORTABLE = Config(
+    name="portable",
+    # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since
+    # the A100 has at least 40 MB; forward-l2.md).
+    forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24),
+    dlogits=_PORTABLE_DLOGITS_CANDIDATES[0],
+    dlogits_tiles_per_program=1,
+    recompute=Recompute(Tiles(64, 128, 32, num_warps=4, num_stages=3)),  # unused: cuBLAS route
+    # Pointer loads: GPUs before Hopper have no TMA (Triton only emulates descriptors there).
+    softmax_grad=_PORTABLE_SOFTMAX_GRAD_CANDIDATES[0],
+    chunks=Chunks("cublas", max_width=4096, max_entries=4096 * 8192, min_width=1024, align=64,
+                  tail_min_width=False, min_tail_width=1024, tail_mib=48),
+    # Hopper's filtered chunks: the host waits on each chunk's kept-column count, a cost of the
+    # host, not the GPU; narrow chunks left the H100 idle most of a filtered call
+    # (portable-h100-2/profile-gemma-filter.txt). A slower GPU hides the waits sooner.
+    filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384),
+    compaction=Compaction(fwd_min_flops=4e12),
+    # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
+    # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
+    # budget and keep the recompute route's filter.
+    fused=Fused(filtered=True),
+    autotune=True,
+    forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
+    dlogits_candidates=_PORTABLE_DLOGITS_CANDIDATES,
+    softmax_grad_candidates=_PORTABLE_SOFTMAX_GRAD_CANDIDATES,
+)
+
+# The interpreter runs on numpy: tiny tiles, and chunks a few columns wide so that tiny shapes
+# take every route (several chunks, a tail, dlogits programs of two tiles).
+INTERPRETER = Config(
+    name="interpreter",
+    forward=Forward(Tiles(16, 16, 16, num_warps=1, num_stages=1), tma=True),
+    dlogits=Tiles(16, 16, 16, num_warps=1, num_stages=1),
+    dlogits_tiles_per_program=2,
+    recompute=Recompute(Tiles(16, 32, 16, num_warps=1, num_stages=1), subtiles=2, group_n=2),
+    # Pointer loads by default (the portable target's variant; the tests cover tma too).
+    softmax_grad=SoftmaxGrad(8, 16, num_warps=1, stages=1, waves=2, tma=False),
+    chunks=Chunks("tma", max_width=48, max_entries=0, min_width=8, align=8,
+                  tail_min_width=False, min_tail_width=0, tail_mib=1),
+    filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,
+                  max_kept=0.5, kept_align=8, max_flat=0.5, lookahead_max_n=2**62),
+    # Off by default: each test picks the path it covers (workspace_mib, or an override).
+    fused=Fused(min_rows=1, block=16, num_warps=1, default_workspace_mib=0,
+                default_workspace_mib_fp32=0),
+)
+
+
+# ---- resolution ----------------------------------------------------------------------------
+
+def with_overrides(cfg: Config, overrides: dict) -> Config:
+    """cfg with fields replaced from a nested dict of field names ({"forward": {"tma": False}});
+    an unknown name raises, naming it. A Config's name gains the overrides, so that the name
+    tells configs apart."""
+    changes = {}
+    for name, value in overrides.items():
+        if not any(f.name == name for f in dataclasses.fields(cfg)):
+            known = ", ".join(f.name for f in dataclasses.fields(cfg))
+            raise ValueError(f"config override: unknown field {name!r} of "
+                             f"{type(cfg).__name__} (fields: {known})")
+        current = getattr(cfg, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = with_overrides(current, value)
+        changes[name] = value
+    if isinstance(cfg, Config) and "name" not in overrides:
+        changes["name"] = f"{cfg.name}+{json.dumps(overrides, sort_keys=True, default=repr)}"
+    return dataclasses.replace(cfg, **changes)
+
+
+_ENV_OVERRIDES = json.loads(os.environ.get("CCE_OWN_CONFIG") or "{}")
+# Process-wide, not per thread: autograd runs CUDA backwards on threads of its own, which must
+# see the override the forward saw. Experiments and tests only; single-threaded use.
+_OVERRIDES: list[dict] = []
+
+
+@contextlib.contextmanager
+def overridden(overrides: dict):
+    """Calls inside the block resolve their config with these overrides (on top of any
+    CCE_OWN_CONFIG and of enclosing blocks), e.g. ``with overridden({"chunks": {"recompute":
+    "cublas"}}): ...``."""
+    _OVERRIDES.append(_merged(_OVERRIDES[-1] if _OVERRIDES else {}, overrides))
+    try:
+        yield
+    finally:
+        _OVERRIDES.pop()
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for name, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(name), dict):
+            value = _merged(out[name], value)
+        out[name] = value
+    return out
+
+
+def config_for(device: torch.device, dtype: torch.dtype) -> Config:
+    """The config of this (device, dtype): resolved once, then a dictionary look-up."""
+    base = _resolved(_target_key(device, dtype))
+    if _OVERRIDES:
+        return _cached_override(base, json.dumps(_OVERRIDES[-1], sort_keys=True))
+    return base
+
+
+def config_key(device: torch.device, dtype: torch.dtype) -> str:
+    """The recipe of config_for(device, dtype) as it is now: its target, and the overrides in
+    force as JSON after a newline. The custom ops carry it from a forward to its backward
+    (their schema takes strings, not a Config): config_of_key makes the same config again
+    whatever target or override is in force when the backward runs."""
+    target = _target_key(device, dtype)
+    return f"{target}\n{json.dumps(_OVERRIDES[-1], sort_keys=True)}" if _OVERRIDES else target
+
+
+def config_of_key(key: str, device: torch.device, dtype: torch.dtype) -> Config:
+    """The config of a config_key recipe; no recipe ("") resolves config_for(device, dtype)."""
+    if not key:
+        return config_for(device, dtype)
+    target, _, overrides = key.partition("\n")
+    base = _resolved(target)
+    return _cached_override(base, overrides) if overrides else base
+
+
+TARGETS = ("hopper-16bit", "portable")
+_FORCED_TARGET: list[str] = [os.environ["CCE_OWN_TARGET"]] if os.environ.get("CCE_OWN_TARGET") else []
+
+
+@contextlib.contextmanager
+def use_target(name: str):
+    """Calls inside the block on a CUDA device take this target's config, e.g. "portable" on a
+    Hopper GPU (the path every other GPU takes). CCE_OWN_TARGET=portable does the same for a
+    whole process. Process-wide, as overridden() is. An eager call's backward keeps its
+    forward's config (the block may have ended by then); a compiled graph's backward op
+    resolves its config when it runs, so run it inside the block."""
+    if name not in TARGETS:
+        raise ValueError(f"use_target: expected one of {', '.join(TARGETS)}; got {name!r}")
+    _FORCED_TARGET.append(name)
+    try:
+        yield
+    finally:
+        _FORCED_TARGET.pop()
+
+
+def forced_target() -> str | None:
+    """The target use_target (or CCE_OWN_TARGET) forces now, or None."""
+    return _FORCED_TARGET[-1] if _FORCED_TARGET else None
+
+
+def _target_key(device: torch.device, dtype: torch.dtype) -> str:
+    if INTERPRET or device.type != "cuda":
+        return "interpreter"
+    hopper = torch.cuda.get_device_capability(device)[0] == 9 and dtype != torch.float32
+    if _FORCED_TARGET:
+        forced = _FORCED_TARGET[-1]
+        if forced not in TARGETS:
+            raise ValueError(f"CCE_OWN_TARGET: expected one of {', '.join(TARGETS)}; got "
+                             f"{forced!r}")
+        if forced == "hopper-16bit" and not hopper:
+            raise ValueError("use_target('hopper-16bit'): needs a Hopper GPU (sm90) and 16-bit "
+                             "inputs")
+        return forced
+    return "hopper-16bit" if hopper else "portable"
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(target: str) -> Config:
+    base = {"interpreter": INTERPRETER, "hopper-16bit": HOPPER_16BIT, "portable": PORTABLE}[target]
+    return with_overrides(base, _ENV_OVERRIDES) if _ENV_OVERRIDES else base
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_override(base: Config, overrides_json: str) -> Config:
+    return with_overrides(base, json.loads(overrides_json))

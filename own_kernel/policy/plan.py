@@ -1,0 +1,428 @@
+"""Planning: integers in, integers out, no kernel launched. Every size the passes choose comes
+from here, so each choice can be tested on the CPU at the real shapes.
+
+- the forward's grid: vocabulary splits per row block and the launch order (split_plan);
+- the backward's vocabulary chunks: W lives in dC's unwritten tail (its rows still to be
+  written) while a chunk wide enough fits there, then in the tail's buffer (chunk_plan,
+  tail_width, w_slots, x_and_w_slots);
+- whether the gradient filter can skip anything at all (filter_can_skip);
+- whether ignored rows are gathered out (compaction_pays);
+- the low-memory backward's chunks (low_memory_plan);
+- the three-matmul path's row chunks within its workspace budget (fused_plan).
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from dataclasses import dataclass
+
+from own_kernel.policy.config import Config
+
+WORKSPACE_ALIGN = 256  # bytes; every W or X slot inside dC starts on this boundary
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- forward --------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1) -> int:
+    """Vocabulary splits per row block (at least min_splits). Every program of a split streams
+    the same number of tiles, so the GPU runs them in waves of `slots` (resident programs); a
+    last wave that is partly empty idles the rest of the GPU for a whole program's time (Gemma 2
+    (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose
+    simulated makespan (tiles, plus one tile of per-program overhead) is least; fewer splits
+    unless one more saves at least 0.5 %."""
+    lo = max(1, min(min_splits, num_tiles))
+    # Past 8 waves of programs the last wave's idle share is small: no need to look further.
+    hi = max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2)))
+    best, best_time = lo, None
+    for splits in range(lo, hi + 1):
+        per = cdiv(num_tiles, splits)
+        lengths = [min(per, num_tiles - k * per) + 1 for k in range(cdiv(num_tiles, per))]
+        free = [0] * slots  # list scheduling in launch order, as the hardware dispatches
+        heapq.heapify(free)
+        for length in lengths:
+            for _ in range(num_nb):
+                heapq.heappush(free, heapq.heappop(free) + length)
+        time = max(free)
+        if best_time is None or time < best_time * 0.995:
+            best, best_time = splits, time
+    return best
+
+
+@dataclass(frozen=True)
+class ForwardGrid:
+    splits: int          # vocabulary splits per row block
+    v_per_split: int     # columns per split (a multiple of the tile width)
+    group_rows: int      # row blocks launched together (tile.py's row_block_and_split)
+
+
+def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> ForwardGrid:
+    """The forward's grid. Each program re-reads its E block (BLOCK_N x D) for every C tile.
+    With many row blocks resident at once (N 32768: 132 blocks of 128 x 2304 = 78 MB) those
+    blocks do not fit in L2 and come from DRAM on every tile; forward.l2_mib bounds the E bytes
+    the resident programs share: at least enough splits that slots / splits row blocks fit,
+    launched in groups of that many row blocks."""
+    tiles = cfg.forward.tiles
+    num_nb, num_tiles = cdiv(n, tiles.block_n), max(1, cdiv(v, tiles.block_v))
+    e_block = tiles.block_n * d * elt
+    budget = cfg.forward.l2_mib * 2**20
+    min_splits = 1
+    if budget and min(num_nb, slots) * e_block > budget:
+        min_splits = cdiv(slots, max(1, int(budget // e_block)))
+    splits = balanced_splits(num_nb, num_tiles, slots, min_splits)
+    v_per_split = cdiv(num_tiles, splits) * tiles.block_v
+    splits = max(1, cdiv(v, v_per_split))  # no empty split
+    group_rows = num_nb if min_splits == 1 else min(num_nb, cdiv(slots, splits))
+    return ForwardGrid(splits, v_per_split, group_rows)
+
+
+# ---- backward: chunks -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Chunk:
+    v_start: int
+    width: int
+    in_tail: bool        # W in the tail's buffer (else in dC's unwritten rows)
+
+
+@dataclass(frozen=True)
+class TailPlan:
+    width: int           # the tail's chunk width
+    in_de: bool          # its buffer is dE's output buffer (else a buffer of its own)
+
+
+def tail_width(n: int, v: int, d: int, elt: int, cfg: Config) -> TailPlan:
+    """The tail's chunk width: chunks.tail_mib of W, at least chunks.min_tail_width (many
+    tokens make a fixed budget's chunks too thin for the GEMMs, and each chunk re-reads the
+    fp32 dE accumulator). Its buffer is dE's output buffer (free until the end) when that holds
+    at least 3/4 of it; then the chunks take all of it, even past the budget (N 32768, D 2304
+    gives 2304 columns against 2048), since each reads and writes the whole accumulator once."""
+    bv = cfg.dlogits.block_v
+    budget = cfg.chunks.tail_mib * 2**20
+    width = max(budget // max(1, n * elt), cfg.chunks.min_tail_width) // bv * bv
+    width = int(min(max(width, bv), cdiv(v, bv) * bv))
+    de_width = min(d // bv * bv, cdiv(v, bv) * bv)
+    if de_width >= max(bv, 3 * width // 4):
+        return TailPlan(de_width, True)
+    return TailPlan(width, False)
+
+
+def looks_ahead(n: int, cfg: Config, filtered: bool) -> bool:
+    """Whether filtered chunks look ahead: chunk k+1's W is written before chunk k's GEMMs,
+    which hides the host's wait for chunk k's kept-column count, at the price of two W slots
+    (narrower chunks). Wide chunks at many tokens absorb the wait without it."""
+    return filtered and n <= cfg.filter.lookahead_max_n
+
+
+def _max_width(n: int, cfg: Config, filtered: bool) -> int:
+    """Few tokens: wider chunks for the same workspace bytes (fewer launches per call).
+    Filtered chunks may be wider still: the host waits on each one's kept-column count, so each
+    must carry enough GPU work to hide that."""
+    widest = cfg.chunks.max_width
+    if filtered:
+        widest = max(cfg.filter.max_width, cfg.filter.max_entries // n)
+    return max(widest, cfg.chunks.max_entries // n) // cfg.chunks.align * cfg.chunks.align
+
+
+def _min_width(n: int, d: int, cfg: Config, tail: int, tma: bool, filtered: bool) -> int:
+    """(tma) A chunk narrower than the tail's goes to the tail, which runs the same kernels in
+    fewer, wider chunks (the look-ahead it loses only hides the filter's waits). Filtered, the
+    chunks wide enough to filter stay: the tail does not filter."""
+    least = cfg.chunks.min_width
+    if tma and cfg.chunks.tail_min_width:
+        least = max(least, tail)
+        if filtered:
+            filters = math.ceil(cfg.filter.min_flops / (4 * n * d))
+            least = min(least, max(cfg.chunks.min_width, filters))
+    return least
+
+
+def chunk_plan(n: int, v: int, d: int, elt: int, cfg: Config, *, tma: bool,
+               filtered: bool = False, lookahead: bool | None = None,
+               v_first: int = 0) -> list[Chunk]:
+    """The backward's chunks from column v_first on (dC's rows before it are written). A chunk
+    whose W fits in dC's unwritten rows (below its end, above the chunk's own rows) takes the
+    widest width that fits, up to _max_width, until that falls below _min_width; the rest goes
+    to the tail in tail_width chunks. W per column: n * elt bytes with tma (dlogits_tma.py),
+    plus n * 4 of fp32 logits X on the cuBLAS route; with the look-ahead two chunks' W are live
+    (w_slots), so chunks never grow. Widths are multiples of 8 (16-byte TMA rows); the last V mod
+    8 columns are their own tail chunk: an unaligned width sends cuBLAS to its slow kernels."""
+    if lookahead is None:
+        lookahead = looks_ahead(n, cfg, filtered)
+    tail = tail_width(n, v, d, elt, cfg).width
+    plan, v_start = [], v_first
+    if n > 0:
+        row, col = d * elt, n * elt
+        max_width = _max_width(n, cfg, filtered)
+        min_width = _min_width(n, d, cfg, tail, tma, filtered)
+        end = v * row // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+        below = end  # where the previous chunk's W slot starts (look-ahead)
+        while v_start < v:
+            if not tma:
+                fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (n * (4 + elt) + row)
+            elif not lookahead:  # every chunk's W at the top, one at a time
+                fit = (end - WORKSPACE_ALIGN - v_start * row) // (col + row)
+            elif len(plan) % 2 == 0:  # top slot; the next chunk's (no wider) goes right below
+                fit = (end - 2 * WORKSPACE_ALIGN - v_start * row) // (2 * col + row)
+            else:  # below the previous chunk's slot
+                fit = (below - WORKSPACE_ALIGN - v_start * row) // (col + row)
+            width = min(max_width, fit // cfg.chunks.align * cfg.chunks.align,
+                        (v - v_start) // 8 * 8)
+            if tma and plan:
+                width = min(width, plan[-1].width)  # never wider: see w_slots
+            if width <= 0 or (width < min_width and width < v - v_start):
+                break
+            plan.append(Chunk(v_start, width, False))
+            below = _slot_start(end if len(plan) % 2 else below, n * width * elt)
+            v_start += width
+    aligned_end = v_start + (v - v_start) // 8 * 8
+    plan += [Chunk(s, min(tail, aligned_end - s), True) for s in range(v_start, aligned_end, tail)]
+    if aligned_end < v:
+        plan.append(Chunk(aligned_end, v - aligned_end, True))
+    return plan
+
+
+def w_slots(widths: list[int], dc_bytes: int, n: int, elt: int, lookahead: bool) -> list[int]:
+    """Byte offsets inside dC of the tma chunks' W (n x width each). With the look-ahead,
+    chunk k's W is written before chunk k-1's GEMMs run, so consecutive chunks alternate
+    between a slot ending at dC's end and one right below the previous slot; with widths that
+    never grow, a top slot lies above every slot but the previous one's. Without it, every
+    chunk's W ends at dC's end (the stream orders each chunk after the last one's GEMMs)."""
+    end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    starts = []
+    for k, width in enumerate(widths):
+        top = end if k % 2 == 0 or not lookahead else starts[-1]
+        starts.append(_slot_start(top, n * width * elt))
+    return starts
+
+
+def _slot_start(top: int, size: int) -> int:
+    return (top - size) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+
+
+def x_and_w_slots(dc_bytes: int, n: int, width: int, elt: int) -> tuple[int, int, int]:
+    """Byte offsets (w_start, x_start, end) of a cuBLAS-route chunk's W and fp32 logits X inside
+    dC. X ends at dC's end, W lies just below it: a later chunk (never wider) writes its X only
+    over this chunk's X, so this chunk's W survives until the look-ahead has read it."""
+    end = dc_bytes // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    x_start = end - 4 * n * width
+    w_start = (x_start - elt * n * width) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    return w_start, x_start, end
+
+
+def chunk_filters(chunk: Chunk, n: int, d: int, cfg: Config) -> bool:
+    """Whether a chunk of a filtered backward filters: a chunk in dC (the tail does not) whose
+    dense GEMMs cost at least filter.min_flops (below that, the host's wait for its kept-column
+    count costs more than skipping saves)."""
+    return not chunk.in_tail and 4 * n * chunk.width * d >= cfg.filter.min_flops
+
+
+def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: Config, tma: bool) -> bool:
+    """Whether a filtered backward of this shape would skip anything at all. Only the chunks
+    that filter (chunk_filters) do, and only when their dense GEMMs add up to
+    filter.min_total_flops: below that the filter's fixed host costs (its reductions, a wait per
+    chunk, the gathers' launches) exceed what it can save."""
+    plan = chunk_plan(n, v, d, elt, cfg, tma=tma, filtered=True)
+    filtering = [4 * n * ch.width * d for ch in plan if chunk_filters(ch, n, d, cfg)]
+    return bool(filtering) and sum(filtering) >= cfg.filter.min_total_flops
+
+
+# ---- ignored rows ---------------------------------------------------------------------------
+
+def compaction_pays(n: int, num_used: int, v: int, d: int, elt: int, cfg: Config,
+                    de_into_e: bool = True) -> bool:
+    """Whether the backward runs on the used rows only. Their gathered E costs memory the full
+    call does not have, while the full call holds an fp32 dE accumulator for every row: drop
+    rows when that leaves the peak no higher, and when enough are dropped to outweigh the
+    gather (compaction.max_used). de_into_e: whether dE's rows may go into the gathered E's
+    buffer (not when the forward gathered it: autograd keeps it for a second backward)."""
+    if num_used == 0:
+        return True
+    if num_used > cfg.compaction.max_used * n:
+        return False
+    # Peak bytes in units of one dE row. Full call: fp32 accumulator (2) and dE (1) per row.
+    # Used rows only: gathered E (1) and accumulator (2) per used row, and their dE (1) unless
+    # it goes into the gathered E's buffer (not when the tail works in dE's buffer); then the
+    # full dE (1 per row) beside the used rows' dE (the gathered E freed).
+    separate_de = tail_width(num_used, v, d, elt, cfg).in_de or not de_into_e
+    peak_used = max((4 if separate_de else 3) * num_used, n + num_used)
+    return peak_used <= 3 * n
+
+
+# ---- low memory -----------------------------------------------------------------------------
+
+def row_stride(width: int) -> int:
+    """A W's row stride in entries: a multiple of 8, so rows start on 16 bytes (TMA)."""
+    return cdiv(width, 8) * 8
+
+
+def round_up(nbytes: int) -> int:
+    return cdiv(nbytes, WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def tile_bytes(rows: int, width: int, acc_rows: int, d: int, elt: int) -> int:
+    """Workspace bytes of a W of rows x width (16-bit rows padded) and an fp32 acc_rows x d."""
+    return round_up(rows * row_stride(width) * elt) + round_up(acc_rows * d * 4)
+
+
+@dataclass(frozen=True)
+class LowMemoryPlan:
+    rows_1: int          # pass 1: rows per chunk ...
+    width_1: int         # ... and columns per group (< v: an fp32 rows_1 x D sum over groups)
+    width_2: int         # pass 2: columns per chunk ...
+    rows_2: int          # ... and rows per group (< n: an fp32 width_2 x D sum)
+    workspace_2: int     # pass 2's buffer, bytes
+    chunks_2: tuple      # ((v0, width, rows per group, W in dC), ...)
+
+
+def _fitting(nbytes: int, per_row: int, least: int, total: int, step: int) -> int:
+    """The most rows (or columns) of per_row bytes that fit: all, or a multiple of step, at
+    least `least`."""
+    rows = max(0, nbytes - 2 * WORKSPACE_ALIGN) // per_row
+    return total if rows >= total else max(least, rows // step * step)
+
+
+def low_memory_plan(n: int, v: int, d: int, elt: int, cfg: Config) -> LowMemoryPlan:
+    """Chunk sizes of the low-memory backward. Pass 1 works in the larger of dC's buffer and
+    pass 2's workspace (low_memory.frac of the gradients' bytes, or what the smallest chunks
+    need). Chunks are at least low_memory.min_entries / D rows (pass 1) or columns (pass 2), so
+    their GEMMs' outputs have enough tiles to fill the GPU; row counts are multiples of
+    low_memory.row_align (the kernels' row block) unless they cover every row."""
+    lm = cfg.low_memory
+    per_d = cdiv(lm.min_entries, d)
+    min_rows_1 = min(n, cdiv(per_d, lm.row_align) * lm.row_align)
+    min_rows_2 = min(n, lm.row_align)
+    min_width = min(v, cdiv(per_d, 8) * 8)
+    dc_bytes = v * d * elt
+    need_1 = tile_bytes(min_rows_1, min(v, 8), min_rows_1, d, elt)
+    workspace_2 = max(int(lm.frac * (n + v) * d * elt),
+                      tile_bytes(min_rows_2, min(min_width, 64), min(min_width, 64), d, elt),
+                      need_1 if dc_bytes < need_1 else 0)
+    buf_1 = max(dc_bytes, workspace_2)
+    rows_1, width_1 = _fitting(buf_1, row_stride(v) * elt + 4 * d, 1, n, lm.row_align), v
+    if rows_1 < min_rows_1:
+        rows_1 = min_rows_1
+        width_1 = _fitting(buf_1 - round_up(rows_1 * d * 4), rows_1 * elt, 8, v, 8)
+    # Pass 2: every row at once (dC straight from one GEMM) where that leaves chunks at least
+    # min_width wide; else row groups, the chunk's fp32 sum taking at most half of the
+    # workspace (a min_width sum could leave W only a sliver: GEMMs of a few rows).
+    width = _fitting(workspace_2, n * elt, 0, v, 8) if n else v
+    if width >= min_width:
+        width_2, rows_2 = width, n
+    else:
+        width_2 = max(min(8, min_width), min(min_width, workspace_2 // 2 // (4 * d) // 8 * 8))
+        while width_2 > 8 and tile_bytes(min_rows_2, width_2, width_2, d, elt) > workspace_2:
+            width_2 -= 8
+        rows_2 = _fitting(workspace_2 - round_up(width_2 * d * 4), row_stride(width_2) * elt,
+                          min_rows_2, n, lm.row_align)
+    chunks = pass2_chunks(n, v, d, elt, width_2, rows_2, min(width_2, 256))
+    return LowMemoryPlan(rows_1, width_1, width_2, rows_2, workspace_2, tuple(chunks))
+
+
+def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
+                 min_tail: int) -> list[tuple[int, int, int, bool]]:
+    """Pass 2's chunks [(v0, width, rows per group, W in dC)]. While dC's unwritten tail can
+    hold W for every row of a chunk at least as wide as the workspace's (min_tail with row
+    groups), W goes there, at dC's end, above the chunk's own rows (written by its GEMM); then
+    width_2 x rows_2 in the workspace. Widths are multiples of 8, the last few columns apart."""
+    chunks, v0 = [], 0
+    while v0 < v:
+        rest = v - v0
+        tail = ((rest * d * elt - 2 * WORKSPACE_ALIGN) // (elt * (n + d))) // 8 * 8 if n else 0
+        tail = min(tail, rest // 8 * 8)
+        if tail >= (width_2 if rows_2 >= n else min_tail) and tail > 0:
+            chunks.append((v0, tail, n, True))
+            v0 += tail
+            continue
+        width = min(width_2, rest)
+        width = width // 8 * 8 or width
+        chunks.append((v0, width, rows_2, False))
+        v0 += width
+    return chunks
+
+
+# ---- the three-matmul path (paths/three_matmul.py) ---------------------------------------------
+
+def even_rows(n: int, most: int) -> int:
+    """Rows per chunk of n rows in as few chunks of at most ``most`` rows as hold them, evenly
+    (a short last chunk would cost a pass over dC's accumulator for a few rows)."""
+    return cdiv(n, cdiv(n, most)) if n else most
+
+
+# Columns: cuBLAS's fast 16-bit kernels need K and leading dimensions multiples of 8, so the
+# path's GEMMs over all V columns run the last V mod 8 apart (fused.aligned_runs).
+ALIGN = 8
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    rows: int                # rows per chunk (the last may be shorter)
+    chunks: int              # of n rows (fewer run when rows without a target are gathered)
+    # dC is summed in an fp32 buffer: 16-bit inputs in several chunks, or an fp32 weight under
+    # autocast (any chunks; that buffer is then C's gradient itself)
+    accumulate_dc: bool
+    de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
+    extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
+    row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
+    logits_fp32: bool = False  # 16-bit inputs whose logits are kept in fp32 (row_stride: fp32)
+    # 16-bit logits relative to their forward tile's row max (config.Fused.logits_shifted),
+    # with that max per row and tile (shift_tiles fp32 values a row)
+    shifted: bool = False
+    shift_tiles: int = 0
+
+
+def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
+               filtered: bool = False, dc_fp32: bool = False,
+               shift_ok: bool = False) -> tuple[FusedPlan | None, str]:
+    """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
+    (None, why not).
+
+    Per chunk row the path holds its V logits (fp32, or the input dtype: config.Fused) and, for
+    16-bit inputs whose dE rows are summed over several GEMMs (the filter's kept column runs, or
+    V's last V mod 8 columns apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With
+    several chunks and 16-bit inputs, dC is summed in an fp32 accumulator (4 V D bytes) that
+    the backward rounds into dC (2 V D bytes) once the chunk is freed: the forward holds chunk
+    and accumulator but not yet dC, the backward accumulator and dC, so the peak beyond the
+    gradients is max(chunk + 2 V D, 4 V D). fp32 inputs accumulate in dE and dC themselves
+    (gradients, not workspace). So does an fp32 weight under 16-bit autocast (``dc_fp32``: elt
+    is then the GEMMs' 16-bit size): its gradient is fp32 anyway, so dC's fp32 sums, in one
+    chunk or several, are that gradient and the budget holds the chunk alone (the weight's
+    16-bit copy that the GEMMs read is autocast's, not the budget's: route.describe counts it).
+    Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
+    few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
+    the recompute path is faster then. shift_ok: the TMA forward can write shifted logits
+    (config.Fused.logits_shifted: 16-bit logits and an fp32 max per row and forward tile,
+    instead of fp32 logits)."""
+    fp32 = elt == 4
+    dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
+    shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
+    logits_fp32 = not fp32 and not shifted and cfg.fused.logits_fp32  # 4 bytes a logit
+    logit_elt = 4 if logits_fp32 else elt
+    stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
+    tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
+    de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
+    per_row = stride * logit_elt + 4 * tiles + (d * 4 if de_rows_fp32 else 0)
+    cap = cfg.fused.max_rows or n
+    kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles)
+    if n * per_row <= budget_bytes and n <= cap:
+        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
+    # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient
+    acc, dc = (0, 0) if fp32 or dc_fp32 else (v * d * 4, v * d * elt)
+    mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
+    if acc > budget_bytes:
+        return None, f"{mib} cannot hold dC's fp32 accumulator ({acc / 2**20:.0f} MiB)"
+    fits = (budget_bytes - acc + dc) // per_row
+    if fits < 1:
+        return None, f"{mib} holds no row of logits ({per_row} bytes)"
+    if min(fits, cap) < cfg.fused.min_rows:
+        return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk beside dC's fp32 "
+                      f"accumulator; fewer than {cfg.fused.min_rows} make the path slower than "
+                      f"recomputing")
+    rows = min(cap, even_rows(n, fits))
+    extra = max(rows * per_row + acc - dc, acc)
+    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, **kind), ""

@@ -1,0 +1,452 @@
+"""The route of one call: every choice of which kernels run, made once, here.
+
+``route(call, cfg)`` takes integers and flags (``Call``: the shape, the dtype, the options, and
+whether the tensors as the kernels read them are 16-byte aligned) and the device's config, and
+returns one frozen ``Route``. No tensor is read and nothing is launched, so every decision can
+be tested on the CPU at real shapes (tests/test_route.py). ``own_kernel.plan`` returns this very
+object; api.py asks ``route`` once per call and hands the Route to the autograd entry it names;
+the paths and launchers read it and decide nothing themselves.
+
+Paths (``Route.path``):
+
+- ``"three-matmul"`` (paths/three_matmul.py): a mean or sum with gradients, eager, whose row
+  chunks fit the workspace budget (``workspace_mib``; None = the device's default);
+- ``"recompute"`` (paths/recompute.py): the forward's lse, then the backward recomputes the
+  logits in vocabulary chunks (every other call with gradients);
+- ``"low-memory"`` (paths/low_memory.py): ``low_memory=True``;
+- ``"forward-only"``: no gradient is needed (torch.no_grad, inference_mode, inputs that do not
+  require grad): the forward's lse pass alone.
+
+The entry (how the path is reached, ``Route.entry``): ``"fused"`` (the three-matmul path's
+autograd Function), ``"eager"`` or ``"compiled"`` (paths/entries.py: an autograd Function, or
+the custom ops under torch.compile) or ``"vocab-parallel"`` (each rank's shard,
+paths/vocab_parallel.py).
+
+The kernels (properties of the Route, each derived once from the call and the config):
+
+- ``forward``: ``"tma"`` (kernels/forward_tma.py: the config asks for it and e and c are
+  16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
+  ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
+  TMA forward writes them); ``logits``: the three-matmul path's logits format;
+- ``writer`` / ``tail_writer``: who writes the softmax gradient W of the chunks in dC's free
+  rows and of the tail's chunks (``W_WRITERS``: paths/writers.py);
+- ``filter``: the gradient filter that runs (its threshold), or None: asked for, able to skip
+  something at this shape (plan.filter_can_skip); ``vocab_chunks``, ``low_memory_plan``,
+  ``fused``: the path's chunks.
+
+Decisions that depend on values read on the device, or on what autograd hands the backward,
+are not the route's; the Route says whether they may happen and makes them when asked, from
+that data: the rows with a target gathered out (``gathers``, then ``for_rows``), a filter kept
+only where the rows weigh alike in fp16 (``backward_filter``), a filter the device's counts
+show cannot skip (the rest's chunks: ``exact_chunks_from``), the chunks that filter
+(``chunk_filters``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from own_kernel.policy import autotune
+from own_kernel.policy.config import Config
+from own_kernel.policy.options import FilterOptions, Options, auto_filter
+from own_kernel.policy.plan import (Chunk, FusedPlan, LowMemoryPlan, TailPlan, chunk_filters,
+                                    chunk_plan, compaction_pays, filter_can_skip, fused_plan,
+                                    looks_ahead, low_memory_plan, tail_width)
+
+PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
+ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
+FORWARDS = ("tma", "pointer", "cublas")
+W_WRITERS = ("tma", "cublas", "pointer")
+LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can be read through a TMA descriptor: unit stride along its rows,
+    16-byte aligned base and row stride (the kernels' layouts, api.py, rule out stride 0)."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0)
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the route depends on: the 2-D problem (n rows, v columns of this rank's c, d
+    hidden), the input dtype, the call's options, and the tensors' layouts."""
+    n: int
+    v: int
+    d: int
+    dtype: torch.dtype
+    reduction: str = "mean"
+    needs_grad: bool = True
+    has_bias: bool = False
+    return_lse: bool = False
+    low_memory: bool = False
+    filtered: bool = False
+    vocab_parallel: bool = False
+    compiling: bool = False
+    workspace_mib: int | None = None    # the caller's budget; None = the config's default
+    entropy: bool = False               # return_entropy: the entropy's sum and gradient
+    temperature: bool = False           # logits divided by a temperature other than 1
+    # c (and bias) fp32 under 16-bit autocast (dtype: the GEMMs'): their gradients are fp32.
+    # The three-matmul path sums dC in fp32 anyway and returns those sums as C's gradient;
+    # every other path gets autocast's 16-bit copy and autograd casts dC back to fp32.
+    fp32_weight: bool = False
+    # e and c as the kernels read them (c: autocast's 16-bit copy of an fp32 weight) can be
+    # read through TMA descriptors (tma_ready); None: a contiguous tensor of its own, whose
+    # base the allocator aligns (ready where its rows are 16-byte multiples).
+    e_tma_ready: bool | None = None
+    c_tma_ready: bool | None = None
+    # The filter's threshold (options.FilterOptions); filtered=True alone: "auto"'s.
+    filter: FilterOptions | None = None
+    on_cuda: bool = True                # the portable target tunes its tiles on a GPU only
+
+    def __post_init__(self):
+        if self.filter is not None and not self.filtered:
+            object.__setattr__(self, "filtered", True)
+        elif self.filtered and self.filter is None:
+            object.__setattr__(self, "filter", auto_filter(self.dtype))
+
+    @property
+    def elt(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def tma_ready(self) -> bool:
+        """Both e and c can be read through TMA descriptors."""
+        fresh = (self.d * self.elt) % 16 == 0
+        return all(fresh if ready is None else ready
+                   for ready in (self.e_tma_ready, self.c_tma_ready))
+
+
+def call_of(e: torch.Tensor, c: torch.Tensor, bias, opts: Options, *, reduction: str = "mean",
+            needs_grad: bool = True, vocab_parallel: bool = False, compiling: bool = False,
+            workspace_mib: int | None = None, fp32_weight: bool = False,
+            e_tma_ready: bool | None = None, c_tma_ready: bool | None = None) -> Call:
+    """The Call of 2-D e and c (c: an fp32 weight where fp32_weight) with these options;
+    e_tma_ready, c_tma_ready: tma_ready of the tensors the kernels will read (None: copies of
+    their own, or not known where the call is traced: the custom ops then route their own
+    real tensors)."""
+    return Call(e.shape[0], c.shape[0], e.shape[1], e.dtype, reduction, needs_grad,
+                bias is not None, opts.ignored_lse, opts.low_memory, opts.filter is not None,
+                vocab_parallel, compiling, workspace_mib, entropy=opts.entropy,
+                temperature=opts.temperature != 1.0, fp32_weight=fp32_weight,
+                e_tma_ready=e_tma_ready, c_tma_ready=c_tma_ready, filter=opts.filter,
+                on_cuda=e.device.type == "cuda")
+
+
+def _entry(call: Call) -> str:
+    """The autograd entry that runs the call: vocab-parallel first (each rank's shard), then
+    torch.compile's custom ops, then the eager entries."""
+    if call.vocab_parallel:
+        return "vocab-parallel"
+    if call.compiling:
+        return "compiled"
+    return "eager"
+
+
+def _three_matmul_excluded(call: Call) -> str:
+    """Why the call cannot take the three-matmul path whatever the budget (else "")."""
+    reasons = (
+        (not call.needs_grad, "no gradient is needed"),
+        (call.reduction == "none", 'reduction="none" has per-row upstream gradients'),
+        (call.return_lse, "return_lse=True needs the lse's gradient"),
+        (call.entropy, "return_entropy=True needs the entropy's gradient"),
+        (call.temperature, "temperature= is applied on the recompute path only"),
+        (call.low_memory, "low_memory=True asks for the low-memory backward"),
+        (call.vocab_parallel, "vocab_parallel shards the vocabulary"),
+        (call.compiling, "torch.compile runs the custom ops"),
+        (call.n == 0, "there are no rows"),
+    )
+    return next((why for excluded, why in reasons if excluded), "")
+
+
+def budget_mib(call: Call, cfg: Config) -> tuple[int, str]:
+    """(the three-matmul budget in MiB, why it is 0 or goes unused, or "")."""
+    if call.workspace_mib is not None:
+        return call.workspace_mib, ""
+    if call.filtered and not cfg.fused.filtered:
+        # Measured (results/notes/fused-path.md): the filter skips (row, column) tiles in the
+        # recompute path, but hardly a whole column block of a chunk of ~10^3 rows here, so
+        # on Hopper filtered calls take this path only when given a budget.
+        return 0, f"the {cfg.name} target keeps filtered calls on the recompute path by default"
+    fp32 = call.dtype == torch.float32
+    return (cfg.fused.default_workspace_mib_fp32 if fp32 else cfg.fused.default_workspace_mib), ""
+
+
+def route(call: Call, cfg: Config) -> "Route":
+    """The call's path and entry, with the three-matmul path's plan where it runs. Cheap: every
+    call asks it (no chunk planning beyond fused_plan's few integers; the other paths' chunks
+    are planned when first read)."""
+    entry = _entry(call)
+    mib, why_not = budget_mib(call, cfg)
+    excluded = _three_matmul_excluded(call)
+    if not excluded and mib:
+        # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies
+        # an e or c whose base is not aligned: Route.fused_copies)
+        shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
+        plan, why_not = fused_plan(call.n, call.v, call.d, call.elt, mib * 2**20, cfg,
+                                   filtered=call.filtered, dc_fp32=call.fp32_weight,
+                                   shift_ok=shift_ok)
+        if plan is not None:
+            return Route(call, cfg, "three-matmul", "fused", plan, mib)
+    elif excluded and call.workspace_mib:
+        why_not = excluded
+    note = f"workspace_mib={mib} unused: {why_not}" if mib and why_not else why_not
+    if not call.needs_grad:
+        path = "forward-only"
+    else:
+        path = "low-memory" if call.low_memory else "recompute"
+    return Route(call, cfg, path, entry, None, 0, note)
+
+
+@dataclass(frozen=True, repr=False)
+class Route:
+    """One call's route (module docstring), what ``own_kernel.plan`` returns: its path, the
+    entry that runs it, the config every pass of the call runs with (its backward included),
+    and, as properties derived once, which kernels run and with which chunks.
+
+    The plan's summary, as ``own_kernel.plan`` reports it: ``path``; ``chunks``, ``chunk_size``:
+    the three-matmul path's row chunks and rows per chunk, the recompute path's vocabulary chunks
+    and the widest one's columns, the low-memory path's pass-1 row chunks and rows per chunk; 0
+    and 0 without a backward; ``peak_bytes``: an estimate of the memory the call holds at its
+    peak beyond its inputs (the gradients, the workspaces and per-row vectors; not the gathered
+    rows of ignored targets, which depend on the targets' values, nor the filter's gathered
+    columns); ``budget_mib``: the three-matmul path's workspace budget in force (0: none);
+    ``note``: why a budget goes unused (the path cannot take it, or its chunks do not fit), or
+    ""."""
+    call: Call
+    cfg: Config
+    path: str
+    entry: str
+    fused: FusedPlan | None = None
+    budget_mib: int = 0
+    note: str = ""
+
+    # ---- the forward -------------------------------------------------------------------------
+
+    @cached_property
+    def forward(self) -> str:
+        """The forward's kernel: "tma", "pointer", or "cublas" (three-matmul, unshifted)."""
+        if self.fused is not None:
+            return "tma" if self.fused.shifted else "cublas"
+        tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
+        return "tma" if tma else "pointer"
+
+    @property
+    def forward_tuned(self) -> bool:
+        """The pointer forward's tiles are timed on this GPU (policy/autotune.py)."""
+        return self.forward == "pointer" and self.cfg.autotune and self.call.on_cuda
+
+    @property
+    def logits(self) -> str:
+        """The three-matmul path's logits (LOGITS): "shifted", "fp32" or "input" (the input
+        dtype); "" on the other paths (no logits are kept)."""
+        if self.fused is None:
+            return ""
+        return "shifted" if self.fused.shifted else "fp32" if self.fused.logits_fp32 else "input"
+
+    @cached_property
+    def fused_copies(self) -> tuple[bool, bool]:
+        """(copy e, copy c): the three-matmul path's TMA forward reads copies of inputs whose
+        base is not 16-byte aligned (an offset view; rare)."""
+        if self.fused is None or not self.fused.shifted:
+            return False, False
+        return self.call.e_tma_ready is False, self.call.c_tma_ready is False
+
+    # ---- the backward's W writers ------------------------------------------------------------
+
+    @cached_property
+    def writer(self) -> str | None:
+        """Who writes the backward's W (module docstring): of the chunks in dC's free rows on
+        the recompute path, of every W on the low-memory path; None on the other paths."""
+        if self.path not in ("recompute", "low-memory"):
+            return None
+        if self.cfg.chunks.recompute == "tma" and self.call.tma_ready:
+            return "tma"
+        return "cublas" if self.path == "recompute" else "pointer"
+
+    @property
+    def tail_writer(self) -> str | None:
+        """Who writes the W of the recompute path's tail chunks (and of the low-memory path)."""
+        return None if self.writer is None else "tma" if self.writer == "tma" else "pointer"
+
+    @property
+    def pointer_tuned(self) -> bool:
+        """The pointer W writer's tiles are timed on this GPU (policy/autotune.py)."""
+        return autotune.tunes(self._device, self.cfg, self.cfg.dlogits_candidates)
+
+    @property
+    def softmax_grad_tuned(self) -> bool:
+        """The cuBLAS writer's softmax_grad launch shape is timed on this GPU."""
+        return (not self.cfg.softmax_grad.tma
+                and autotune.tunes(self._device, self.cfg, self.cfg.softmax_grad_candidates))
+
+    @property
+    def _device(self) -> str:
+        return "cuda" if self.call.on_cuda else "cpu"
+
+    # ---- the recompute backward's filter and chunks -------------------------------------------
+
+    @cached_property
+    def filter(self) -> FilterOptions | None:
+        """The gradient filter the call runs (its threshold), or None: exact. The three-matmul
+        path filters its chunks' column blocks whenever asked; the recompute backward not
+        where it cannot pay: too few GEMM flops to skip (plan.filter_can_skip)."""
+        f = self.call.filter
+        if self.path == "three-matmul":
+            return f
+        if self.path != "recompute" or f is None or f.eps <= 0:
+            return None
+        c = self.call
+        return f if filter_can_skip(c.n, c.v, c.d, c.elt, self.cfg, self.writer == "tma") else None
+
+    def backward_filter(self, uniform: bool) -> FilterOptions | None:
+        """The filter, given how the backward's rows weigh: fp16 with per-row weights (uniform
+        False) runs exact (filtered W shares one scale across rows: the small rows' entries
+        would underflow; exact per-row scaling keeps every row's gradient)."""
+        if self.call.dtype == torch.float16 and not uniform:
+            return None
+        return self.filter
+
+    def vocab_chunks(self, filtered: bool) -> tuple[Chunk, ...]:
+        """The recompute backward's vocabulary chunks, filtered or exact (plan.chunk_plan)."""
+        return self._filtered_chunks if filtered else self._exact_chunks
+
+    @cached_property
+    def _exact_chunks(self) -> tuple[Chunk, ...]:
+        c = self.call
+        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma"))
+
+    @cached_property
+    def _filtered_chunks(self) -> tuple[Chunk, ...]:
+        c = self.call
+        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma",
+                                filtered=True))
+
+    def exact_chunks_from(self, v_first: int) -> list[Chunk]:
+        """The chunks of columns [v_first, V) as an exact call runs them (wider: one W slot),
+        for a filtered run that finds it cannot skip after its first chunk."""
+        c = self.call
+        return chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma",
+                          v_first=v_first, lookahead=False)
+
+    @property
+    def lookahead(self) -> bool:
+        """Filtered chunks queue the next chunk's W before this one's GEMMs (plan.looks_ahead
+        on the tma writer; the cuBLAS writer always does)."""
+        return looks_ahead(self.call.n, self.cfg, True) if self.writer == "tma" else True
+
+    def chunk_filters(self, chunk: Chunk) -> bool:
+        """Whether a chunk of a filtered run filters (plan.chunk_filters)."""
+        return chunk_filters(chunk, self.call.n, self.call.d, self.cfg)
+
+    @cached_property
+    def tail(self) -> TailPlan:
+        c = self.call
+        return tail_width(c.n, c.v, c.d, c.elt, self.cfg)
+
+    @cached_property
+    def low_memory_plan(self) -> LowMemoryPlan | None:
+        c = self.call
+        if self.path != "low-memory":
+            return None
+        return low_memory_plan(c.n, c.v, c.d, c.elt, self.cfg)
+
+    # ---- rows with a target -------------------------------------------------------------------
+
+    @property
+    def reads_count_before_forward(self) -> bool:
+        """Whether the eager recompute entry reads the targets' count before its forward, to
+        run forward and backward on the rows with a target only (gathers). That read idles the
+        GPU while the host queues the gather and the forward, so only calls whose forward is
+        long enough to hide it (compaction.fwd_min_flops) read it, and only those whose rows
+        are gathered for a backward anyway (not an lse asked for, which ignored rows have
+        too). The others drop rows in the backward only."""
+        c = self.call
+        return (self.path == "recompute" and self.entry == "eager" and not c.return_lse
+                and c.n > 0 and 2 * c.n * c.v * c.d >= self.cfg.compaction.fwd_min_flops)
+
+    def gathers(self, num_used: int, *, before_forward: bool = False) -> bool:
+        """Whether the call runs on its num_used rows with a target only (plan.compaction_pays;
+        num_used: the targets' count, read on the host). Before the forward the gathered E is
+        kept by autograd for the backward, so dE's rows cannot go into its buffer. The
+        low-memory path runs on every row (gathering would cost more memory than its
+        workspace; the forward's lse +inf keeps the ignored ones' W zero)."""
+        c = self.call
+        if self.path == "low-memory" or c.n == 0 or num_used == c.n:
+            return False
+        return compaction_pays(c.n, num_used, c.v, c.d, c.elt, self.cfg,
+                               de_into_e=not before_forward)
+
+    def for_rows(self, n: int) -> "Route":
+        """This route on n of the call's rows, gathered into a tensor of their own: the same
+        path and entry, its kernels chosen again for that shape and layout."""
+        return dataclasses.replace(self, call=dataclasses.replace(self.call, n=n,
+                                                                  e_tma_ready=None))
+
+    # ---- what own_kernel.plan reports ------------------------------------------------------------
+
+    @property
+    def chunks(self) -> int:
+        return self._summary[0]
+
+    @property
+    def chunk_size(self) -> int:
+        return self._summary[1]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._summary[2]
+
+    @cached_property
+    def _summary(self) -> tuple[int, int, int]:
+        """(chunks, chunk_size, peak_bytes): the path's chunking and its estimated peak."""
+        call, n, d = self.call, self.call.n, self.call.d
+        if self.path == "three-matmul":
+            peak = _gradient_bytes(call) + _weight_copy_bytes(call) + self.fused.extra_bytes + 4 * n
+            return self.fused.chunks, self.fused.rows, peak
+        if self.path == "forward-only":
+            return 0, 0, _vectors(call)
+        # The other paths' gradients of an fp32 weight: the 16-bit dC too (autograd casts it)
+        grads = _gradient_bytes(call) + 2 * _weight_copy_bytes(call)
+        if self.path == "low-memory":
+            lm = self.low_memory_plan
+            return -(-n // max(lm.rows_1, 1)), lm.rows_1, grads + lm.workspace_2 + _vectors(call)
+        chunks = self.vocab_chunks(self.filter is not None)
+        peak = grads + 4 * n * d + _vectors(call)  # + dE's fp32 accumulator
+        return len(chunks), max((ch.width for ch in chunks), default=0), peak
+
+    def __repr__(self) -> str:
+        kernels = f"forward={self.forward!r}"
+        if self.writer is not None:
+            kernels += f", writer={self.writer!r}, tail_writer={self.tail_writer!r}"
+        if self.fused is not None:
+            kernels += f", logits={self.logits!r}"
+        if self.filter is not None:
+            kernels += f", filter={self.filter!r}"
+        return (f"Route(path={self.path!r}, entry={self.entry!r}, {kernels}, chunks={self.chunks},"
+                f" chunk_size={self.chunk_size}, peak_bytes={self.peak_bytes}, budget_mib="
+                f"{self.budget_mib}, note={self.note!r}, config={self.cfg.name!r})")
+
+
+def _gradient_bytes(call: Call) -> int:
+    """dE, dC and dbias in their dtypes (an fp32 weight's: fp32)."""
+    weight_elt = 4 if call.fp32_weight else call.elt
+    return (call.n * call.d * call.elt
+            + (call.v * call.d + (call.v if call.has_bias else 0)) * weight_elt)
+
+
+def _weight_copy_bytes(call: Call) -> int:
+    """Autocast's 16-bit copy of an fp32 weight (and bias), which the GEMMs read: the
+    three-matmul path holds it through its forward only, the others through the backward."""
+    if not call.fp32_weight:
+        return 0
+    return (call.v * call.d + (call.v if call.has_bias else 0)) * call.elt
+
+
+def _vectors(call: Call) -> int:
+    """The per-row and per-column fp32 vectors (loss, lse, largest probability, nll, weights;
+    column sums): a few floats per row and column."""
+    return 4 * (6 * call.n + 2 * call.v)
