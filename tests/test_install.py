@@ -1,5 +1,6 @@
-"""What the project installs and pins: the kernel needs torch and triton alone, and README's CPU
-install lines, the noxfile and CI install the same pinned environment."""
+"""What the project installs and pins: the kernel needs torch, triton and (for Triton's
+interpreter, the CPU path) numpy, and README's CPU install lines, the noxfile and CI install the
+same pinned environment."""
 import re
 import tomllib
 from pathlib import Path
@@ -18,9 +19,22 @@ def _name(requirement: str) -> str:
     return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
 
 
-def test_the_kernel_installs_with_torch_and_triton_alone():
+def _interpreter_imports_numpy() -> bool:
+    """Whether Triton's interpreter (what runs the kernels on a CPU) imports numpy, read from its
+    source without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton.runtime.interpreter")
+    source = Path(spec.origin).read_text()
+    return bool(re.search(r"^\s*import numpy|^\s*from numpy", source, flags=re.M))
+
+
+def test_the_kernel_installs_with_torch_triton_and_what_the_interpreter_imports():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert {_name(r) for r in project["dependencies"]} == {"torch", "triton"}
+    kernel = {_name(r) for r in project["dependencies"]}
+    assert kernel <= {"torch", "triton", "numpy"} and {"torch", "triton"} <= kernel
+    if _interpreter_imports_numpy():  # else: this Triton no longer needs it on the CPU
+        assert "numpy" in kernel, "Triton's interpreter imports numpy: a CPU install needs it"
     extras = project["optional-dependencies"]
     assert {"bench", "hf", "test"} <= set(extras)
     for peer in ("liger-kernel", "cut-cross-entropy"):  # ranges, not exact pins
