@@ -878,8 +878,9 @@ def build_all(results_dir=None, out_dir="plots", device: str | None = None) -> l
 
 def _frontier_figure(rows: list[dict], path: Path) -> Path:
     """x: peak MiB (log), y: ms; own's front as a line, peers as points, the filter hollow."""
-    from suite.frontier import (PHASE, VERMILLION, cell_title, is_exact, is_own, own_front,
-                                points_of)
+    from suite.report.frontier_tables import (PHASE, cell_title, is_exact, is_own, own_front,
+                                              points_of)
+    VERMILLION = OKABE_ITO["vermillion"]
 
     points = points_of(rows)
     own = [p for p in points if is_own(p.provider) and is_exact(p.provider)]
@@ -915,7 +916,7 @@ def _frontier_figure(rows: list[dict], path: Path) -> Path:
 
 def plot_frontiers(run_dirs, out_dir: Path) -> list[Path]:
     """The time-memory frontier (suite/frontier.py) of each cell of each ``frontier-*`` run."""
-    from suite import frontier
+    from suite.report import frontier_tables as frontier
 
     written = []
     for d in run_dirs:
@@ -953,7 +954,7 @@ def manifest(run_dirs, train_run_dirs, figures, out_dir) -> dict:
                if (Path(d) / name).exists()]
     # The generator: this module, the curated list (and its renames) and the providers' styles.
     styles = json.dumps([PROVIDER_STYLE, PROVIDER_LABEL], sort_keys=True)
-    from suite import frontier
+    from suite.report import frontier_tables as frontier
 
     generator = hashlib.sha256((_sha256(Path(__file__)) + _sha256(Path(curated.__file__))
                                 + _sha256(Path(frontier.__file__)) + styles).encode())

@@ -15,8 +15,10 @@ table each); "faster" / "slower" follow suite.report.verdict's one rule.
 
 The tables live in their modules: kernel_tables (a run folder), train_tables (training-step
 folders), claims (the own kernel's targets and the paper's claims), readme (the README's
-headline and the writers), document (results/RESULTS.md), curated (the runs they read), notes
-(the measurement notes' tables copied from the kernel tools' CSVs).
+headline and the writers), frontier_tables (the time-memory frontier), vocab_parallel_tables
+(several GPUs), document (results/RESULTS.md), curated (the runs they read), notes (the
+measurement notes' tables copied from the kernel tools' CSVs). Nothing here imports the suite's
+commands (runner, frontier, plots, ...): they import the report.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from suite.report.claims import grads_bytes, targets_table
 from suite.report.document import render_document
 from suite.report.envs import env_line, read_envs
+from suite.report.frontier_tables import report as frontier_report
 from suite.report.kernel_tables import (aggregate_table, cell_table, render, summary,
                                         versus_table)
 from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
@@ -65,7 +68,8 @@ def add_arguments(parser) -> None:
                         help="the own kernel's targets, one row per bf16 cell; a table per run "
                              "folder (section targets)")
     parser.add_argument("--frontier", action="store_true",
-                        help="the time-memory frontier of exact loss+grad per cell (suite.frontier)")
+                        help="the time-memory frontier of exact loss+grad per cell "
+                             "(suite/report/frontier_tables.py)")
     parser.add_argument("--peers", default="apple_cce,torch_compile",
                         help="comma-separated providers for --versus (default: %(default)s)")
     parser.add_argument("--section", default=None,
@@ -153,8 +157,7 @@ def compute(args) -> tuple[str, str]:
     if args.headline:
         return headline(args.results, _command(args, " --headline")), "headline"
     if args.frontier:
-        from suite.frontier import report as frontier_report
-        return frontier_report(args.results), "frontier"
+        return frontier_report(args.results, _command(args, " --frontier")), "frontier"
     if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
         return multi_gpu_text(args.results[0]), "multi-gpu"
     return _run_folder_text(args, train)
