@@ -139,7 +139,7 @@ def plot_train_convergence(summary: list[dict], curves: dict, out_dir: Path) -> 
 
     # The legend goes below the panels, never over the curves; its height grows with its rows.
     legend_rows = math.ceil(len(drawn) / LEGEND_COLUMNS)
-    legend_h = 0.18 * legend_rows + 0.3
+    legend_h = 0.18 * legend_rows + 0.05
     fig_h = 5.0 + legend_h
     fig, (ax_l, ax_d) = plt.subplots(2, 1, figsize=(6.5, fig_h), sharex=True,
                                      gridspec_kw={"height_ratios": [3, 2]})

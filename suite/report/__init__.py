@@ -2,11 +2,13 @@
 (``--update-readme``) or results/RESULTS.md (``--results-doc``) between
 ``<!-- results:<section>:start -->`` and ``<!-- results:<section>:end -->`` markers.
 
-    python -m suite report results/gemma2-2b-h200                 # print a run's tables
-    python -m suite report results/peers-h100 --headline --update-readme   # one run per GPU
-    python -m suite report results/grid-h200* --versus own_filter  # a table per run folder
-    python -m suite report results/grid-h200* --targets
-    python -m suite report results/train-h200
+    python -m suite report results/peers-h100                     # print a run's tables
+    python -m suite report results/headline-h100 --headline --update-readme   # one run per GPU
+    python -m suite report results/fused-grid-h100-3-* --versus own_fused  # a table per folder
+    python -m suite report results/headline-h100 --targets
+    python -m suite report results/train-hf-llama-h100
+    python -m suite report results/frontier-*-h100 --frontier
+    python -m suite report results/multigpu-2xh100
     python -m suite report --results-doc    # results/RESULTS.md, whole, from the curated runs
     python -m suite report --notes          # the tables of results/notes/*.md, from their CSVs
 
@@ -46,9 +48,9 @@ __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline
 
 def add_arguments(parser) -> None:
     parser.add_argument("results", nargs="*",
-                        help="a run folder holding results.csv (e.g. results/gemma2-2b-...), or "
+                        help="a run folder holding results.csv (e.g. results/headline-h100), or "
                              "one or more training-step folders (train_bench.csv, "
-                             "train_convergence.csv; e.g. results/train-h200 ...)")
+                             "train_convergence.csv; e.g. results/train-hf-llama-h100 ...)")
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README.md between the results:<section> markers")
     parser.add_argument("--results-doc", action="store_true",
@@ -63,7 +65,7 @@ def add_arguments(parser) -> None:
                              "(2B) rows from one run) (section headline)")
     parser.add_argument("--versus", default=None, metavar="PROVIDER",
                         help="one comparison row per cell of PROVIDER against --peers; a table "
-                             "per run folder (e.g. results/grid-h200*)")
+                             "per run folder (e.g. results/fused-grid-h100-3-*)")
     parser.add_argument("--targets", action="store_true",
                         help="the own kernel's targets, one row per bf16 cell; a table per run "
                              "folder (section targets)")
@@ -159,7 +161,7 @@ def compute(args) -> tuple[str, str]:
     if args.frontier:
         return frontier_report(args.results, _command(args, " --frontier")), "frontier"
     if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
-        return multi_gpu_text(args.results[0]), "multi-gpu"
+        return multi_gpu_text(args.results[0], _command(args, "")), "multi-gpu"
     return _run_folder_text(args, train)
 
 
