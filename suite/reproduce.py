@@ -15,6 +15,7 @@ import argparse
 import csv
 from pathlib import Path
 
+from suite.report.curated import ROOT
 from suite.results import RUNS_DIR
 from suite.report.claims import (CCE_METHODS, CLAIM_DISTS, CLAIM_GRAD, CLAIM_HEAD,  # noqa: F401
                                  CLAIM_LOSS, CLAIM_SPEED, GEMMA2_2B, GRAD_ERR_MAX_OVER_NAIVE,
@@ -247,10 +248,17 @@ def render_table1(rows: list[dict], envs: list[dict], source: str) -> tuple[str,
     return "\n".join(out + _claims(checks)), checks
 
 
+def _shown(results_dir: Path) -> str:
+    """The run folder as table1.md names it: relative to the checkout when inside it, so the
+    file does not depend on where the checkout lies or on the working directory."""
+    path = results_dir.resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else results_dir.as_posix()
+
+
 def write_table1(results_dir, out_path=None) -> tuple[Path, list[Check]]:
     results_dir = Path(results_dir)
     rows = read_rows(results_dir)
-    text, checks = render_table1(rows, read_envs(results_dir), results_dir.as_posix() + "/results.csv")
+    text, checks = render_table1(rows, read_envs(results_dir), _shown(results_dir) + "/results.csv")
     out_path = Path(out_path) if out_path else results_dir / "table1.md"
     out_path.write_text(text)
     return out_path, checks
