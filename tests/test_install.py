@@ -59,6 +59,8 @@ def test_readme_noxfile_and_ci_install_the_same_pins():
     # README's CPU line takes torch's pinned CPU build from the CPU index alone, never PyPI
     assert f"pip install --no-deps --index-url {index} {torch_pin}" in readme
     assert "pip install -c tests/constraints-cpu.txt -e '.[test]' nox" in readme
+    # the kernel alone, on a CPU: the project and its dependencies, numpy among them
+    assert re.search(r"^pip install -c tests/constraints-cpu\.txt \.(\s|$)", readme, re.M)
     assert '"--no-deps", "--index-url", CPU_INDEX' in noxfile
     ci = (ROOT / ".ci" / "run").read_text()
     assert "-c tests/constraints-cpu.txt nox" in ci and ci.rstrip().endswith("nox -s tests")

@@ -16,8 +16,8 @@ Every table that compares providers takes its rows from one run folder (several 
 table each); "faster" / "slower" follow suite.report.verdict's one rule.
 
 The tables live in their modules: kernel_tables (a run folder), train_tables (training-step
-folders), claims (the own kernel's targets and the paper's claims), readme (the README's
-headline and the writers), frontier_tables (the time-memory frontier), vocab_parallel_tables
+folders), claims (the own kernel's targets and the paper's claims), headline (the README's
+headline blocks), readme (the writers), frontier_tables (the time-memory frontier), vocab_parallel_tables
 (several GPUs), document (results/RESULTS.md), curated (the runs they read), notes (the
 measurement notes' tables copied from the kernel tools' CSVs). Nothing here imports the suite's
 commands (runner, frontier, plots, ...): they import the report.
@@ -32,8 +32,8 @@ from suite.report.envs import env_line, read_envs
 from suite.report.frontier_tables import report as frontier_report
 from suite.report.kernel_tables import (aggregate_table, cell_table, render, summary,
                                         versus_table)
-from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
-                                 update_readme)
+from suite.report.headline import headline
+from suite.report.readme import README, RESULTS_DOC, update_markers, update_readme
 from suite.report.verdict import RULE_TEXT
 from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
                                        train_headline)

@@ -231,7 +231,11 @@ def train_headline(run_dirs, command: str) -> str:
     not_ok = sorted({f"{r['backend']} ({r['status']})" for r in bench if r["status"] != "ok"})
     if not_ok:
         lines += ["", "Not run: " + ", ".join(not_ok) + "."]
+    by_env: dict[str, list[Path]] = {}  # folders measured alike share one line
     for d in run_dirs:
-        lines += ["", f"From [`{d.as_posix()}`]({d.as_posix()}/{results.TRAIN_BENCH_CSV}): "
-                      f"{env_line(d)}"]
+        by_env.setdefault(env_line(d), []).append(d)
+    for line, folders in by_env.items():
+        named = ", ".join(f"[`{d.as_posix()}`]({d.as_posix()}/{results.TRAIN_BENCH_CSV})"
+                          for d in folders)
+        lines += ["", f"From {named}: {line}"]
     return "\n".join(lines)
