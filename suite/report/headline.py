@@ -265,8 +265,8 @@ def headline_table(run_dir) -> str:
     text = (f"{title}\n\n{prose(run)}\n\nPeers measured: {peer_versions(run.folder)}.\n\n"
             + tables(run))
     missing = not_run_lines(run)
-    if missing:
-        text += "\n\nNot run there:\n" + "\n".join(f"- {t}" for t in missing)
+    if missing:  # one paragraph: the README stays short however many providers a run has
+        text += "\n\nNot run there: " + "; ".join(missing) + "."
     return text
 
 
