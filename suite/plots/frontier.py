@@ -6,6 +6,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+import suite.frontier  # noqa: F401  (registers the budget sweep: its points take its styles)
 from suite.plots.style import OKABE_ITO, save, style_of
 from suite.report import frontier_tables
 from suite.report.frontier_tables import (PHASE, cell_title, is_exact, is_own, own_front,

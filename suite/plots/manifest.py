@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from suite import results
+from suite import frontier, results
 from suite.plots.style import PROVIDER_LABEL, PROVIDER_STYLE
 from suite.report import curated, frontier_tables
 
@@ -26,9 +26,10 @@ def _repo_path(path: Path) -> str:
 
 def generator_files() -> list[Path]:
     """The code the figures depend on: this package's modules, the curated list (and its
-    renames) and the frontier's tables (its points and front)."""
+    renames), the frontier's tables (its points and front) and its sweep's styles."""
     package = Path(__file__).resolve().parent
-    return sorted(package.glob("*.py")) + [Path(curated.__file__), Path(frontier_tables.__file__)]
+    return sorted(package.glob("*.py")) + [Path(curated.__file__), Path(frontier_tables.__file__),
+                                           Path(frontier.__file__)]
 
 
 def manifest(run_dirs, train_run_dirs, figures, out_dir) -> dict:
