@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from suite import presets, smoke
+from suite.kernel import TOOLS as KERNEL_TOOLS  # names only: the tools load when chosen
 
 # Subcommands implemented in their own modules: each has add_arguments(parser) and main(args).
 EXTERNAL = {
@@ -21,7 +22,7 @@ EXTERNAL = {
     "gate": ("suite.gates.cli", "regression gates (pytest-benchmark) against this GPU's baseline"),
     "report": ("suite.report",
                "markdown tables from run folders; --update-readme; --results-doc; --notes"),
-    "kernel": ("suite.kernel", "the own kernel's tools: tune | profile | memory | check"),
+    "kernel": ("suite.kernel", f"the own kernel's tools: {' | '.join(KERNEL_TOOLS)}"),
     "frontier": ("suite.frontier", "time-memory frontier of exact loss+grad per shape"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
@@ -136,7 +137,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="phases to measure (default: fwd,loss,grad,loss+grad)")
     p.add_argument("--reps", type=positive_int, help="timed repetitions (default 10 on GPU, 3 on CPU)")
     p.add_argument("--warmup", type=nonneg_int, help="untimed warm-up calls (default 3 on GPU, 1 on CPU)")
-    p.add_argument("--out", help="run folder (default results/<preset>-<gpu or cpu>-<date>)")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<gpu or cpu>-<date>; runs/ is git-ignored)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out, skipping finished (cell, provider) pairs")
     p.add_argument("--rerun", type=name_list, default=[], metavar="PROVIDERS",
@@ -251,9 +252,9 @@ def _slug(text: str) -> str:
 
 
 def default_out(preset: str, device: str, resume: bool) -> Path:
-    from suite.results import device_label
+    from suite.results import RUNS_DIR, device_label
 
-    base = Path("results") / f"{preset}-{_slug(device_label(device))}-{dt.date.today():%Y%m%d}"
+    base = RUNS_DIR / f"{preset}-{_slug(device_label(device))}-{dt.date.today():%Y%m%d}"
     if resume or not (base / "results.csv").exists():
         return base
     return base.with_name(base.name + f"-{dt.datetime.now():%H%M%S}")

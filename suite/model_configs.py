@@ -1,5 +1,5 @@
 """Published configurations of five LMs and the training-memory breakdown drawn in the
-paper-style Figure 1 (``suite.plots.plot_memory_breakdown``).
+paper-style Figure 1 (``suite.plots.memory.plot_memory_breakdown``).
 
 Every number in ``MODELS`` is copied from the model's ``config.json`` on the Hugging Face Hub
 (the repository is named in ``source``); ``published_params`` is the total the model card states,

@@ -28,7 +28,7 @@ class UnsupportedInput(ValueError):
 
 
 # Figures draw a provider in the colour, marker and line style of its registration; providers of
-# one family share a colour (suite/plots.py checks it is colour-blind safe) and figures list them
+# one family share a colour (tests/test_plots.py checks it is colour-blind safe) and figures list them
 # by ``order``. One unregistered style is the fallback: grey, dash-dot.
 FALLBACK_STYLE = dict(color="#999999", marker="*", linestyle="-.")
 

@@ -1,6 +1,6 @@
 """Reproduce the paper's Table 1 (arXiv 2411.09009) at Gemma 2 (2B) and check its claims.
 
-    python -m suite reproduce [--out results/<name>] [--device cuda] [--reps R]
+    python -m suite reproduce [--out runs/<name>] [--device cuda] [--reps R]
     python -m suite reproduce --from-results results/<name>   # only rewrite table1.md
 
 The run measures every method of Table 1 on both input distributions through suite.runner,
@@ -15,6 +15,8 @@ import argparse
 import csv
 from pathlib import Path
 
+from suite.report.curated import ROOT
+from suite.results import RUNS_DIR
 from suite.report.claims import (CCE_METHODS, CLAIM_DISTS, CLAIM_GRAD, CLAIM_HEAD,  # noqa: F401
                                  CLAIM_LOSS, CLAIM_SPEED, GEMMA2_2B, GRAD_ERR_MAX_OVER_NAIVE,
                                  PAPER_SOURCE, PAPER_TABLE1, PHASE_TITLE, Check, claim_checks,
@@ -246,10 +248,17 @@ def render_table1(rows: list[dict], envs: list[dict], source: str) -> tuple[str,
     return "\n".join(out + _claims(checks)), checks
 
 
+def _shown(results_dir: Path) -> str:
+    """The run folder as table1.md names it: relative to the checkout when inside it, so the
+    file does not depend on where the checkout lies or on the working directory."""
+    path = results_dir.resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else results_dir.as_posix()
+
+
 def write_table1(results_dir, out_path=None) -> tuple[Path, list[Check]]:
     results_dir = Path(results_dir)
     rows = read_rows(results_dir)
-    text, checks = render_table1(rows, read_envs(results_dir), results_dir.as_posix() + "/results.csv")
+    text, checks = render_table1(rows, read_envs(results_dir), _shown(results_dir) + "/results.csv")
     out_path = Path(out_path) if out_path else results_dir / "table1.md"
     out_path.write_text(text)
     return out_path, checks
@@ -267,9 +276,9 @@ def run_protocol(args) -> None:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default=f"results/table1_{PRESET}",
+    parser.add_argument("--out", default=str(RUNS_DIR / f"table1_{PRESET}"),
                         help=f"run folder for results.csv, env.json, table1.md "
-                             f"(default: results/table1_{PRESET})")
+                             f"(default: runs/table1_{PRESET}; runs/ is git-ignored)")
     parser.add_argument("--device", default="cuda", help="torch device to measure on (default: cuda)")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (runner default)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (runner default)")

@@ -21,6 +21,10 @@ from suite.schema import ROW_FIELD_DEFAULTS, ROW_FIELDS, TRAIN_BENCH_CSV, TRAIN_
 
 CSV_NAME = "results.csv"
 ENV_NAME = "env.json"
+# Where a run goes unless --out names a folder: runs/, which git ignores. results/ holds the
+# curated runs alone (suite/report/curated.py); a run joins them by a deliberate move, so no
+# command writes there by default (a later `nox -s tests` checks results/ for strays).
+RUNS_DIR = Path("runs")
 
 
 def _version(dist: str) -> str | None:

@@ -129,9 +129,25 @@ def test_report_of_a_missing_run_fails_clearly(tmp_path, capsys):
     assert "no results" in capsys.readouterr().out
 
 
-def test_default_out_names_preset_device_and_date():
+def test_default_out_names_preset_device_and_date_outside_results():
+    """A run without --out goes to git-ignored runs/, never results/ (whose curated-runs check
+    a later `nox -s tests` would then fail)."""
     out = cli.default_out("smoke", "cpu", resume=True)
-    assert out.parts[0] == "results" and out.name.startswith("smoke-cpu-20")
+    assert out.parts[0] == "runs" and out.name.startswith("smoke-cpu-20")
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{out.as_posix()}/results.csv"],
+                             cwd=ROOT)
+    if ignored.returncode == 128:
+        pytest.skip("not a git checkout: git check-ignore cannot say what git ignores")
+    assert ignored.returncode == 0, f"{out} is not git-ignored"
+
+
+def test_help_lists_every_kernel_tool():
+    from suite.kernel import TOOLS
+
+    res = subprocess.run([sys.executable, "-m", "suite", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    flat = " ".join(res.stdout.split())  # argparse wraps the line
+    assert f"kernel the own kernel's tools: {' | '.join(TOOLS)}" in flat, flat
 
 
 def test_help_names_the_command_as_invoked():

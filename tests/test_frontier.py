@@ -1,5 +1,5 @@
 """The frontier report's verdicts: memory bounds which own points count, noise decides level."""
-from suite.frontier import Point, cell_table, own_front, verdict
+from suite.report.frontier_tables import Point, cell_table, own_front, verdict
 
 
 def pt(name, mib, ms, spread=0.5):
@@ -40,3 +40,13 @@ def test_table_marks_the_filter_apart_and_gives_each_exact_peer_a_verdict():
     assert "filtered (not exact)" in table
     line = next(ln for ln in table.splitlines() if ln.startswith("| `torch_compile`"))
     assert "above by" in line  # the filter's 42 ms is not exact, so it does not answer for own
+
+
+def test_the_plugin_registers_the_sweep_the_tables_read_as_exact():
+    import suite.frontier  # noqa: F401  (registers the sweep)
+    from suite import catalog
+    from suite.report.frontier_tables import SWEEP, is_exact
+
+    for name in SWEEP:
+        assert catalog.get(name).exact and is_exact(name), name
+    assert not is_exact("own_filter") and not is_exact("someone_unknown")

@@ -90,3 +90,18 @@ def test_no_import_cycles_in_the_suite():
     found = cycles(suite_graph())
     unknown = found
     assert not unknown, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in unknown)
+
+
+# What the report may import outside itself: the results on disk, their schema and presets, and
+# the registry of providers (names, exactness, styles). The commands that measure or draw
+# (runner, frontier, plots, train, kernel, gates, cli, ...) import the report, never the reverse.
+REPORT_READS = {"suite.results", "suite.schema", "suite.presets", "suite.catalog",
+                "suite.registry"}
+
+
+def test_the_report_imports_no_command_of_the_suite():
+    graph = suite_graph()
+    upward = {name: sorted(m for m in graph[name]
+                           if not m.startswith("suite.report") and m not in REPORT_READS)
+              for name in graph if name == "suite.report" or name.startswith("suite.report.")}
+    assert not {k: v for k, v in upward.items() if v}, upward

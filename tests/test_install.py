@@ -1,5 +1,6 @@
-"""What the project installs and pins: the kernel needs torch and triton alone, and README's CPU
-install lines, the noxfile and CI install the same pinned environment."""
+"""What the project installs and pins: the kernel needs torch, triton and (for Triton's
+interpreter, the CPU path) numpy, and README's CPU install lines, the noxfile and CI install the
+same pinned environment."""
 import re
 import tomllib
 from pathlib import Path
@@ -18,9 +19,22 @@ def _name(requirement: str) -> str:
     return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
 
 
-def test_the_kernel_installs_with_torch_and_triton_alone():
+def _interpreter_imports_numpy() -> bool:
+    """Whether Triton's interpreter (what runs the kernels on a CPU) imports numpy, read from its
+    source without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton.runtime.interpreter")
+    source = Path(spec.origin).read_text()
+    return bool(re.search(r"^\s*import numpy|^\s*from numpy", source, flags=re.M))
+
+
+def test_the_kernel_installs_with_torch_triton_and_what_the_interpreter_imports():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert {_name(r) for r in project["dependencies"]} == {"torch", "triton"}
+    kernel = {_name(r) for r in project["dependencies"]}
+    assert kernel <= {"torch", "triton", "numpy"} and {"torch", "triton"} <= kernel
+    if _interpreter_imports_numpy():  # else: this Triton no longer needs it on the CPU
+        assert "numpy" in kernel, "Triton's interpreter imports numpy: a CPU install needs it"
     extras = project["optional-dependencies"]
     assert {"bench", "hf", "test"} <= set(extras)
     for peer in ("liger-kernel", "cut-cross-entropy"):  # ranges, not exact pins
@@ -45,6 +59,8 @@ def test_readme_noxfile_and_ci_install_the_same_pins():
     # README's CPU line takes torch's pinned CPU build from the CPU index alone, never PyPI
     assert f"pip install --no-deps --index-url {index} {torch_pin}" in readme
     assert "pip install -c tests/constraints-cpu.txt -e '.[test]' nox" in readme
+    # the kernel alone, on a CPU: the project and its dependencies, numpy among them
+    assert re.search(r"^pip install -c tests/constraints-cpu\.txt \.(\s|$)", readme, re.M)
     assert '"--no-deps", "--index-url", CPU_INDEX' in noxfile
     ci = (ROOT / ".ci" / "run").read_text()
     assert "-c tests/constraints-cpu.txt nox" in ci and ci.rstrip().endswith("nox -s tests")

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from suite import model_configs, plots
+from suite.plots import panels, training
 from suite.schema import ROW_FIELDS
 
 FIXTURE = Path(__file__).parent / "fixtures"
@@ -32,14 +33,14 @@ def built(tmp_path_factory):
     """Every figure of the fixture, built once; the failure markers drawn are recorded."""
     out = tmp_path_factory.mktemp("plots")
     marked = []
-    real = plots._mark_failures
+    real = panels.mark_failures
 
     def recording(ax, failures):
         marked.extend(failures)
         real(ax, failures)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(plots, "_mark_failures", recording)
+        mp.setattr(panels, "mark_failures", recording)
         written = plots.build_all(FIXTURE, out)
     return out, written, marked
 
@@ -76,8 +77,8 @@ def test_training_figures_from_the_fixture(tmp_path, monkeypatch):
         drawn["runs"] = [r["run"] for r in summary if curves.get((r["source"], r["run"]))]
         return real_conv(summary, curves, out)
 
-    monkeypatch.setattr(plots, "plot_train_bench", bench)
-    monkeypatch.setattr(plots, "plot_train_convergence", conv)
+    monkeypatch.setattr(training, "plot_train_bench", bench)
+    monkeypatch.setattr(training, "plot_train_convergence", conv)
     written = plots.plot_training(TRAIN_RUNS, tmp_path / "one")
     assert [p.name for p in written] == ["train_bench.png", "train_bench.pdf",
                                         "train_convergence.png", "train_convergence.pdf"]
@@ -286,7 +287,7 @@ def test_convergence_deviation_is_against_the_reference_row(monkeypatch, tmp_pat
     from suite import plots
 
     figures = []
-    monkeypatch.setattr(plots, "save", lambda fig, out_dir, name: figures.append(fig) or [])
+    monkeypatch.setattr(training, "save", lambda fig, out_dir, name: figures.append(fig) or [])
     row = dict(source="train-hf-llama", smooth="2", tol="0.01", warmup_steps="1", device="cpu")
     summary = [dict(row, run="hf_loss", backend="hf_loss", verdict="reference"),
                dict(row, run="own", backend="own", verdict="match")]
@@ -299,7 +300,7 @@ def test_convergence_deviation_is_against_the_reference_row(monkeypatch, tmp_pat
 
 def test_committed_figures_are_in_step_with_the_curated_runs():
     """plots/MANIFEST.json names the hashes of the CSVs and of the generator the committed
-    figures were drawn from: a changed run, curated list or suite/plots.py without
+    figures were drawn from: a changed run, curated list or suite/plots/ without
     `python -m suite plots` fails here, as does a figure on disk the build did not write."""
     import json
 
@@ -307,10 +308,42 @@ def test_committed_figures_are_in_step_with_the_curated_runs():
     out = plots.curated.ROOT / "plots"
     now = plots.manifest(plots.kernel_run_dirs(), plots.train_dirs(),
                          [out / f for f in committed["figures"]], out)
-    assert now["generator"] == committed["generator"], "suite/plots.py changed: run python -m suite plots"
+    assert now["generator"] == committed["generator"], "suite/plots/ changed: run python -m suite plots"
     assert now["inputs"] == committed["inputs"], "the curated runs changed: run python -m suite plots"
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
                      if p.suffix in (".png", ".pdf"))
     assert on_disk == committed["figures"]
     # the manifest is written as the build writes it: regenerating it is a no-op
     assert (out / plots.MANIFEST).read_text() == json.dumps(now, indent=1, sort_keys=True) + "\n"
+
+
+def test_figures_regenerate_byte_identical_in_a_copy_at_another_path(tmp_path):
+    """The committed breakdown, training and frontier figures (a cheap few), drawn again by a
+    copy of the checkout at another path, are the same bytes: nothing in a figure depends on
+    where the checkout lies (a legend that printed its run folder's absolute path failed this)."""
+    import os
+    import subprocess
+    import sys
+
+    root = plots.curated.ROOT
+    copy = tmp_path / "elsewhere" / "cce-bench"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("suite", "own_kernel"):
+        shutil.copytree(root / name, copy / name, ignore=ignore)
+    runs = [d for d in plots.curated.curated_dirs()
+            if d in plots.train_dirs() or d.name.startswith("frontier-")]
+    for run in runs:
+        shutil.copytree(run, copy / "results" / run.name)
+    families = ("memory_breakdown", "training", "frontier")
+    code = ("import sys; from suite import plots; "
+            f"written = plots.build_all(out_dir='redrawn', families={families!r}); "
+            "print('\\n'.join(p.name for p in written))")
+    env = dict(os.environ, PYTHONPATH=str(copy))
+    done = subprocess.run([sys.executable, "-c", code], cwd=copy, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = done.stdout.split()
+    assert "train_convergence.png" in names and any(n.startswith("frontier_") for n in names)
+    for name in names:
+        redrawn = (copy / "redrawn" / name).read_bytes()
+        assert redrawn == (root / "plots" / name).read_bytes(), f"{name} differs"

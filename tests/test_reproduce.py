@@ -94,6 +94,17 @@ def test_table1_is_rewritten_identically(tmp_path):
     assert (run / "table1.md").read_bytes() == first
 
 
+def test_committed_table1_is_what_the_run_gives_now(tmp_path):
+    """results/peers-h100/table1.md is `python -m suite reproduce --from-results
+    results/peers-h100`'s output, wherever the checkout lies: a stale table fails here."""
+    from suite.report.curated import ROOT
+
+    run = ROOT / "results" / "peers-h100"
+    _, checks = reproduce.write_table1(run, tmp_path / "table1.md")
+    assert checks
+    assert (tmp_path / "table1.md").read_text() == (run / "table1.md").read_text()
+
+
 def test_failed_method_shows_its_status(tmp_path):
     run = variant(tmp_path, "naive", "loss+grad", status="oom", peak_extra_mib="", ms="",
                   error="CUDA out of memory")

@@ -153,12 +153,12 @@ def test_the_step_bench_configs_are_the_real_vocabularies_at_about_1b_parameters
     resolve_model(args)
     assert args.backends == list(hf.HF_BENCH_BACKENDS)
     assert args.conv_backends == ["hf_loss", "hf_loss_fp32", "own"]
-    assert args.out == "results/train-hf-gemma2" and args.seq_len == 2048
+    assert args.out == "runs/train-hf-gemma2" and args.seq_len == 2048  # git-ignored
     assert (args.conv_batch, args.conv_lr) == (4, 3e-4)
     assert args.hf["config"]["vocab_size"] == 256000
     args = parse([])
     resolve_model(args)
-    assert (args.hf, args.out, args.conv_batch, args.conv_lr) == (None, "results/train", 16, 1e-3)
+    assert (args.hf, args.out, args.conv_batch, args.conv_lr) == (None, "runs/train", 16, 1e-3)
     assert args.backends == list(tr.DEFAULT_BACKENDS)
 
 

@@ -2,11 +2,13 @@
 (``--update-readme``) or results/RESULTS.md (``--results-doc``) between
 ``<!-- results:<section>:start -->`` and ``<!-- results:<section>:end -->`` markers.
 
-    python -m suite report results/gemma2-2b-h200                 # print a run's tables
-    python -m suite report results/peers-h100 --headline --update-readme   # one run per GPU
-    python -m suite report results/grid-h200* --versus own_filter  # a table per run folder
-    python -m suite report results/grid-h200* --targets
-    python -m suite report results/train-h200
+    python -m suite report results/peers-h100                     # print a run's tables
+    python -m suite report results/headline-h100 --headline --update-readme   # one run per GPU
+    python -m suite report results/fused-grid-h100-3-* --versus own_fused  # a table per folder
+    python -m suite report results/headline-h100 --targets
+    python -m suite report results/train-hf-llama-h100
+    python -m suite report results/frontier-*-h100 --frontier
+    python -m suite report results/multigpu-2xh100
     python -m suite report --results-doc    # results/RESULTS.md, whole, from the curated runs
     python -m suite report --notes          # the tables of results/notes/*.md, from their CSVs
     python -m suite report results/peers-2026-h100 --who-has-what   # also --rl, --peer-list
@@ -16,9 +18,11 @@ Every table that compares providers takes its rows from one run folder (several 
 table each); "faster" / "slower" follow suite.report.verdict's one rule.
 
 The tables live in their modules: kernel_tables (a run folder), train_tables (training-step
-folders), claims (the own kernel's targets and the paper's claims), readme (the README's
-headline and the writers), document (results/RESULTS.md), curated (the runs they read), notes
-(the measurement notes' tables copied from the kernel tools' CSVs).
+folders), claims (the own kernel's targets and the paper's claims), headline (the README's
+headline blocks), readme (the writers), frontier_tables (the time-memory frontier), vocab_parallel_tables
+(several GPUs), document (results/RESULTS.md), curated (the runs they read), notes (the
+measurement notes' tables copied from the kernel tools' CSVs). Nothing here imports the suite's
+commands (runner, frontier, plots, ...): they import the report.
 """
 from __future__ import annotations
 
@@ -27,10 +31,11 @@ from pathlib import Path
 from suite.report.claims import grads_bytes, targets_table
 from suite.report.document import render_document
 from suite.report.envs import env_line, read_envs
+from suite.report.frontier_tables import report as frontier_report
 from suite.report.kernel_tables import (aggregate_table, cell_table, render, summary,
                                         versus_table)
-from suite.report.readme import (README, RESULTS_DOC, headline, update_markers,
-                                 update_readme)
+from suite.report.headline import headline
+from suite.report.readme import README, RESULTS_DOC, update_markers, update_readme
 from suite.report.verdict import RULE_TEXT
 from suite.report.train_tables import (is_train_run, liger_selective_comparison, render_train,
                                        train_headline)
@@ -45,9 +50,9 @@ __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline
 
 def add_arguments(parser) -> None:
     parser.add_argument("results", nargs="*",
-                        help="a run folder holding results.csv (e.g. results/gemma2-2b-...), or "
+                        help="a run folder holding results.csv (e.g. results/headline-h100), or "
                              "one or more training-step folders (train_bench.csv, "
-                             "train_convergence.csv; e.g. results/train-h200 ...)")
+                             "train_convergence.csv; e.g. results/train-hf-llama-h100 ...)")
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite README.md between the results:<section> markers")
     parser.add_argument("--results-doc", action="store_true",
@@ -62,12 +67,13 @@ def add_arguments(parser) -> None:
                              "(2B) rows from one run) (section headline)")
     parser.add_argument("--versus", default=None, metavar="PROVIDER",
                         help="one comparison row per cell of PROVIDER against --peers; a table "
-                             "per run folder (e.g. results/grid-h200*)")
+                             "per run folder (e.g. results/fused-grid-h100-3-*)")
     parser.add_argument("--targets", action="store_true",
                         help="the own kernel's targets, one row per bf16 cell; a table per run "
                              "folder (section targets)")
     parser.add_argument("--frontier", action="store_true",
-                        help="the time-memory frontier of exact loss+grad per cell (suite.frontier)")
+                        help="the time-memory frontier of exact loss+grad per cell "
+                             "(suite/report/frontier_tables.py)")
     parser.add_argument("--who-has-what", action="store_true",
                         help="a peer run folder (suite/kernel/peers_gpu.sh): each provider's "
                              "outputs, cells and RL step against the own kernel")
@@ -172,10 +178,9 @@ def compute(args) -> tuple[str, str]:
     if args.headline:
         return headline(args.results, _command(args, " --headline")), "headline"
     if args.frontier:
-        from suite.frontier import report as frontier_report
-        return frontier_report(args.results), "frontier"
+        return frontier_report(args.results, _command(args, " --frontier")), "frontier"
     if len(args.results) == 1 and is_multi_gpu_run(args.results[0]):
-        return multi_gpu_text(args.results[0]), "multi-gpu"
+        return multi_gpu_text(args.results[0], _command(args, "")), "multi-gpu"
     return _run_folder_text(args, train)
 
 

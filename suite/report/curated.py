@@ -2,13 +2,18 @@
 README's generated blocks) and the figures (plots/) read, and nothing else.
 
 A run folder not listed here does not belong in results/ (a test checks); superseded runs leave
-the tree and git keeps them (results/PROVENANCE.md names the commit). A run recorded before a
+the tree and git keeps them (results/PROVENANCE.md names the commit). Each curated run comes
+from one session (``SESSION_HOURS``, checked by :func:`session_problems`), and there are at most
+``MAX_CURATED``. A run recorded before a
 provider was renamed lists the rename in ``provider_aliases``: readers apply it, so every table
 and figure names a provider as the suite names it now.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
+import datetime as dt
+import json
 from pathlib import Path
 
 from suite.results import read_rows
@@ -37,6 +42,13 @@ class CuratedRun:
             raise ValueError(f"folder: a folder name directly under results/, got {self.folder!r}")
 
 
+# At most this many: each one earns its place in a table or a figure; older runs live in git.
+MAX_CURATED = 20
+# One session: the rows of a curated run were measured on one GPU model within this many hours
+# (one machine's lease, resumed at most a few times), so its tables compare rows measured
+# under one machine state; a run resumed on another day is a new run.
+SESSION_HOURS = 2.0
+
 CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("headline-h100", "every provider at the Gemma 2 (2B) shape, one run, H100"),
     CuratedRun("frontier-llama3-8b-h100", "time-memory frontier, Llama 3 (8B), lm inputs, H100"),
@@ -54,27 +66,12 @@ CURATED: tuple[CuratedRun, ...] = (
                "inputs, H100"),
     CuratedRun("peers-2026-h100", "Liger's scaled CE and CuTe backend, verl, against own: "
                "loss+grad cells and the RL step, H100 (suite/kernel/peers_gpu.sh)"),
-    CuratedRun("gemma2-2b-h200", "every provider at the Gemma 2 (2B) shape, H200",
-               OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200", "bf16 grid, N 8192, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200-vsweep", "bf16 vocabulary sweep, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200-n2048", "bf16 grid, N 2048, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200-n32768", "bf16 grid, N 32768, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200-fp16", "fp16 grid, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("grid-h200-fp32", "fp32 grid, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("ignored-h200", "ignored targets, H200", OWN_WAS_RECOMPUTE),
-    CuratedRun("d512-h200", "ignored targets at D 512, H200", OWN_WAS_RECOMPUTE),
     CuratedRun("portable-h100-2", "the portable path forced on the H100", OWN_WAS_RECOMPUTE),
     CuratedRun("fused-grid-h100-3-lm", "three-matmul path, N 8192 grid, lm inputs, H100"),
     CuratedRun("fused-grid-h100-3-uniform", "three-matmul path, N 8192 grid, uniform inputs, H100"),
-    CuratedRun("fused-3gib-h100", "three-matmul path at 3 GiB, Gemma 2 (2B) and Qwen 2.5 (7B), H100"),
+    CuratedRun("fused-3gib-h100", "three-matmul path at 3 GiB, Gemma 2 (2B) shape at N 8192 and "
+               "32768, H100"),
     CuratedRun("fused-n32768-h100-4", "three-matmul path, N 32768, H100"),
-    CuratedRun("fused-qwen-h100-3", "three-matmul path, Qwen 2.5 (7B) shape, H100"),
-    CuratedRun("fused-budget-h100", "three-matmul path at 4 and 6 GiB budgets, H100"),
-    CuratedRun("train-h200", "training step, GPT, V 32000, H200",
-               OWN_WAS_RECOMPUTE),
-    CuratedRun("train-h200-v151936", "training step, GPT, V 151936, H200",
-               OWN_WAS_RECOMPUTE),
     CuratedRun("train-hf-llama-h100", "training step, Llama architecture, H100",
                OWN_WAS_RECOMPUTE),
     CuratedRun("train-hf-gemma2-h100", "training step, Gemma 2 architecture, H100",
@@ -122,6 +119,44 @@ def stray_folders(root=RESULTS) -> list[str]:
     """Folders under ``root`` that are neither curated runs nor NOT_RUNS (they do not belong)."""
     known = set(_by_folder()) | set(NOT_RUNS)
     return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and p.name not in known)
+
+
+def _when(text: str) -> dt.datetime:
+    """An ISO time as the suite writes it (env.json's date, a row's timestamp), in UTC."""
+    t = dt.datetime.fromisoformat(text)
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def session_of(run_dir) -> tuple[set[str], list[dt.datetime]]:
+    """(the GPU models, the times) that a run folder records anywhere below it: every env file's
+    gpu_name and date, every CSV row's timestamp."""
+    gpus, times = set(), []
+    for env in Path(run_dir).rglob("env*.json"):
+        data = json.loads(env.read_text())
+        gpus.add(data.get("gpu_name") or "CPU")
+        if data.get("date"):
+            times.append(_when(data["date"]))
+    for table in Path(run_dir).rglob("*.csv"):
+        with open(table, newline="") as f:
+            times += [_when(r["timestamp"]) for r in csv.DictReader(f) if r.get("timestamp")]
+    return gpus, times
+
+
+def session_problems(run_dir, hours: float = SESSION_HOURS) -> list[str]:
+    """Why ``run_dir`` is not one session (one GPU model, every record within ``hours``); []
+    when it is."""
+    gpus, times = session_of(run_dir)
+    problems = []
+    if len(gpus) != 1:
+        problems.append(f"measured on {len(gpus)} GPU models ({', '.join(sorted(gpus))})"
+                        if gpus else "no env file names its GPU")
+    if not times:
+        problems.append("no date or timestamp says when it was measured")
+    elif max(times) - min(times) > dt.timedelta(hours=hours):
+        problems.append(f"measured from {min(times):%Y-%m-%d %H:%M} to "
+                        f"{max(times):%Y-%m-%d %H:%M} UTC, more than {hours:g} h: rows of "
+                        f"different sessions would be compared as one run")
+    return problems
 
 
 def rename_train_rows(rows: list[dict]) -> list[dict]:

@@ -13,10 +13,6 @@ import re
 from suite.report.readme import RESULTS_DOC, rebase_links
 from suite.report.verdict import RULE_TEXT
 
-H200_GRIDS = ("results/grid-h200 results/grid-h200-vsweep results/grid-h200-n2048 "
-              "results/grid-h200-n32768")
-
-
 @dataclasses.dataclass(frozen=True)
 class Section:
     title: str
@@ -41,54 +37,47 @@ errors are relative to an fp32 reference on the same inputs. Faster, slower and 
 (the p20 and p80 of each row are in its results.csv). `uniform` inputs give a nearly flat softmax
 (the best case for gradient filtering); `lm` inputs are built like a trained LM head (a peaked
 softmax). A provider that did not run shows its status (`oom`, `error`, `unavailable`,
-`unsupported`) and why. Each table takes its rows from one run folder; a folder resumed over
-several sessions says so where a cell's rows come from more than one.
+`unsupported`) and why. Each table takes its rows from one run folder, and each folder from one
+session (one GPU model within two hours: `suite/report/curated.py` checks); a folder resumed
+within its session says so where a cell's rows come from more than one run of it.
 """
 
 SECTIONS = (
     Section(
         "Which is fastest at my shape?",
-        "Every provider at the Gemma 2 (2B) shape in one H100 run; every peer at three model shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 "
-        "(7B)); QuACK beside own and torch.compile at those shapes on the H100 (QuACK and its CuTe "
-        "DSL installed into a folder named `site-packages`, which its import needs); every "
-        "provider at the Gemma 2 (2B) shape on the H200; the three-matmul path "
+        "Every provider at the Gemma 2 (2B) shape in one H100 run; every peer at three model "
+        "shapes on the H100 (Gemma 2 (2B), Llama 3 (8B), Qwen 2.5 (7B)); QuACK beside own and "
+        "torch.compile at those shapes on the H100 (QuACK and its CuTe DSL installed into a "
+        "folder named `site-packages`, which its import needs); the three-matmul path "
         "(`own_fused`: loss and gradients in the forward, a row chunk at a time in a workspace) "
-        "against torch.compile over a grid of shapes on the H100; `own_filter` against Apple's "
-        "CCE and torch.compile over the H200 grids.",
+        "against torch.compile over a grid of shapes on the H100.",
         ("results/headline-h100",
          "results/peers-h100",
          "results/quack-h100",
-         "results/gemma2-2b-h200",
          "results/fused-grid-h100-3-lm results/fused-grid-h100-3-uniform "
-         "results/fused-n32768-h100-4 results/fused-qwen-h100-3 --versus own_fused "
-         "--peers torch_compile,naive",
-         f"{H200_GRIDS} results/grid-h200-fp16 results/grid-h200-fp32 --versus own_filter "
-         "--peers apple_cce,torch_compile")),
+         "results/fused-n32768-h100-4 --versus own_fused "
+         "--peers torch_compile,naive")),
     Section(
         "Which fits my memory budget?",
         "First the frontier: every exact provider's loss+grad at one shape as a point (peak "
         "memory, time), the own kernel swept over `workspace_mib` (`own_ws*`), with a verdict "
         "per peer: is some exact own point within that peer's memory faster or level? Then: "
         "the gradients dE + dC are the least a loss+grad call can hold (`MiB ÷ grads` 1.0). "
-        "`own_fused` holds at most its budget beyond them (3 GiB by default; `own_fused_4g`, "
-        "`own_fused_6g`: 4 and 6 GiB); `own_low_memory` holds close to the gradients alone, "
-        "against the exact recompute path `own_recompute`.",
+        "`own_fused` holds at most its budget beyond them (3 GiB by default); `own_low_memory` "
+        "holds close to the gradients alone, against the exact recompute path "
+        "`own_recompute` and the default call `own`.",
         ("results/frontier-llama3-8b-h100 results/frontier-gemma2-2b-h100 "
          "results/frontier-qwen25-7b-h100 results/frontier-d5120-h100 "
          "results/frontier-d1152-h100 --frontier",
          "results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
-         "results/fused-budget-h100 --versus own_fused_4g --peers torch_compile,own_fused",
-         "results/fused-budget-h100 --versus own_fused_6g --peers torch_compile,own_fused",
-         f"{H200_GRIDS} --versus own_low_memory --peers own_recompute")),
+         "results/headline-h100 --versus own_low_memory --peers own_recompute,own")),
     Section(
         "How accurate is each?",
-        "Every table gives the dE error of each provider; here the own kernel's targets per "
-        "bf16 cell (its errors over the naive baseline's among them), then the cells with "
-        "ignored targets (`ignore_index`), where filtering and compaction change what is "
-        "computed.",
-        (f"{H200_GRIDS} --targets",
-         "results/ignored-h200 results/d512-h200 --versus own_filter "
-         "--peers own_recompute,apple_cce,naive")),
+        "Every table gives the dE error of each provider; here the own kernel's targets at the "
+        "Gemma 2 (2B) shape of the headline run, its errors over the naive baseline's among "
+        "them. Every route's loss and gradient errors against fp64, on confident and large "
+        "logits: [notes/accuracy-by-route.md](notes/accuracy-by-route.md).",
+        ("results/headline-h100 --targets",)),
     Section(
         "Without a Hopper GPU?",
         "The portable path (`own_portable*`: no TMA, no Hopper-only instructions) forced on the "
@@ -109,15 +98,12 @@ SECTIONS = (
         ("results/multigpu-2xh100", "results/multigpu-2xh200")),
     Section(
         "Does it train the same?",
-        "Whole training steps: the GPT bench at two vocabularies on the H200 (peak memory by "
-        "component, tokens/s, the largest batch that fits, and loss curves against naive CE), "
-        "then Hugging Face architectures on the H100 against the model's own loss, and the "
+        "Whole training steps of Hugging Face architectures on the H100 against the model's own "
+        "loss (peak memory, tokens/s, the largest batch that fits, and loss curves), then the "
         "same steps measured again with the path the own kernel took in each (under autocast "
         "an fp32 `lm_head.weight` takes the three-matmul path by default; the filter stays on "
         "the recompute path).",
-        ("results/train-h200",
-         "results/train-h200-v151936",
-         "results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline",
+        ("results/train-hf-llama-h100 results/train-hf-gemma2-h100 --headline",
          "results/train-hf-llama-autocast-h100",
          "results/train-hf-gemma2-autocast-h100")),
     Section(

@@ -1,8 +1,10 @@
 """The measurement notes' tables, generated from the CSVs the kernel tools wrote
 (``python -m suite report --notes`` rewrites every note under results/notes in place).
 
-A note marks a table copied from a CSV with two comments; what lies between them is generated
-(the project types no measured number by hand):
+A note marks a table copied from a CSV with two comments; what lies between them is generated.
+No table of measured numbers in a note is typed by hand (tests/test_notes.py finds any): it is a
+block over a committed CSV, the kernel tools' or one that suite/report/tune_logs.py parses from
+``suite kernel tune``'s logs, or the note is generated whole (scaling.md):
 
     <!-- table: ../rl-h200/rl.csv
          columns: model, n=N, ms_median=ms (median)

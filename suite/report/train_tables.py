@@ -11,10 +11,6 @@ from suite.report.envs import env_line, remeasured_train
 from suite.report.formatting import fmt_count, fmt_gib, fmt_pct, num
 from suite.report.kernel_tables import ORDER
 
-# A reference A100 measurement (nvidia-smi, its own 50M model, batch 64 x 2048): Liger's CE took
-# 16 GB off the step, selective CE then 11 GB more (30316 MB -> 19274 MB).
-REFERENCE_TEXT = ("a reference A100 run (its own 50M model and data) reports -16 GB, then -11 GB "
-                  "more")
 NOTE_CHARS = 160
 
 
@@ -71,7 +67,7 @@ def liger_selective_comparison(rows: list[dict]) -> str:
             f"Liger CE instead of naive CE saves {liger_saves:.1f} GiB of the step's peak "
             f"({fmt_gib(naive['peak_mib'])} -> {fmt_gib(liger['peak_mib'])} GiB); selecting the "
             f"labelled rows first (selective+liger_ce) saves {selective_saves:.1f} GiB more "
-            f"(-> {fmt_gib(selective['peak_mib'])} GiB). For comparison, {REFERENCE_TEXT}.")
+            f"(-> {fmt_gib(selective['peak_mib'])} GiB).")
 
 
 def train_bench_table(rows: list[dict], superseded: list[dict]) -> str:
@@ -235,4 +231,11 @@ def train_headline(run_dirs, command: str) -> str:
     not_ok = sorted({f"{r['backend']} ({r['status']})" for r in bench if r["status"] != "ok"})
     if not_ok:
         lines += ["", "Not run: " + ", ".join(not_ok) + "."]
+    by_env: dict[str, list[Path]] = {}  # folders measured alike share one line
+    for d in run_dirs:
+        by_env.setdefault(env_line(d), []).append(d)
+    for line, folders in by_env.items():
+        named = ", ".join(f"[`{d.as_posix()}`]({d.as_posix()}/{results.TRAIN_BENCH_CSV})"
+                          for d in folders)
+        lines += ["", f"From {named}: {line}"]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """A real training step per loss backend, and convergence parity.
 
-    python -m suite train-bench --out results/train_h100 --mode all      # one GPU command
-    python -m suite.train       --out results/train_h100 --mode all      # same, without the CLI
+    python -m suite train-bench --out runs/train_h100 --mode all         # one GPU command
+    python -m suite.train       --out runs/train_h100 --mode all         # same, without the CLI
     python -m suite train-bench --model hf:gemma2                       # a Hugging Face model
 
 The package, along its seams: ``model`` (the decoder, one training step, the memory
@@ -19,7 +19,7 @@ in the place of naive), ``own`` / ``own_filter`` (own_kernel.transformers.patch)
 (Liger's apply_liger_kernel_to_<arch>, its fused linear cross entropy only) and ``apple_cce``
 (Apple's cce_patch). The same bench and convergence machinery runs them (the rows' columns are the
 GPT's: d_model is the hidden size, n_params counted on the model); the output folder defaults to
-``results/train-hf-<arch>``.
+``runs/train-hf-<arch>`` (git-ignored).
 
 The model is a small GPT-style decoder in plain PyTorch (nanoGPT-like: token + position
 embeddings, pre-LayerNorm blocks with causal SDPA attention and a 4x GELU MLP, final LayerNorm,

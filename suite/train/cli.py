@@ -13,6 +13,7 @@ import torch
 
 from suite import catalog
 from suite.isolate import InProcess, Worker
+from suite.results import RUNS_DIR
 from suite.train import hf
 from suite.train.backends import SELECTIVE_PREFIX
 from suite.train.bench import bench_settings, print_savings, run_bench
@@ -128,7 +129,7 @@ def add_arguments(parser) -> None:
       help="with --model hf:<arch>: the attention implementation (default: the model's)")
     a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a("--out", default=None,
-      help="output folder (default: results/train; results/train-hf-<arch> with --model hf:)")
+      help="output folder (default: runs/train; runs/train-hf-<arch> with --model hf:)")
     a("--backends", type=_name_list, default=None,
       help=f"bench backends (default: {','.join(DEFAULT_BACKENDS)}; with --model hf: "
            f"{','.join(hf.HF_BENCH_BACKENDS)}; also hf_loss_fp32)")
@@ -195,7 +196,7 @@ def resolve_model(args) -> None:
     elif args.tiny or args.attn:
         raise SystemExit("train-bench: --tiny and --attn apply to --model hf:<arch> only")
     if args.out is None:
-        args.out = f"results/train-hf-{args.hf['arch']}" if is_hf else "results/train"
+        args.out = str(RUNS_DIR / (f"train-hf-{args.hf['arch']}" if is_hf else "train"))
     if args.conv_lr is None:
         args.conv_lr = HF_CONV_LR if is_hf else 1e-3
     if args.conv_batch is None:
