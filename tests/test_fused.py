@@ -18,7 +18,7 @@ def fused_calls(monkeypatch):
     real = fused.fused_loss_and_grads
 
     def spy(e, c, targets, bias, opts, route, check, mean):
-        calls.append(([], route.fused.accumulate_dc, opts.filter is not None))
+        calls.append(([], route.fused.accumulate_dc, route.filter is not None))
         return real(e, c, targets, bias, opts, route, check, mean)
 
     def spy_chunk(real_chunk):
@@ -237,14 +237,18 @@ def test_other_calls_take_the_recompute_path(fused_calls):
         linear_cross_entropy(e, c, t, workspace_mib=16)
     assert fused_calls == []
     with overridden({"fused": {"default_workspace_mib_fp32": 16}}):  # the API's own choice
-        linear_cross_entropy(e, c, t, filter_eps="auto").backward()  # filtered: recompute
+        linear_cross_entropy(e, c, t, filter_eps=1e-3).backward()  # a filter asked: recompute
         assert fused_calls == []
+        # "auto" runs exact where the exact call takes the three-matmul path (it filters
+        # only where the exact call would recompute: results/notes/filter-auto.md)
+        linear_cross_entropy(e, c, t, filter_eps="auto").backward()
+        assert len(fused_calls) == 1 and not fused_calls[0][2]
         linear_cross_entropy(e, c, t).backward()
-    assert len(fused_calls) == 1
+    assert len(fused_calls) == 2
     # A target whose config says so (the portable one) takes it for filtered calls too.
     with overridden({"fused": {"default_workspace_mib_fp32": 16, "filtered": True}}):
         linear_cross_entropy(e, c, t, filter_eps="auto").backward()
-    assert len(fused_calls) == 2 and fused_calls[1][2]
+    assert len(fused_calls) == 3 and fused_calls[2][2]
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

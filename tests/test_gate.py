@@ -146,6 +146,20 @@ def test_a_failing_check_fails_its_test(run_gate):
     assert rows(result.out)[(BWD, "min_ms")] == "REGRESSED"
 
 
+def test_the_report_writes_every_check_as_json_and_as_a_csv_beside_it(run_gate, tmp_path):
+    """A measurement note's table reads the checks from the CSV (suite/report/notes.py)."""
+    import csv
+    now = unchanged()
+    now[BWD]["sleeps_s"] = [BASE_MS[BWD] * 3 / 1e3] * 3
+    run_gate(now)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    with open(tmp_path / "report.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["benchmark"], r["metric"], r["verdict"]) for r in table] == \
+        [(c["benchmark"], c["metric"], c["verdict"]) for c in doc["checks"]]
+    assert ("REGRESSED" in {r["verdict"] for r in table}) and table[0]["commit"] == "now"
+
+
 def test_the_minimum_of_the_rounds_is_gated(run_gate):
     """Two slow rounds of three move the median (+200 %), not the minimum."""
     now = unchanged()

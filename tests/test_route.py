@@ -16,6 +16,7 @@ from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.paths import entries as ops, three_matmul as fused  # noqa: E402
 from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
                                use_target)
+from own_kernel.policy.options import FilterOptions  # noqa: E402
 from own_kernel.policy.plan import fused_plan  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
 
@@ -72,11 +73,27 @@ def test_path_and_entry(option, path, entry):
 
 
 def test_filtered_calls_on_hopper_keep_the_recompute_path_unless_given_a_budget():
-    r = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True), HOPPER_16BIT)
+    eps = FilterOptions(2.0**-12)  # a threshold the caller passed: it always filters
+    r = route(Call(**QWEN_SMALL, dtype=BF16, filter=eps), HOPPER_16BIT)
     assert r.path == "recompute" and "filtered" in r.note
-    assert route(Call(**QWEN_SMALL, dtype=BF16, filtered=True, workspace_mib=4096),
+    assert route(Call(**QWEN_SMALL, dtype=BF16, filter=eps, workspace_mib=4096),
                  HOPPER_16BIT).path == "three-matmul"
     assert route(Call(**QWEN_SMALL, dtype=BF16, filtered=True), PORTABLE).path == "three-matmul"
+
+
+def test_auto_filter_on_hopper_runs_exact_where_the_exact_call_takes_the_three_matmul_path():
+    """results/notes/filter-auto.md: on an H100 the filtered recompute path was slower than the
+    exact three-matmul path, or level, wherever the latter fit the default budget."""
+    auto = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True), HOPPER_16BIT)
+    exact = route(Call(**QWEN_SMALL, dtype=BF16), HOPPER_16BIT)
+    assert (auto.path, auto.filter, auto.fused) == ("three-matmul", None, exact.fused)
+    assert '"auto" runs exact' in auto.note
+    # where the exact call must recompute (Gemma 2's fp32 dC exceeds 1 GiB) the filter runs
+    gemma = route(Call(**GEMMA, dtype=BF16, filtered=True), HOPPER_16BIT)
+    assert gemma.path == "recompute" and gemma.filter is not None and gemma.filter.auto
+    # a budget the caller chose is theirs: no second guess
+    given = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True, workspace_mib=0), HOPPER_16BIT)
+    assert given.path == "recompute" and given.note == ""
 
 
 def test_a_zero_budget_is_no_budget_and_no_note():

@@ -140,12 +140,16 @@ CASES = [
      True, dict(workspace_mib=8), "three-matmul"),
     ("three-matmul filtered, chunks", {"fused": {"max_rows": 8}}, torch.float16, False,
      dict(workspace_mib=8, filter_eps=1e-9), "three-matmul"),
-    # Hopper's decisions on the interpreter: the default budget, shifted logits, and filtered
-    # calls kept on the recompute path unless given a budget
+    # Hopper's decisions on the interpreter: the default budget, shifted logits, filtered
+    # calls kept on the recompute path unless given a budget, and filter_eps="auto" running
+    # exact where the exact call takes the three-matmul path
     ("hopper default", {"fused": {"logits_shifted": True, "default_workspace_mib": 8}},
      torch.float16, False, {}, "three-matmul"),
     ("hopper filtered", {"fused": {"logits_shifted": True, "default_workspace_mib": 8}},
-     torch.float16, False, dict(filter_eps="auto"), "recompute"),
+     torch.float16, False, dict(filter_eps=1e-9), "recompute"),
+    ("hopper auto filter runs exact", {"fused": {"logits_shifted": True,
+                                                 "default_workspace_mib": 8}},
+     torch.float16, False, dict(filter_eps="auto"), "three-matmul"),
 ]
 
 

@@ -32,11 +32,14 @@ class FilterOptions:
     in rows whose largest probability is at least min_p_max (flatter rows stay exact)."""
     eps: float
     min_p_max: float = 0.0
+    # filter_eps="auto": the route may run the call exact where filtering would not pay
+    # (policy/route.py, auto_filter_runs_exact); a number the caller passed always filters.
+    auto: bool = False
 
 
 def auto_filter(dtype: torch.dtype) -> FilterOptions:
     """filter_eps="auto" for inputs of this dtype."""
-    return FilterOptions(AUTO_EPS[dtype], AUTO_FLAT_P_MAX)
+    return FilterOptions(AUTO_EPS[dtype], AUTO_FLAT_P_MAX, auto=True)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,9 @@ def route(call: Call, cfg: Config) -> "Route":
     """The call's path and entry, with the three-matmul path's plan where it runs. Cheap: every
     call asks it (no chunk planning beyond fused_plan's few integers; the other paths' chunks
     are planned when first read)."""
+    exact = auto_filter_runs_exact(call, cfg)
+    if exact is not None:
+        return exact
     entry = _entry(call)
     mib, why_not = budget_mib(call, cfg)
     excluded = _three_matmul_excluded(call)
@@ -201,6 +204,22 @@ def route(call: Call, cfg: Config) -> "Route":
     return Route(call, cfg, path, entry, None, 0, note)
 
 
+def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":
+    """filter_eps="auto" on a target that filters on the recompute path only: the exact call's
+    route where it takes the three-matmul path at the default budget, else None (filter).
+    Measured on an H100 (results/notes/filter-auto.md): there, the filtered recompute path was
+    slower than the exact three-matmul path or level with it, at every head tried; the
+    filter pays where the exact call must recompute (its gradients do not fit the budget)."""
+    f = call.filter
+    if f is None or not f.auto or call.workspace_mib is not None or cfg.fused.filtered:
+        return None
+    exact = route(dataclasses.replace(call, filtered=False, filter=None), cfg)
+    if exact.path != "three-matmul":
+        return None
+    return dataclasses.replace(exact, note='filter_eps="auto" runs exact: the exact '
+                               "three-matmul path fits the default budget")
+
+
 @dataclass(frozen=True, repr=False)
 class Route:
     """One call's route (module docstring), what ``own_kernel.plan`` returns: its path, the
@@ -215,7 +234,7 @@ class Route:
     rows of ignored targets, which depend on the targets' values, nor the filter's gathered
     columns); ``budget_mib``: the three-matmul path's workspace budget in force (0: none);
     ``note``: why a budget goes unused (the path cannot take it, or its chunks do not fit), or
-    ""."""
+    why filter_eps="auto" runs exact, or ""."""
     call: Call
     cfg: Config
     path: str

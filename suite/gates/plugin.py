@@ -11,12 +11,14 @@
   env.json fields) and ``cce_gate_inject``; the JSON it writes gets a ``cce_gate`` block (the
   protocol, the benchmarks skipped and why), which ``--save`` merges (suite/gates/baseline.py).
 - After the run, one section: this machine against the baseline's in one line, the limits, the
-  table of every check and the verdict; ``--gate-report FILE`` writes them as JSON.
+  table of every check and the verdict; ``--gate-report FILE`` writes them as JSON, and the checks as
+  a CSV beside it (FILE with the suffix .csv).
 
 Loaded by ``suite/gates/conftest.py`` (or ``-p suite.gates.plugin``).
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import platform
@@ -260,3 +262,19 @@ class GatePlugin:
                "header": header, "checks": [r.as_dict() for r in self.rows]}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        write_checks_csv(doc, path.with_suffix(".csv"))
+
+
+CHECK_COLUMNS = ("benchmark", "metric", "baseline", "now", "change", "threshold", "verdict",
+                 "note")
+
+
+def write_checks_csv(report: dict, path: Path) -> None:
+    """The report's checks as a CSV beside its JSON: the table a measurement note's block
+    reads (suite/report/notes.py), with the commits compared in every row."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CHECK_COLUMNS + ("commit", "baseline_commit", "gpu"))
+        for check in report["checks"]:
+            w.writerow([check.get(k, "") for k in CHECK_COLUMNS]
+                       + [report.get("commit"), report.get("baseline_commit"), report.get("gpu")])
