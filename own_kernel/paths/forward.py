@@ -5,7 +5,8 @@ The route's forward kernel (Route.forward) computes each vocabulary split's part
 per row: kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its tiles timed on
 the GPU where the route says: Route.forward_tuned); kernels/target.py takes each row's target
 logit and kernels/lse_combine.py combines the splits into the rows' results. The grid (splits
-per row block, launch order) is plan.split_plan's for this launch's rows.
+per row block, launch order) is plan.split_plan's for this launch's rows; with batch_invariant
+one split per fixed block of columns (plan.invariant_split_plan), combined left to right.
 """
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def forward(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=Fa
     cfg = route.cfg
     if route.forward_tuned:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
-    grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+        grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+    else:  # batch_invariant: fixed vocabulary blocks (Route.forward_grid)
+        grid = route.forward_grid(num_sms(e.device))
     part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
     if tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
