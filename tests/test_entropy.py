@@ -473,9 +473,10 @@ def test_the_rl_tool_writes_every_method_and_its_errors(tmp_path):
     from suite.kernel import rl
 
     by, order = _run_rl_tool(tmp_path, "--reps", "1")
-    assert order == ["own_loss_grad", "own_logp_entropy", "naive", "liger_flce_logp",
+    assert order == ["own_loss_grad", "own_logp_entropy", "own_invariant", "naive",
+                     "liger_flce_logp",
                      "liger_scaled_ce", "verl_lce", "liger_scaled_ce_tp", "liger_grpo"]
-    own_rows = ("own_loss_grad", "own_logp_entropy", "naive")
+    own_rows = ("own_loss_grad", "own_logp_entropy", "own_invariant", "naive")
     assert all(by[m]["status"] == "ok" for m in own_rows)
     # fp32 on the CPU (bf16 on CUDA): within twice naive same-dtype's error of fp64, plus a
     # few fp32 roundings of the logits' size
