@@ -38,7 +38,7 @@ def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
 @register("own_invariant", summary="own Triton CCE, exact, batch_invariant=True (each row's "
           "values and dE row the same bits whatever else is in the batch)",
           features=("bias", "softcap"), requires=needs_triton_device,
-          style=dict(color=VERMILLION, marker="D", linestyle="-."), order=60)
+          style=dict(color=VERMILLION, marker="p", linestyle="-."), order=60)
 def own_invariant(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, batch_invariant=True)
 
