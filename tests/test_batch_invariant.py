@@ -199,3 +199,19 @@ def test_plan_reports_it_and_unhonourable_combinations_name_their_argument():
         kw.setdefault("batch_invariant", True)
         with pytest.raises((ValueError, TypeError), match=name):
             linear_cross_entropy(e, c, t, **kw)
+
+
+def test_the_gpu_check_tool_writes_its_tables(tmp_path):
+    """`python -m suite kernel invariance` (the bf16 check on a GPU) at tiny shapes: every
+    invariant comparison equal, its JSON, markdown and env written."""
+    import json
+
+    from suite.cli import main
+
+    rc = main(["kernel", "invariance", "--out", str(tmp_path), "--device", DEVICE,
+               "--models", "llama3-8b", "--d", str(D), "--v", str(V), "--rows", "3",
+               "--ns", "9", "--pad-rows", "4"])
+    report = json.loads((tmp_path / "invariance.json").read_text())
+    assert rc == 0 and report["all_invariant_equal"], report
+    assert "dc_run_to_run" in (tmp_path / "invariance.md").read_text()
+    assert (tmp_path / "env.json").exists()
