@@ -211,7 +211,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     one backward takes any upstream gradients of loss and entropy together, without logits.
     Returns ``LossEntropy(loss, entropy)``, or ``LossEntropyLse(loss, entropy, lse)`` with
     return_lse (plain ``(loss, lse)`` without return_entropy). Exact gradients only (no
-    filter_eps), not with vocab_parallel; such calls take the recompute (or low-memory) path.
+    filter_eps); such calls take the recompute (or low-memory) path.
     ``batch_invariant=True``: each token's loss, lse, entropy and dE row are the same bits
     whatever else is in the call (other rows, N, their order, padding, workspace_mib): one
     pinned route (no autotuning, no three-matmul path, no filter, no row gathering, fixed
@@ -245,7 +245,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
     ent_rows = None
     if r.entry == "vocab-parallel":
-        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r)
+        loss_rows, lse, ent_rows = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel,
+                                                       check, r)
     elif r.entry == "compiled":
         loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
                                                      config_key(e2.device, e2.dtype))

@@ -318,13 +318,6 @@ def test_entropy_refuses_the_filter_by_name():
         linear_cross_entropy(e, c, t, return_entropy=1)
 
 
-def test_a_sharded_vocabulary_refuses_entropy_and_temperature_by_name():
-    e, c, _, t = _inputs(13, 4, 8, 10, torch.float32)
-    for option in ({"return_entropy": True}, {"temperature": 2.0}):
-        with pytest.raises(ValueError, match="vocab_parallel"):
-            linear_cross_entropy(e, c, t, vocab_parallel=object(), **option)
-
-
 def test_the_route_keeps_entropy_and_temperature_off_the_three_matmul_path():
     # at a real shape whose plain mean takes the three-matmul path, on every target's config
     base = dict(n=4096, v=32000, d=1024, dtype=torch.bfloat16, workspace_mib=4096)

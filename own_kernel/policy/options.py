@@ -108,8 +108,9 @@ def check_temperature(temperature) -> None:
         raise ValueError(f"temperature: expected a finite number > 0; got {temperature!r}")
 
 
-def check_batch_invariant(batch_invariant, filter_eps, low_memory, vocab_parallel) -> None:
-    """batch_invariant=True runs one pinned route (exact, the recompute path, one device)."""
+def check_batch_invariant(batch_invariant, filter_eps, low_memory) -> None:
+    """batch_invariant=True runs one pinned route (exact, the recompute path); with
+    vocab_parallel, shard boundaries on its vocabulary block (paths/vocab_gathered.py)."""
     check_bool("batch_invariant", batch_invariant)
     if not batch_invariant:
         return
@@ -119,9 +120,6 @@ def check_batch_invariant(batch_invariant, filter_eps, low_memory, vocab_paralle
     if low_memory:
         raise ValueError("low_memory: not supported with batch_invariant=True (its row chunks "
                          "depend on N); pass low_memory=False")
-    if vocab_parallel is not None:
-        raise ValueError("vocab_parallel: batch_invariant=True is not supported with a sharded "
-                         "vocabulary yet")
 
 
 @dataclass(frozen=True)
@@ -163,8 +161,7 @@ class CallOptions:
         check_bool("low_memory", self.low_memory)
         check_exact_only(self.low_memory, self.filter_eps)
         self._check_rl()
-        check_batch_invariant(self.batch_invariant, self.filter_eps, self.low_memory,
-                              self.vocab_parallel)
+        check_batch_invariant(self.batch_invariant, self.filter_eps, self.low_memory)
         return self
 
     def _check_rl(self) -> None:
@@ -176,9 +173,6 @@ class CallOptions:
             # approximation, not tested: exact gradients only.
             raise ValueError(f"filter_eps: return_entropy=True computes exact gradients only; "
                              f"got filter_eps={self.filter_eps!r} (pass filter_eps=None)")
-        if self.vocab_parallel is not None and (self.return_entropy or self.temperature != 1):
-            raise ValueError("vocab_parallel: return_entropy and temperature are not supported "
-                             "with a sharded vocabulary")
 
     def filter(self, dtype: torch.dtype) -> FilterOptions | None:
         """The filter these options ask for on inputs of this dtype (None: exact)."""
