@@ -215,3 +215,14 @@ def test_the_gpu_check_tool_writes_its_tables(tmp_path):
     assert rc == 0 and report["all_invariant_equal"], report
     assert "dc_run_to_run" in (tmp_path / "invariance.md").read_text()
     assert (tmp_path / "env.json").exists()
+
+
+def test_the_ranks_check_shards_on_whole_blocks():
+    from suite.kernel.invariance_ranks import aligned_bounds
+
+    for v, world, block in ((128256, 2, 256), (128256, 4, 256), (152064, 4, 128), (100, 3, 16)):
+        bounds = aligned_bounds(v, world, block)
+        assert bounds[0][0] == 0 and bounds[-1][1] == v and len(bounds) == world
+        assert all(a[1] == b[0] and b[0] % block == 0 for a, b in zip(bounds, bounds[1:]))
+        sizes = [b - a for a, b in bounds]
+        assert max(sizes) - min(sizes) <= block

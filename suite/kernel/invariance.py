@@ -16,7 +16,8 @@ return_lse=True, return_entropy=True) and the backward of sum w loss + beta H (t
 entropy and dE rows), and reduction="sum" for budget0 (dE rows). ``dc_run_to_run``: dC of two
 identical invariant calls. Writes DIR/invariance.json (every comparison: equal, largest absolute
 difference) and DIR/invariance.md (one table), and DIR/env.json. The invariant rows must all
-be equal; the default's show what the option fixes.
+be equal; the default's show what the option fixes. ``--ranks K``: the vocab-parallel check
+over K ranks instead (suite/kernel/invariance_ranks.py).
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def add_arguments(ap) -> None:
                     help="ignored rows padding the 'padded' variant (default %(default)s)")
     ap.add_argument("--d", type=int, default=0, help="hidden size (0: the model's)")
     ap.add_argument("--v", type=int, default=0, help="vocabulary (0: the model's)")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="K > 0: the vocab-parallel check over K ranks instead "
+                         "(suite/kernel/invariance_ranks.py; DIR/ranks<K>.json)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for tiny test shapes")
 
 
@@ -135,11 +139,15 @@ def main(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("python -m suite kernel invariance needs a CUDA device (or --device cpu)")
+    models = [m for m in args.models.split(",") if m]
+    if args.ranks:
+        from suite.kernel import invariance_ranks
+        return invariance_ranks.run(args, {name: _shape(name, args) for name in models})
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     ns = [int(x) for x in args.ns.split(",") if x]
     report = {"dtype": str(dtype), "rows": args.rows, "ns": ns, "models": {}}
     all_equal = True
-    for name in [m for m in args.models.split(",") if m]:
+    for name in models:
         d, v = _shape(name, args)
         e, c, t, w = _inputs(max(ns + [args.rows]), d, v, args.device, dtype)
         modes = {"d": d, "v": v}
