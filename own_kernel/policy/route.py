@@ -34,6 +34,12 @@ The kernels (properties of the Route, each derived once from the call and the co
   something at this shape (plan.filter_can_skip); ``vocab_chunks``, ``low_memory_plan``,
   ``fused``: the path's chunks.
 
+``batch_invariant`` (``Call.batch_invariant``) pins every choice that could depend on the
+batch: the recompute path (or forward-only), kernels by the target and D only (copies where
+a view's alignment would change them: ``needs_tma_copies``), no tuning, no filter, no row
+gathering, the forward's fixed vocabulary blocks (``forward_grid``) and the backward's fixed
+chunks (plan.invariant_chunk_plan), all in the tail's buffer.
+
 Decisions that depend on values read on the device, or on what autograd hands the backward,
 are not the route's; the Route says whether they may happen and makes them when asked, from
 that data: the rows with a target gathered out (``gathers``, then ``for_rows``), a filter kept
