@@ -7,12 +7,13 @@ process, so the bitwise property is not one any combine meets."""
 import datetime
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from suite.ranks import _free_port
 
 N, D, V = 16, 32, 100
 # Shards on the interpreter's 16-column vocabulary block (the last one stops at V)
@@ -96,12 +97,6 @@ def _worker(rank, world, port, out_dir):
             json.dump(res, f)
     finally:
         dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["world1", "world2", "world3"])
