@@ -216,8 +216,11 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     whatever else is in the call (other rows, N, their order, padding, workspace_mib): one
     pinned route (no autotuning, no three-matmul path, no filter, no row gathering, fixed
     vocabulary blocks merged in one order); dC, a sum over rows, is bitwise reproducible run
-    to run. For a fixed device model, dtype, D, V and library version. Exact only; not with
-    low_memory or vocab_parallel.
+    to run. For a fixed device model, dtype, D, V and library version (a mean's gradient
+    weighs each row 1 / count, which depends on the batch: per-row upstream gradients or a sum
+    keep dE's rows comparable). Exact only; not with low_memory. With vocab_parallel the
+    forward's rows are the same for any number of ranks on shards aligned to the vocabulary
+    block (own_kernel/README.md, Guarantees); dE is summed over the ranks.
     ``targets_check``: ``queue_targets_check``'s check of these targets, queued before the
     model's trunk so that the call's host read does not wait for it (used only if it matches).
     """

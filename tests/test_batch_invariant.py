@@ -130,6 +130,22 @@ def test_a_sum_with_a_workspace_budget_keeps_each_rows_de(dtype):
         assert not torch.equal(_sum_de(*alone[:3], False), default), "the test guards nothing"
 
 
+@pytest.mark.skipif(ON_GPU, reason="the pointer kernels are the portable target's; a GPU "
+                    "runs its own target's (the other tests)")
+def test_the_pointer_kernels_are_invariant_too():
+    """The portable target's kernels (pointer forward, pointer W writer), forced by override
+    on the interpreter's config: the same property as the TMA ones'."""
+    from own_kernel.policy.config import overridden
+
+    alone, batch, where = _embedded(3, 30, torch.float32, seed=13)
+    with overridden({"forward": {"tma": False}, "chunks": {"recompute": "cublas"}}):
+        p = own_kernel.plan(batch[0].requires_grad_(), batch[1], batch[2], reduction="none",
+                            batch_invariant=True)
+        assert (p.forward, p.writer) == ("pointer", "pointer")
+        got_alone, got_batch = _per_row(*alone)[0], _per_row(*batch)[0]
+    assert _same_rows(got_alone, got_batch, torch.arange(3), where)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_padding_rows_change_nothing(dtype):
     """Rows padded with ignored targets (zero hidden states, as a padded micro-batch has):
