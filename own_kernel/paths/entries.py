@@ -110,6 +110,16 @@ def _op_route(e, c, bias, opts: Options, config: str) -> Route:
     return route(call, config_of_key(config, e.device, e.dtype))
 
 
+def _op_inputs(e, c, bias, opts: Options, config: str):
+    """(e, c, route) of a custom op: batch_invariant's pinned kernels read aligned copies of
+    views TMA cannot read (Route.needs_tma_copies), as the eager call does (api.py)."""
+    r = _op_route(e, c, bias, opts, config)
+    if r.needs_tma_copies:
+        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
+        r = _op_route(e, c, bias, opts, config)
+    return e, c, r
+
+
 # ---- custom ops (torch.compile) -------------------------------------------------------------
 
 @torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
@@ -125,7 +135,8 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
                                 temperature, entropy, batch_invariant)
-    return rows_forward(e, c, targets, bias, opts, _op_route(e, c, bias, opts, config))
+    e, c, r = _op_inputs(e, c, bias, opts, config)
+    return rows_forward(e, c, targets, bias, opts, r)
 
 
 @lce_rows.register_fake
@@ -148,9 +159,9 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
                                 temperature, entropy, batch_invariant)
+    e, c, r = _op_inputs(e, c, bias, opts, config)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
-                                  grad_loss, grad_lse, opts,
-                                  _op_route(e, c, bias, opts, config), grad_ent=grad_ent)
+                                  grad_loss, grad_lse, opts, r, grad_ent=grad_ent)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
