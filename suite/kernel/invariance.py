@@ -26,6 +26,9 @@ import os
 
 import torch
 
+from suite.kernel import invariance_ranks
+from suite.kernel.invariance_ranks import seeded_inputs
+
 MODELS = {"llama3-8b": "Llama 3 (8B)", "qwen2.5-7b": "Qwen 2.5 (7B)"}
 OUTPUTS = ("loss", "entropy", "lse", "dE")
 
@@ -45,16 +48,6 @@ def add_arguments(ap) -> None:
                     help="K > 0: the vocab-parallel check over K ranks instead "
                          "(suite/kernel/invariance_ranks.py; DIR/ranks<K>.json)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for tiny test shapes")
-
-
-def _inputs(n, d, v, device, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    e = (torch.randn(n, d, generator=g) * 0.5).to(device, dtype)
-    c = (torch.randn(v, d, generator=g) * d ** -0.5 * 4).to(device, dtype)
-    t = torch.randint(0, v, (n,), generator=g)
-    t[torch.rand(n, generator=g) < 0.1] = -100
-    w = (torch.rand(n, 2, generator=g) + 0.5).to(device)
-    return e, c, t.to(device), w
 
 
 def _per_row(e, c, t, w, invariant, **kw):
@@ -141,7 +134,6 @@ def main(args) -> int:
         raise SystemExit("python -m suite kernel invariance needs a CUDA device (or --device cpu)")
     models = [m for m in args.models.split(",") if m]
     if args.ranks:
-        from suite.kernel import invariance_ranks
         return invariance_ranks.run(args, {name: _shape(name, args) for name in models})
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     ns = [int(x) for x in args.ns.split(",") if x]
@@ -149,7 +141,7 @@ def main(args) -> int:
     all_equal = True
     for name in models:
         d, v = _shape(name, args)
-        e, c, t, w = _inputs(max(ns + [args.rows]), d, v, args.device, dtype)
+        e, c, t, w = seeded_inputs(max(ns + [args.rows]), d, v, args.device, dtype)
         modes = {"d": d, "v": v}
         for mode, invariant in (("batch_invariant", True), ("default", False)):
             modes[mode] = _variants(e, c, t, w, args.rows, ns, args.pad_rows, invariant)

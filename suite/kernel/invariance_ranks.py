@@ -23,6 +23,18 @@ import torch.multiprocessing as mp
 TEMPERATURE = 0.7
 
 
+def seeded_inputs(n, d, v, device, dtype, seed=0):
+    """(e, c, targets (a tenth ignored), per-row weights of loss and entropy), seeded: the same
+    on every rank and in every call."""
+    g = torch.Generator().manual_seed(seed)
+    e = (torch.randn(n, d, generator=g) * 0.5).to(device, dtype)
+    c = (torch.randn(v, d, generator=g) * d ** -0.5 * 4).to(device, dtype)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[torch.rand(n, generator=g) < 0.1] = -100
+    w = (torch.rand(n, 2, generator=g) + 0.5).to(device)
+    return e, c, t.to(device), w
+
+
 def aligned_bounds(v: int, world: int, block: int) -> list[tuple[int, int]]:
     """[start, stop) per rank: whole blocks, split as evenly as they go (the last stops at V)."""
     blocks = -(-v // block)
@@ -58,10 +70,9 @@ def _model_result(model, d, v, rows, device, rank, world) -> dict:
     from own_kernel import VocabParallel
     from own_kernel.policy.config import config_for
     from own_kernel.policy.plan import invariant_block
-    from suite.kernel.invariance import _inputs
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    e, c, t, w = _inputs(rows, d, v, device, dtype)
+    e, c, t, w = seeded_inputs(rows, d, v, device, dtype)
     bounds = aligned_bounds(v, world, invariant_block(config_for(device, dtype)))
     start, stop = bounds[rank]
     out = {"d": d, "v": v, "bounds": bounds}
