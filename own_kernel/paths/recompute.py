@@ -25,6 +25,10 @@ host reads each chunk's kept-column count to size the GEMMs, so the next chunk's
 queued first (the look-ahead) and W takes two slots. Whether anything may skip at all is read
 after the first chunk's kernel is queued; when nothing may, the rest runs as exact.
 
+batch_invariant (Route's): fixed chunks (plan.invariant_chunk_plan), every W in the tail's
+buffer, dE's products by a Triton GEMM with pinned tiles (kernels/gemm_rows.py): each row's
+sums do not depend on the other rows.
+
 Memory: dE, dC, dbias, the fp32 dE accumulator (N x D), O(N + V) fp32 vectors, and the tail's
 buffer when dE's is too narrow. Nothing N x V.
 """
