@@ -64,9 +64,10 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
     cfg = route.cfg
     if route.forward_tuned:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
-        grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
-    else:  # batch_invariant: fixed vocabulary blocks (Route.forward_grid)
+    if route.call.batch_invariant:  # fixed vocabulary blocks (Route.forward_grid)
         grid = route.forward_grid(num_sms(e.device))
+    else:
+        grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
     part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
     if tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
