@@ -173,7 +173,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                          filter_eps: float | str | None = None, return_lse: bool = False,
                          low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
                          workspace_mib: int | None = None, temperature: float = 1.0,
-                         return_entropy: bool = False,
+                         return_entropy: bool = False, batch_invariant: bool = False,
                          targets_check: TargetsCheck | None = None):
     """Cross-entropy of softcap(e @ c.T + bias) against targets, without materialising the logits.
 
@@ -211,7 +211,16 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     one backward takes any upstream gradients of loss and entropy together, without logits.
     Returns ``LossEntropy(loss, entropy)``, or ``LossEntropyLse(loss, entropy, lse)`` with
     return_lse (plain ``(loss, lse)`` without return_entropy). Exact gradients only (no
-    filter_eps), not with vocab_parallel; such calls take the recompute (or low-memory) path.
+    filter_eps); such calls take the recompute (or low-memory) path.
+    ``batch_invariant=True``: each token's loss, lse, entropy and dE row are the same bits
+    whatever else is in the call (other rows, N, their order, padding, workspace_mib): one
+    pinned route (no autotuning, no three-matmul path, no filter, no row gathering, fixed
+    vocabulary blocks merged in one order); dC, a sum over rows, is bitwise reproducible run
+    to run. For a fixed device model, dtype, D, V and library version (a mean's gradient
+    weighs each row 1 / count, which depends on the batch: per-row upstream gradients or a sum
+    keep dE's rows comparable). Exact only; not with low_memory. With vocab_parallel the
+    forward's rows are the same for any number of ranks on shards aligned to the vocabulary
+    block (own_kernel/README.md, Guarantees); dE is summed over the ranks.
     ``targets_check``: ``queue_targets_check``'s check of these targets, queued before the
     model's trunk so that the call's host read does not wait for it (used only if it matches).
     """
@@ -219,7 +228,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     _validate_tensors(e, c, targets, bias, targets_check)
     user = CallOptions(ignore_index, softcap, reduction, shift, label_smoothing, filter_eps,
                        return_lse, low_memory, vocab_parallel, workspace_mib, temperature,
-                       return_entropy).check(e.shape)
+                       return_entropy, batch_invariant).check(e.shape)
     v_total = c.shape[0]
     if vocab_parallel is not None:  # the targets index the whole vocabulary
         check_vocab_parallel(vocab_parallel, c)
@@ -229,6 +238,9 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     targets = _shifted(targets, shift, ignore_index)
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
     r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
+    if r.needs_tma_copies:  # aligned copies: the pinned kernels read every batch
+        e2, c = (t if tma_ready(t) else t.clone() for t in (e2, c))
+        r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
     check, count = queued_or_new_check(targets_check, t2, v_total, ignore_index,
                                        split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
@@ -236,7 +248,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
     ent_rows = None
     if r.entry == "vocab-parallel":
-        loss_rows, lse = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r)
+        loss_rows, lse, ent_rows = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel,
+                                                       check, r)
     elif r.entry == "compiled":
         loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
                                                      config_key(e2.device, e2.dtype))
@@ -278,17 +291,18 @@ def _outputs(loss_rows, lse, ent_rows, lead, shift: int, reduction: str, count):
 def token_logprobs(e: Tensor, c: Tensor, targets: Tensor, *, return_entropy: bool = False,
                    temperature: float = 1.0, bias: Tensor | None = None,
                    ignore_index: int = -100, softcap: float | None = None, shift: int = 0,
-                   low_memory: bool = False):
+                   low_memory: bool = False, batch_invariant: bool = False):
     """log p(target) per token of softmax(softcap(e @ c.T + bias) / temperature), shape
     targets.shape (``(..., T - shift)`` with shift), without the logits: ``-loss`` of
     ``linear_cross_entropy(reduction="none")``, so <= 0 and exact on confident tokens; 0 at
     ignored tokens. ``return_entropy=True`` returns ``TokenLogprobs(logprobs, entropy)``.
     Both are differentiable, together in one backward (e.g. a policy-gradient loss weighted
-    per token plus an entropy bonus)."""
+    per token plus an entropy bonus). ``batch_invariant=True``: each token's values (and dE
+    row) the same bits whatever else is in the call (``linear_cross_entropy``)."""
     out = linear_cross_entropy(e, c, targets, bias=bias, ignore_index=ignore_index,
                                softcap=softcap, reduction="none", shift=shift,
                                low_memory=low_memory, temperature=temperature,
-                               return_entropy=return_entropy)
+                               return_entropy=return_entropy, batch_invariant=batch_invariant)
     if return_entropy:
         return TokenLogprobs(out.loss.neg(), out.entropy)
     return out.neg()
@@ -299,7 +313,8 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
          shift: int = 0, label_smoothing: float = 0.0, filter_eps: float | str | None = None,
          return_lse: bool = False, low_memory: bool = False,
          vocab_parallel: VocabParallel | None = None, workspace_mib: int | None = None,
-         temperature: float = 1.0, return_entropy: bool = False) -> Route:
+         temperature: float = 1.0, return_entropy: bool = False,
+         batch_invariant: bool = False) -> Route:
     """The route ``linear_cross_entropy`` takes with the same arguments, here and now (grad
     mode, autocast, use_target): the very Route object the call runs by (policy/route.py), with
     its path, its kernels (forward, W writers, filter), its chunks, the estimated peak bytes
@@ -321,7 +336,7 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
     _validate_tensors(e, c, targets, bias)
     user = CallOptions(ignore_index, softcap, reduction, shift, label_smoothing, filter_eps,
                        return_lse, low_memory, vocab_parallel, workspace_mib, temperature,
-                       return_entropy).check(e.shape)
+                       return_entropy, batch_invariant).check(e.shape)
     if vocab_parallel is not None:
         check_vocab_parallel(vocab_parallel, c)
     return _route_of(e.reshape(-1, e.shape[-1]), c, bias, user.kernel_options(e.dtype), user,
@@ -373,13 +388,14 @@ class LinearCrossEntropy(nn.Module):
                  filter_eps: float | str | None = None, return_lse: bool = False,
                  low_memory: bool = False, vocab_parallel: VocabParallel | None = None,
                  workspace_mib: int | None = None, temperature: float = 1.0,
-                 return_entropy: bool = False):
+                 return_entropy: bool = False, batch_invariant: bool = False):
         super().__init__()
         self.options = dict(ignore_index=ignore_index, softcap=softcap, reduction=reduction,
                             shift=shift, label_smoothing=label_smoothing, filter_eps=filter_eps,
                             return_lse=return_lse, low_memory=low_memory,
                             vocab_parallel=vocab_parallel, workspace_mib=workspace_mib,
-                            temperature=temperature, return_entropy=return_entropy)
+                            temperature=temperature, return_entropy=return_entropy,
+                            batch_invariant=batch_invariant)
 
     def forward(self, e: Tensor, c: Tensor, targets: Tensor, bias: Tensor | None = None):
         return linear_cross_entropy(e, c, targets, bias=bias, **self.options)

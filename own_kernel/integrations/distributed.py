@@ -147,8 +147,9 @@ def unwrap(e, c, targets, bias, vocab_parallel) -> Unwrapped:
 def _rewrap(out, mesh):
     from torch.distributed.tensor import DTensor, Replicate
 
-    if isinstance(out, tuple):
-        return tuple(_rewrap(o, mesh) for o in out)
+    if isinstance(out, tuple):  # (loss, lse), or a named tuple (LossEntropy...) kept as one
+        parts = [_rewrap(o, mesh) for o in out]
+        return type(out)(*parts) if hasattr(out, "_fields") else tuple(parts)
     return DTensor.from_local(out, mesh, [Replicate()], run_check=False)
 
 

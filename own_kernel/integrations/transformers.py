@@ -299,7 +299,8 @@ def _causal_lm_loss(model, hidden: Tensor, targets: Tensor, targets_check: Targe
 
 def token_logprobs(model, input_ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None,
                    *, return_entropy: bool = False, temperature: float = 1.0,
-                   ignore_index: int = -100, low_memory: bool = False, **model_kwargs):
+                   ignore_index: int = -100, low_memory: bool = False,
+                   batch_invariant: bool = False, **model_kwargs):
     """Per-token log p(labels[:, j] | tokens before j) of a supported ``...ForCausalLM``
     (patched or not), and with ``return_entropy=True`` the entropy of that next-token
     distribution, without the N x V logits: the base model's hidden states and ``lm_head``
@@ -310,6 +311,8 @@ def token_logprobs(model, input_ids: Tensor, labels: Tensor, attention_mask: Ten
     and wherever labels is ignore_index (e.g. the prompt and padding). Differentiable: e.g.
     ``-(adv * (logp - old_logp).exp()).mean() - beta * entropy.mean()`` backpropagates into the
     model in one backward. Returns a tensor, or ``TokenLogprobs(logprobs, entropy)``.
+    ``batch_invariant=True``: each token's values the same bits whatever else is in the batch
+    (``own_kernel.linear_cross_entropy``; the head only, not the model's trunk).
     ``model_kwargs`` go to the base model (``model.model``)."""
     cls = _stock_class(model)
     if not _is_plain_linear(getattr(model, "lm_head", None)):
@@ -332,7 +335,8 @@ def token_logprobs(model, input_ids: Tensor, labels: Tensor, attention_mask: Ten
         return linear_cross_entropy(hidden, weight, targets, bias=bias, softcap=softcap,
                                     ignore_index=ignore_index, reduction="none",
                                     temperature=temperature, low_memory=low_memory,
-                                    return_entropy=return_entropy)
+                                    return_entropy=return_entropy,
+                                    batch_invariant=batch_invariant)
 
     out = _through_head(model.lm_head, hidden, per_token)
 

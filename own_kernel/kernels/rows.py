@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from own_kernel.kernels.gemm_rows import add_slices_in_order
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -103,8 +105,8 @@ class Partials:
         row_part = self.buffer[:2 * row_slices * rows].view(2, row_slices, rows)
         col_part = self.buffer[2 * row_slices * rows:].view(3, col_slices, cols)
         for i, name in enumerate(self.ROW_PLANES):
-            if name in written:
-                getattr(sums, name).add_(row_part[i].sum(dim=0))
+            if name in written:  # in a fixed order per row: batch_invariant's dE reads these
+                add_slices_in_order(getattr(sums, name), row_part[i])
         for i, name in enumerate(self.COL_PLANES):
             if name in written:
                 getattr(sums, name)[v_start:v_start + cols].add_(col_part[i].sum(dim=0))

@@ -110,6 +110,16 @@ def _op_route(e, c, bias, opts: Options, config: str) -> Route:
     return route(call, config_of_key(config, e.device, e.dtype))
 
 
+def _op_inputs(e, c, bias, opts: Options, config: str):
+    """(e, c, route) of a custom op: batch_invariant's pinned kernels read aligned copies of
+    views TMA cannot read (Route.needs_tma_copies), as the eager call does (api.py)."""
+    r = _op_route(e, c, bias, opts, config)
+    if r.needs_tma_copies:
+        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
+        r = _op_route(e, c, bias, opts, config)
+    return e, c, r
+
+
 # ---- custom ops (torch.compile) -------------------------------------------------------------
 
 @torch.library.custom_op("own_kernel::lce_rows", mutates_args=())
@@ -117,19 +127,21 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
              deterministic: bool, temperature: float = 1.0, entropy: bool = False,
+             batch_invariant: bool = False,
              config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, lse, largest probability, -log p_target, lse's rounding residue, entropy) per
     row for 2-D e (entropy: empty unless asked for); ignored rows have loss 0 and entropy 0,
     and lse +inf unless ignored_lse. The filter and low_memory only affect the backward."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
-                                temperature, entropy)
-    return rows_forward(e, c, targets, bias, opts, _op_route(e, c, bias, opts, config))
+                                temperature, entropy, batch_invariant)
+    e, c, r = _op_inputs(e, c, bias, opts, config)
+    return rows_forward(e, c, targets, bias, opts, r)
 
 
 @lce_rows.register_fake
 def _(e, c, targets, bias, *options):
-    opts = Options.from_op_args(*options[:10])
+    opts = Options.from_op_args(*options[:11])
     return tuple(e.new_empty(e.shape[0] if i < 5 or opts.entropy else 0, dtype=torch.float32)
                  for i in range(6))
 
@@ -141,15 +153,15 @@ def lce_rows_backward(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tens
                       ignore_index: int, softcap: Optional[float], label_smoothing: float,
                       filter_eps: Optional[float], filter_min_p_max: float, ignored_lse: bool,
                       low_memory: bool, deterministic: bool, temperature: float = 1.0,
-                      entropy: bool = False, config: str = "",
+                      entropy: bool = False, batch_invariant: bool = False, config: str = "",
                       ent: Optional[Tensor] = None,
                       grad_ent: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
-                                temperature, entropy)
+                                temperature, entropy, batch_invariant)
+    e, c, r = _op_inputs(e, c, bias, opts, config)
     de, dc, dbias = rows_backward(e, c, targets, bias, (lse, nll, p_max, lse_lo, ent),
-                                  grad_loss, grad_lse, opts,
-                                  _op_route(e, c, bias, opts, config), grad_ent=grad_ent)
+                                  grad_loss, grad_lse, opts, r, grad_ent=grad_ent)
     return de, dc, dbias if dbias is not None else e.new_empty(0)
 
 
@@ -173,8 +185,9 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo, 
         grad_loss = torch.zeros_like(lse)
     if grad_ent is not None and ent.numel() == 0:
         grad_ent = None
-    # the options, with the defaults of those the caller left out (temperature, entropy, config)
-    args = tuple(ctx.op_args) + (1.0, False, "")[len(ctx.op_args) - 8:]
+    # the options, with the defaults of those the caller left out (temperature, entropy,
+    # batch_invariant, config)
+    args = tuple(ctx.op_args) + (1.0, False, False, "")[len(ctx.op_args) - 8:]
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
                                       grad_lse, *args, ent=ent if grad_ent is not None else None,
                                       grad_ent=grad_ent)

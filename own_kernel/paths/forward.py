@@ -5,7 +5,8 @@ The route's forward kernel (Route.forward) computes each vocabulary split's part
 per row: kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its tiles timed on
 the GPU where the route says: Route.forward_tuned); kernels/target.py takes each row's target
 logit and kernels/lse_combine.py combines the splits into the rows' results. The grid (splits
-per row block, launch order) is plan.split_plan's for this launch's rows.
+per row block, launch order) is plan.split_plan's for this launch's rows; with batch_invariant
+one split per fixed block of columns (plan.invariant_split_plan), combined left to right.
 """
 from __future__ import annotations
 
@@ -39,9 +40,21 @@ def forward(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=Fa
     gradient flows through them: the backward's softmax exp(z - lse) is 0 there), and row
     blocks with only such rows compute no logits. shifted: None, or (Y, M) for the TMA kernel
     to write the shifted logits into (forward_tma.py; the three-matmul path's)."""
-    (n, d), v = e.shape, c.shape[0]
-    if n == 0:  # distinct tensors: a custom op's outputs may not alias each other
+    if e.shape[0] == 0:  # distinct tensors: a custom op's outputs may not alias each other
         return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(6))
+    part, z_target, sums = forward_parts(e, c, bias, targets, opts, route,
+                                         skip_ignored=skip_ignored, shifted=shifted)
+    return combine(part, z_target, targets, opts.ignore_index, opts.label_smoothing, c.shape[0],
+                   skip_ignored, sums)
+
+
+def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=False,
+                  shifted=None):
+    """(part, z_target, sums): the vocabulary splits' partials (sums.planes x splits x N, in
+    column order), each row's target logit (0 where the target is not a column of c), and what
+    the partials hold (lse_combine.PartialSums); combine() makes forward()'s rows of them, and
+    the vocab-parallel path gathers every rank's first (paths/vocab_parallel.py)."""
+    (n, d), v = e.shape, c.shape[0]
     softcap, ignore_index = opts.softcap, opts.ignore_index
     sums = PartialSums(opts.label_smoothing > 0, opts.entropy, float(opts.temperature))
     tma = route.forward == "tma"
@@ -51,7 +64,10 @@ def forward(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=Fa
     cfg = route.cfg
     if route.forward_tuned:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
-    grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+    if route.call.batch_invariant:  # fixed vocabulary blocks (Route.forward_grid)
+        grid = route.forward_grid(num_sms(e.device))
+    else:
+        grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
     part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
     if tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
@@ -59,9 +75,7 @@ def forward(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=Fa
     else:
         forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
                          skip_ignored, sums)
-    z_target = target_logit(e, c, bias, targets, softcap, opts.temperature)
-    return combine(part, z_target, targets, ignore_index, opts.label_smoothing, v, skip_ignored,
-                   sums)
+    return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
 
 
 def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored):

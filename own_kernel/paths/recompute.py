@@ -25,6 +25,10 @@ host reads each chunk's kept-column count to size the GEMMs, so the next chunk's
 queued first (the look-ahead) and W takes two slots. Whether anything may skip at all is read
 after the first chunk's kernel is queued; when nothing may, the rest runs as exact.
 
+batch_invariant (Route's): fixed chunks (plan.invariant_chunk_plan), every W in the tail's
+buffer, dE's products by a Triton GEMM with pinned tiles (kernels/gemm_rows.py): each row's
+sums do not depend on the other rows.
+
 Memory: dE, dC, dbias, the fp32 dE accumulator (N x D), O(N + V) fp32 vectors, and the tail's
 buffer when dE's is too narrow. Nothing N x V.
 """
@@ -38,6 +42,7 @@ import torch
 
 from own_kernel.kernels.finalize_de import finalize_de
 from own_kernel.kernels.gather_kept import gather_kept
+from own_kernel.kernels.gemm_rows import addmm_rows
 from own_kernel.kernels.gemm import (HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean,
                                      weighted_mean)
 from own_kernel.kernels.rank1_dc import rank1_dc
@@ -61,7 +66,7 @@ class Grads:
 
 # ---- weights ------------------------------------------------------------------------------
 
-def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool):
+def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool, invariant: bool = False):
     """(rows with weights rescaled, scale_dev, row_scale). The weights are divided by their
     largest magnitude scale_dev (a device scalar) for fp16 inputs or a filtered call; else
     unchanged, scale_dev None. fp16 needs it (a mean over N tokens would push W into
@@ -72,11 +77,18 @@ def normalise_weights(e, rows: Rows, filtering: bool, uniform: bool):
     row weighted 1e-4 beside one weighted 1e4 underflows to 0 in fp16. row_scale[n] is then
     that row's scale over scale_dev (else None): it multiplies the row's dE (finalize_de.py)
     and its W row before dC's GEMM (rescale_rows), where a tiny row's share of dC may underflow
-    without harm (it is below dC's rounding)."""
+    without harm (it is below dC's rounding).
+
+    invariant (batch_invariant): every fp16 row by its own scale, and the call's scale rounded
+    up to a power of 2, by which dividing and multiplying back are exact: a row's W and dE do
+    not depend on the other rows' weights."""
     if e.dtype != torch.float16 and not filtering:
         return rows, None, None
     row_abs = row_magnitude(rows)
     scale_dev = row_abs.max()
+    if invariant:
+        uniform = False
+        scale_dev = torch.where(scale_dev > 0, torch.exp2(torch.ceil(torch.log2(scale_dev))), 0.0)
     overall = torch.where(scale_dev > 0, scale_dev, 1.0)  # all weights 0: W = 0, gradients 0
     row_scale, divisor = None, overall
     if e.dtype == torch.float16 and not filtering and not uniform:
@@ -200,7 +212,10 @@ class ChunkWriter:
 
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:
         g = self.g
-        addmm_fp32(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width])
+        if self.route.call.batch_invariant:  # each row's sums independent of the other rows
+            addmm_rows(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width], self.cfg.dlogits)
+        else:
+            addmm_fp32(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width])
         if g.row_scale is not None:
             rescale_rows(g, w, ch.v_start)
         mm_scaled(g.dc[ch.v_start:ch.v_start + ch.width], w.t(), self.e, float(scale))
@@ -351,7 +366,8 @@ def backward(e, c, bias, rows: Rows, opts: Options, route: Route, *, p_max=None,
         return torch.zeros_like(e, dtype=de_dtype), torch.zeros_like(c), zeros_or_none(bias)
     cfg = route.cfg
     filter_options = route.backward_filter(uniform)
-    rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform)
+    rows, scale_dev, row_scale = normalise_weights(e, rows, filter_options is not None, uniform,
+                                                   route.call.batch_invariant)
     decision = None
     if filter_options is not None:
         rows, decision = filter_rows(rows, p_max, filter_options, scale_dev, cfg)

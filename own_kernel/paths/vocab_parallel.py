@@ -60,8 +60,9 @@ Collectives per call (on `group`):
 - once per VocabParallel object (its first call): an all_gather of each rank's (start, stop),
   checked to tile [0, V) exactly; V is cached on the object, so make it once and reuse it.
 
-Options: softcap, a bias shard, ignore_index, label smoothing, every reduction, return_lse,
-shift, low_memory and filter_eps (each rank filters its own shard, with the global largest
+return_entropy, temperature and batch_invariant gather the shards' partials instead
+(paths/vocab_gathered.py). Options: softcap, a bias shard, ignore_index, label smoothing, every
+reduction, return_lse, shift, low_memory and filter_eps (each rank filters its own shard, with the global largest
 probability) all work. It runs eagerly: under torch.compile the call is a graph break (its
 collectives and host reads are not traced), and fullgraph=True refuses it, naming vocab_parallel
 in the reason (EAGER_ONLY). A traced caller skips the API's targets' check; this path then
@@ -84,6 +85,7 @@ from torch import Tensor, nn
 from own_kernel.kernels import check_targets
 from own_kernel.paths.entries import rows_backward, rows_forward
 from own_kernel.paths.shared import refuse_create_graph
+from own_kernel.paths.vocab_gathered import gathered_rows
 from own_kernel.policy.options import Options
 from own_kernel.policy.route import Route
 
@@ -187,7 +189,7 @@ def local_targets(targets: Tensor, vp: VocabParallel, ignore_index: int) -> Tens
 @EAGER_ONLY
 def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, counts,
                         route: Route):
-    """(loss per row, lse per row) of the gathered problem; e, c, targets, bias in the kernels'
+    """(loss per row, lse per row, entropy per row or None) of the gathered problem; e, c, targets, bias in the kernels'
     layouts (api.py), targets global. counts: api's targets' check and count (or None). route:
     the call's (policy/route.py: this rank's shard), kept for the backward."""
     v_total = vp.vocab_size(e.device)
@@ -201,12 +203,16 @@ def vocab_parallel_rows(e, c, targets, bias, opts: Options, vp: VocabParallel, c
         label_smoothing=opts.label_smoothing * vp.size / v_total)
     call = _Call(local_opts, vp, v_total, opts.label_smoothing, opts.ignored_lse, counts, route)
     t_local = local_targets(targets, vp, opts.ignore_index)
+    if opts.batch_invariant or opts.entropy or opts.temperature != 1.0:
+        # the entropy needs a third partial, the invariant mode one merge order: the shards'
+        # partials gathered and merged as one GPU would (paths/vocab_gathered.py)
+        return gathered_rows(e, c, t_local, bias, call, targets_checksum(targets))
     loss, lse, agree = _VocabParallelRows.apply(e, c, t_local, bias, call,
                                                 targets_checksum(targets))
     if not bool(agree):
         raise ValueError("targets: differ between the ranks of vocab_parallel's group (every "
                          "rank must pass the same targets and e)")
-    return loss, lse
+    return loss, lse, None
 
 
 def targets_checksum(targets: Tensor) -> Tensor:
@@ -295,11 +301,12 @@ def _add_smoothing_target_term(e, c, t_local, grad_loss, z_t, call: _Call, grads
     de, dc, dbias = grads
     rows = torch.nonzero(t_local >= 0).squeeze(1)
     cols = t_local[rows]
+    temperature = call.opts.temperature  # z = softcap(x) / T: dz/dx = softcap'(x) / T
     a = grad_loss.float().expand(t_local.shape[0])[rows] * (
-        call.smooth * (1.0 - call.vp.size / call.v_total))
+        call.smooth * (1.0 - call.vp.size / call.v_total) / temperature)
     softcap = call.opts.softcap
     if softcap is not None:
-        a = a * (1.0 - (z_t[rows] / softcap) ** 2)
+        a = a * (1.0 - (z_t[rows] * temperature / softcap) ** 2)
     de.index_put_((rows,), (de[rows].float() + a[:, None] * c[cols].float()).to(de.dtype))
     dc.index_put_((cols,), (a[:, None] * e[rows].float()).to(dc.dtype), accumulate=True)
     if dbias is not None:

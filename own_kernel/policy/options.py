@@ -58,21 +58,25 @@ class Options:
     # output with a gradient (return_entropy).
     temperature: float = 1.0
     entropy: bool = False
+    # Each row's outputs and dE row the same bits whatever else is in the call (the route pins
+    # every choice that could depend on the batch; implies deterministic).
+    batch_invariant: bool = False
 
     def op_args(self) -> tuple:
         """The custom ops' trailing arguments."""
         f = self.filter
         return (self.ignore_index, self.softcap, self.label_smoothing,
                 f.eps if f else None, f.min_p_max if f else 0.0, self.ignored_lse,
-                self.low_memory, self.deterministic, self.temperature, self.entropy)
+                self.low_memory, self.deterministic, self.temperature, self.entropy,
+                self.batch_invariant)
 
     @classmethod
     def from_op_args(cls, ignore_index, softcap, label_smoothing, filter_eps, filter_min_p_max,
                      ignored_lse, low_memory, deterministic, temperature=1.0,
-                     entropy=False) -> "Options":
+                     entropy=False, batch_invariant=False) -> "Options":
         f = FilterOptions(filter_eps, filter_min_p_max) if filter_eps is not None else None
         return cls(ignore_index, softcap, label_smoothing, f, ignored_lse, low_memory,
-                   deterministic, temperature, entropy)
+                   deterministic, temperature, entropy, batch_invariant)
 
 
 # ---- the rules, one function per option (the API, plan() and the HF patch share them) -----------
@@ -107,6 +111,20 @@ def check_temperature(temperature) -> None:
         raise ValueError(f"temperature: expected a finite number > 0; got {temperature!r}")
 
 
+def check_batch_invariant(batch_invariant, filter_eps, low_memory) -> None:
+    """batch_invariant=True runs one pinned route (exact, the recompute path); with
+    vocab_parallel, shard boundaries on its vocabulary block (paths/vocab_gathered.py)."""
+    check_bool("batch_invariant", batch_invariant)
+    if not batch_invariant:
+        return
+    if filter_eps is not None:
+        raise ValueError(f"filter_eps: batch_invariant=True computes exact gradients only; got "
+                         f"filter_eps={filter_eps!r} (pass filter_eps=None)")
+    if low_memory:
+        raise ValueError("low_memory: not supported with batch_invariant=True (its row chunks "
+                         "depend on N); pass low_memory=False")
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """The options of one ``linear_cross_entropy`` call, as the user passed them. ``check``
@@ -123,6 +141,7 @@ class CallOptions:
     workspace_mib: int | None = None
     temperature: float = 1.0
     return_entropy: bool = False
+    batch_invariant: bool = False
 
     def check(self, e_shape: tuple) -> "CallOptions":
         """Self, or an error naming the first bad option; e_shape: the hidden states' shape
@@ -145,6 +164,7 @@ class CallOptions:
         check_bool("low_memory", self.low_memory)
         check_exact_only(self.low_memory, self.filter_eps)
         self._check_rl()
+        check_batch_invariant(self.batch_invariant, self.filter_eps, self.low_memory)
         return self
 
     def _check_rl(self) -> None:
@@ -156,9 +176,6 @@ class CallOptions:
             # approximation, not tested: exact gradients only.
             raise ValueError(f"filter_eps: return_entropy=True computes exact gradients only; "
                              f"got filter_eps={self.filter_eps!r} (pass filter_eps=None)")
-        if self.vocab_parallel is not None and (self.return_entropy or self.temperature != 1):
-            raise ValueError("vocab_parallel: return_entropy and temperature are not supported "
-                             "with a sharded vocabulary")
 
     def filter(self, dtype: torch.dtype) -> FilterOptions | None:
         """The filter these options ask for on inputs of this dtype (None: exact)."""
@@ -173,8 +190,9 @@ class CallOptions:
         return Options(int(self.ignore_index),
                        float(self.softcap) if self.softcap is not None else None,
                        float(self.label_smoothing), self.filter(dtype), bool(self.return_lse),
-                       self.low_memory, torch.are_deterministic_algorithms_enabled(),
-                       float(self.temperature), self.return_entropy)
+                       self.low_memory,
+                       torch.are_deterministic_algorithms_enabled() or self.batch_invariant,
+                       float(self.temperature), self.return_entropy, self.batch_invariant)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,26 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     return ForwardGrid(splits, v_per_split, group_rows)
 
 
+def invariant_block(cfg: Config) -> int:
+    """batch_invariant's vocabulary block: the forward tile's width. Each row's partials are
+    over the global blocks [k G, (k + 1) G), one program each, whatever N, and merged left to
+    right (lse_combine.py), so a row's lse does not depend on the rest of the call."""
+    return cfg.forward.tiles.block_v
+
+
+def invariant_split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> ForwardGrid:
+    """batch_invariant's forward grid: one split per block of invariant_block columns (the
+    values do not depend on the launch order). Row blocks go in groups whose E blocks fit in
+    forward.l2_mib, every split of a group before the next: C is read once per group."""
+    tiles = cfg.forward.tiles
+    width = invariant_block(cfg)
+    num_nb = cdiv(n, tiles.block_n)
+    e_block = tiles.block_n * d * elt
+    budget = cfg.forward.l2_mib * 2**20
+    group_rows = num_nb if not budget else max(1, min(num_nb, int(budget // e_block)))
+    return ForwardGrid(max(1, cdiv(v, width)), width, max(1, group_rows))
+
+
 # ---- backward: chunks -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -110,6 +130,25 @@ def tail_width(n: int, v: int, d: int, elt: int, cfg: Config) -> TailPlan:
     if de_width >= max(bv, 3 * width // 4):
         return TailPlan(de_width, True)
     return TailPlan(width, False)
+
+
+def invariant_tail(v: int, d: int, cfg: Config) -> TailPlan:
+    """batch_invariant's chunk width, independent of N: dE's output buffer's width (D, in
+    whole tiles of the W writers) where at least one tile fits, else one tile in a buffer of
+    its own. Every chunk's W goes there (invariant_chunk_plan)."""
+    bv = max(cfg.dlogits.block_v * cfg.dlogits_tiles_per_program, cfg.recompute.tiles.block_v)
+    width = min(d // bv * bv, cdiv(v, bv) * bv)
+    return TailPlan(width, True) if width >= bv else TailPlan(bv, False)
+
+
+def invariant_chunk_plan(v: int, d: int, cfg: Config) -> list[Chunk]:
+    """batch_invariant's backward chunks: fixed boundaries (multiples of invariant_tail's
+    width from column 0, whatever N), each W in the tail's buffer; dE sums the chunks' products
+    in this order."""
+    width = invariant_tail(v, d, cfg).width
+    aligned_end = v // 8 * 8  # the last V mod 8 columns on their own, as chunk_plan does
+    plan = [Chunk(s, min(width, aligned_end - s), True) for s in range(0, aligned_end, width)]
+    return plan + ([Chunk(aligned_end, v - aligned_end, True)] if aligned_end < v else [])
 
 
 def looks_ahead(n: int, cfg: Config, filtered: bool) -> bool:

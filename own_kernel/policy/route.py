@@ -34,6 +34,12 @@ The kernels (properties of the Route, each derived once from the call and the co
   something at this shape (plan.filter_can_skip); ``vocab_chunks``, ``low_memory_plan``,
   ``fused``: the path's chunks.
 
+``batch_invariant`` (``Call.batch_invariant``) pins every choice that could depend on the
+batch: the recompute path (or forward-only), kernels by the target and D only (copies where
+a view's alignment would change them: ``needs_tma_copies``), no tuning, no filter, no row
+gathering, the forward's fixed vocabulary blocks (``forward_grid``) and the backward's fixed
+chunks (plan.invariant_chunk_plan), all in the tail's buffer.
+
 Decisions that depend on values read on the device, or on what autograd hands the backward,
 are not the route's; the Route says whether they may happen and makes them when asked, from
 that data: the rows with a target gathered out (``gathers``, then ``for_rows``), a filter kept
@@ -52,9 +58,11 @@ import torch
 from own_kernel.policy import autotune
 from own_kernel.policy.config import Config
 from own_kernel.policy.options import FilterOptions, Options, auto_filter
-from own_kernel.policy.plan import (Chunk, FusedPlan, LowMemoryPlan, TailPlan, chunk_filters,
-                                    chunk_plan, compaction_pays, filter_can_skip, fused_plan,
-                                    looks_ahead, low_memory_plan, tail_width)
+from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan, TailPlan,
+                                    chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
+                                    fused_plan, invariant_chunk_plan, invariant_split_plan,
+                                    invariant_tail, looks_ahead, low_memory_plan, split_plan,
+                                    tail_width)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
@@ -101,6 +109,7 @@ class Call:
     # The filter's threshold (options.FilterOptions); filtered=True alone: "auto"'s.
     filter: FilterOptions | None = None
     on_cuda: bool = True                # the portable target tunes its tiles on a GPU only
+    batch_invariant: bool = False       # every choice pinned independent of the batch
 
     def __post_init__(self):
         if self.filter is not None and not self.filtered:
@@ -133,7 +142,7 @@ def call_of(e: torch.Tensor, c: torch.Tensor, bias, opts: Options, *, reduction:
                 vocab_parallel, compiling, workspace_mib, entropy=opts.entropy,
                 temperature=opts.temperature != 1.0, fp32_weight=fp32_weight,
                 e_tma_ready=e_tma_ready, c_tma_ready=c_tma_ready, filter=opts.filter,
-                on_cuda=e.device.type == "cuda")
+                on_cuda=e.device.type == "cuda", batch_invariant=opts.batch_invariant)
 
 
 def _entry(call: Call) -> str:
@@ -158,6 +167,8 @@ def _three_matmul_excluded(call: Call) -> str:
         (call.vocab_parallel, "vocab_parallel shards the vocabulary"),
         (call.compiling, "torch.compile runs the custom ops"),
         (call.n == 0, "there are no rows"),
+        (call.batch_invariant, "batch_invariant=True pins the recompute path (cuBLAS picks "
+                               "its GEMMs' algorithms by N)"),
     )
     return next((why for excluded, why in reasons if excluded), "")
 
@@ -250,13 +261,39 @@ class Route:
         """The forward's kernel: "tma", "pointer", or "cublas" (three-matmul, unshifted)."""
         if self.fused is not None:
             return "tma" if self.fused.shifted else "cublas"
+        if self.call.batch_invariant:  # by the target and D only (api.py copies unaligned views)
+            return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
+                "pointer"
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
         return "tma" if tma else "pointer"
 
     @property
     def forward_tuned(self) -> bool:
         """The pointer forward's tiles are timed on this GPU (policy/autotune.py)."""
-        return self.forward == "pointer" and self.cfg.autotune and self.call.on_cuda
+        return (self.forward == "pointer" and self.cfg.autotune and self.call.on_cuda
+                and not self.call.batch_invariant)
+
+    @property
+    def d_aligned(self) -> bool:
+        """Rows of D input-dtype elements are 16-byte multiples (TMA descriptors can read
+        fresh or aligned copies of e and c)."""
+        return (self.call.d * self.call.elt) % 16 == 0
+
+    @property
+    def needs_tma_copies(self) -> bool:
+        """batch_invariant: the kernels are pinned by the target, so an e or c view TMA
+        cannot read is copied rather than sent to other kernels (whose bits differ)."""
+        c = self.call
+        return c.batch_invariant and (self.forward == "tma" or self.writer == "tma") and \
+            (c.e_tma_ready is False or c.c_tma_ready is False)
+
+    def forward_grid(self, slots: int) -> ForwardGrid:
+        """The forward's grid (plan.split_plan); batch_invariant: vocabulary splits of one
+        fixed width (plan.invariant_split_plan), merged left to right by lse_combine.py."""
+        c = self.call
+        if c.batch_invariant:
+            return invariant_split_plan(c.n, c.v, c.d, c.elt, self.cfg, slots)
+        return split_plan(c.n, c.v, c.d, c.elt, self.cfg, slots)
 
     @property
     def logits(self) -> str:
@@ -282,6 +319,8 @@ class Route:
         the recompute path, of every W on the low-memory path; None on the other paths."""
         if self.path not in ("recompute", "low-memory"):
             return None
+        if self.call.batch_invariant:  # every chunk in the tail: one writer, pinned by the target
+            return "tma" if self.cfg.chunks.recompute == "tma" and self.d_aligned else "pointer"
         if self.cfg.chunks.recompute == "tma" and self.call.tma_ready:
             return "tma"
         return "cublas" if self.path == "recompute" else "pointer"
@@ -294,12 +333,14 @@ class Route:
     @property
     def pointer_tuned(self) -> bool:
         """The pointer W writer's tiles are timed on this GPU (policy/autotune.py)."""
+        if self.call.batch_invariant:
+            return False
         return autotune.tunes(self._device, self.cfg, self.cfg.dlogits_candidates)
 
     @property
     def softmax_grad_tuned(self) -> bool:
         """The cuBLAS writer's softmax_grad launch shape is timed on this GPU."""
-        return (not self.cfg.softmax_grad.tma
+        return (not self.call.batch_invariant and not self.cfg.softmax_grad.tma
                 and autotune.tunes(self._device, self.cfg, self.cfg.softmax_grad_candidates))
 
     @property
@@ -336,6 +377,8 @@ class Route:
     @cached_property
     def _exact_chunks(self) -> tuple[Chunk, ...]:
         c = self.call
+        if c.batch_invariant:
+            return tuple(invariant_chunk_plan(c.v, c.d, self.cfg))
         return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma"))
 
     @cached_property
@@ -364,6 +407,8 @@ class Route:
     @cached_property
     def tail(self) -> TailPlan:
         c = self.call
+        if c.batch_invariant:
+            return invariant_tail(c.v, c.d, self.cfg)
         return tail_width(c.n, c.v, c.d, c.elt, self.cfg)
 
     @cached_property
@@ -385,6 +430,7 @@ class Route:
         too). The others drop rows in the backward only."""
         c = self.call
         return (self.path == "recompute" and self.entry == "eager" and not c.return_lse
+                and not c.batch_invariant
                 and c.n > 0 and 2 * c.n * c.v * c.d >= self.cfg.compaction.fwd_min_flops)
 
     def gathers(self, num_used: int, *, before_forward: bool = False) -> bool:
@@ -394,7 +440,7 @@ class Route:
         low-memory path runs on every row (gathering would cost more memory than its
         workspace; the forward's lse +inf keeps the ignored ones' W zero)."""
         c = self.call
-        if self.path == "low-memory" or c.n == 0 or num_used == c.n:
+        if self.path == "low-memory" or c.n == 0 or num_used == c.n or c.batch_invariant:
             return False
         return compaction_pays(c.n, num_used, c.v, c.d, c.elt, self.cfg,
                                de_into_e=not before_forward)
@@ -445,6 +491,8 @@ class Route:
             kernels += f", logits={self.logits!r}"
         if self.filter is not None:
             kernels += f", filter={self.filter!r}"
+        if self.call.batch_invariant:
+            kernels += ", batch_invariant=True"
         return (f"Route(path={self.path!r}, entry={self.entry!r}, {kernels}, chunks={self.chunks},"
                 f" chunk_size={self.chunk_size}, peak_bytes={self.peak_bytes}, budget_mib="
                 f"{self.budget_mib}, note={self.note!r}, config={self.cfg.name!r})")

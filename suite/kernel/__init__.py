@@ -1,4 +1,4 @@
-"""``python -m suite kernel tune|profile|memory|check|accuracy|autocast|rl``: the own kernel's measuring tools (GPU).
+"""``python -m suite kernel tune|profile|memory|check|accuracy|autocast|rl|invariance``: the own kernel's measuring tools (GPU).
 
 tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
 profile  launch each pass once for ncu, or profile the host's time per call
@@ -7,6 +7,7 @@ check    gradient agreement of own / own_filter with the naive baseline on the s
 accuracy every route's loss and gradient errors against fp64, confident and large logits (CSV)
 autocast loss+grad under bf16 autocast with an fp32 weight: own against torch.compile (CSV)
 rl       per-token log-probability + entropy + backward against loss+grad, naive, Liger, verl (CSV)
+invariance  batch_invariant's bitwise checks: rows alone vs inside other batches (JSON, markdown)
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ TOOLS = {
     "accuracy": ("suite.kernel.accuracy", "every route's loss and gradient errors vs fp64 (CSV)"),
     "autocast": ("suite.kernel.autocast", "bf16 autocast, fp32 weight: own vs torch.compile (CSV)"),
     "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad and peers"),
+    "invariance": ("suite.kernel.invariance", "batch_invariant: rows' bits alone vs in batches"),
 }
 
 

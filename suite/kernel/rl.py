@@ -9,6 +9,8 @@ its backward of
                       sum w * loss: the exact recompute path without the entropy (the baseline);
 - own_logp_entropy:   own_kernel.token_logprobs(return_entropy=True), backward of
                       sum w * logp + beta * H: the same path with the entropy;
+- own_invariant:      the same with batch_invariant=True (each token's values and dE row
+                      the same bits whatever else is in the batch);
 - naive:              torch on materialised logits (bf16 GEMM, fp32 log_softmax, the entropy
                       from it), the same objective;
 - compiled:           that function under torch.compile (skip with --no-compiled);
@@ -65,7 +67,7 @@ import torch
 MODELS = {"qwen2.5-7b": "Qwen 2.5 (7B)", "llama3-8b": "Llama 3 (8B)"}
 # (N, D, V) that --n, --d and --v do not change: Liger's README times its scaled CE here
 SHAPES = {"liger-readme": (16384, 4096, 131072)}
-METHODS = ("own_loss_grad", "own_logp_entropy", "naive", "compiled", "liger_flce_logp",
+METHODS = ("own_loss_grad", "own_logp_entropy", "own_invariant", "naive", "compiled", "liger_flce_logp",
            "liger_scaled_ce", "verl_lce", "liger_scaled_ce_tp", "liger_grpo")
 LIGER_METHODS = ("liger_flce_logp", "liger_grpo")
 # methods that are a registered provider's log-prob function: availability and `ran` from it
@@ -228,6 +230,9 @@ def method_call(method: str, e, c, t, device):
             -linear_cross_entropy(e, c, t, reduction="none", workspace_mib=0), None))
     if method == "own_logp_entropy":
         return _weighted(lambda e, c, t: token_logprobs(e, c, t, return_entropy=True))
+    if method == "own_invariant":
+        return _weighted(lambda e, c, t: token_logprobs(e, c, t, return_entropy=True,
+                                                        batch_invariant=True))
     if method == "naive":
         return _weighted(_naive_logp_entropy)
     if method == "compiled":

@@ -10,14 +10,15 @@ FUSED_WORKSPACE_MIB = 3072
 
 
 def _call(e, c, targets, bias, softcap, ignore_index, filter_eps, low_memory=False,
-          workspace_mib=None):
+          workspace_mib=None, batch_invariant=False):
     # workspace_mib None: not passed, the call a user makes (the API's route picks the path).
     from own_kernel import linear_cross_entropy
 
     budget = {} if workspace_mib is None else dict(workspace_mib=workspace_mib)
+    invariant = dict(batch_invariant=True) if batch_invariant else {}
     return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
                                 ignore_index=ignore_index, filter_eps=filter_eps,
-                                low_memory=low_memory, **budget)
+                                low_memory=low_memory, **budget, **invariant)
 
 
 @register("own", summary="own Triton CCE, exact gradients, the default call (the path it takes "
@@ -32,6 +33,14 @@ def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           style=dict(color=VERMILLION, marker="v", linestyle="-"), order=60)
 def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
+
+
+@register("own_invariant", summary="own Triton CCE, exact, batch_invariant=True (each row's "
+          "values and dE row the same bits whatever else is in the batch)",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="p", linestyle="-."), order=60)
+def own_invariant(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    return _call(e, c, targets, bias, softcap, ignore_index, None, batch_invariant=True)
 
 
 @register("own_filter", summary="own Triton CCE, gradient filter (filter_eps='auto'), the "

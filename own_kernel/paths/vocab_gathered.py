@@ -1,0 +1,113 @@
+"""Vocab-parallel by gathered partials: each rank runs the forward's partials pass on its shard
+(paths/forward.forward_parts: per row, each vocabulary split's running max, sum and, as asked,
+the sum of logits and the entropy's t), the ranks all-gather them, and every rank merges all
+splits in global column order with the single-GPU combine (kernels/lse_combine.py). The target
+logit comes from the rank that owns it (an all-reduce SUM of one value and zeros: exact).
+
+Used where a call asks for what the lse-only combine of paths/vocab_parallel.py cannot give:
+``return_entropy`` (the entropy needs the third partial), ``temperature`` and
+``batch_invariant``. Under ``batch_invariant`` the splits are the fixed blocks of
+plan.invariant_block columns; when every shard boundary is a multiple of that block, the
+gathered partials are the single-GPU call's, bit for bit, so the forward's rows (loss, lse,
+entropy, ...) are the same for any number of ranks. A boundary off the block raises, naming
+vocab_parallel.
+
+Backward: as paths/vocab_parallel.py's (the shard's backward with the global rows, its partial
+dE in fp32 all-reduced, label smoothing's target term), with the entropy's gradient. dE is a
+sum over the ranks' partials, so its bits depend on the number of ranks (not batch-invariant
+across K); on one K it is batch-invariant where batch_invariant is set.
+
+Collectives per call: an all_gather of each rank's (start, splits, targets' checksum), an
+all_gather of the partials (planes x splits x N fp32 per rank), an all-reduce SUM of the
+target logits (N fp32); backward: the all-reduce of dE (N x D fp32).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from own_kernel.kernels.lse_combine import combine
+from own_kernel.paths.entries import rows_backward
+from own_kernel.paths.forward import forward_parts
+from own_kernel.paths.shared import refuse_create_graph
+from own_kernel.policy.plan import invariant_block
+
+
+def check_invariant_shard(vp, v_total: int, cfg) -> None:
+    """batch_invariant's shards start and stop on the vocabulary block (the last may stop at V)."""
+    block = invariant_block(cfg)
+    if vp.start % block or (vp.stop % block and vp.stop != v_total):
+        raise ValueError(
+            f"vocab_parallel: batch_invariant=True needs shard boundaries at multiples of "
+            f"{block} columns (the {cfg.name} target's vocabulary block); this rank's shard is "
+            f"[{vp.start}, {vp.stop}) of V {v_total}")
+
+
+def _gather_partials(part, vp, checksum):
+    """Every rank's partials, concatenated in global column order (sorted by shard start);
+    raises if the ranks' targets differ."""
+    group, n = vp.group, part.shape[2]
+    world = dist.get_world_size(group)
+    meta = torch.tensor([vp.start, part.shape[1], int(checksum)], dtype=torch.int64,
+                        device=part.device)
+    metas = [torch.empty_like(meta) for _ in range(world)]
+    dist.all_gather(metas, meta, group=group)
+    metas = [m.tolist() for m in metas]
+    if len({m[2] for m in metas}) > 1:
+        raise ValueError("targets: differ between the ranks of vocab_parallel's group (every "
+                         "rank must pass the same targets and e)")
+    most = max(m[1] for m in metas)
+    padded = part.new_zeros((part.shape[0], most, n))
+    padded[:, :part.shape[1]] = part
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    order = sorted(range(world), key=lambda r: metas[r][0])
+    return torch.cat([gathered[r][:, :metas[r][1]] for r in order], dim=1).contiguous()
+
+
+class GatheredRows(torch.autograd.Function):
+    """(loss, lse, entropy) per row of the gathered problem; call: vocab_parallel._Call."""
+
+    @staticmethod
+    def forward(ctx, e, c, t_local, bias, call, checksum):
+        skip = not call.ignored_lse
+        part, z_t, sums = forward_parts(e, c, bias, t_local, call.opts, call.route,
+                                        skip_ignored=skip)
+        full = _gather_partials(part, call.vp, checksum)
+        dist.all_reduce(z_t, op=dist.ReduceOp.SUM, group=call.vp.group)
+        loss, lse, p_max, nll, lse_lo, ent = combine(
+            full, z_t, t_local, call.opts.ignore_index, call.smooth, call.v_total, skip, sums)
+        z_own = torch.where(t_local >= 0, z_t, 0.0)
+        ctx.save_for_backward(e, c, t_local, bias, lse, nll, p_max, lse_lo, ent, z_own)
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        return loss, lse, ent
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_lse, grad_ent):
+        refuse_create_graph()
+        e, c, t_local, bias, lse, nll, p_max, lse_lo, ent, z_own = ctx.saved_tensors
+        call = ctx.call
+        if grad_loss is None:
+            grad_loss = torch.zeros_like(lse)
+        if ent.numel() == 0:
+            grad_ent = None
+        num_used = None if call.counts is None else int(call.counts.values()[1])
+        de, dc, dbias = rows_backward(e, c, t_local, bias, (lse, nll, p_max, lse_lo, ent),
+                                      grad_loss, grad_lse, call.opts, call.route,
+                                      num_used=num_used, de_dtype=torch.float32,
+                                      grad_ent=grad_ent)
+        if call.smooth and call.vp.size < call.v_total:
+            from own_kernel.paths.vocab_parallel import _add_smoothing_target_term
+            _add_smoothing_target_term(e, c, t_local, grad_loss, z_own, call, (de, dc, dbias))
+        if ctx.needs_input_grad[0]:
+            de = de.contiguous()
+            dist.all_reduce(de, op=dist.ReduceOp.SUM, group=call.vp.group)
+        return de.to(e.dtype), dc, None, dbias if bias is not None else None, None, None
+
+
+def gathered_rows(e, c, t_local, bias, call, checksum):
+    """(loss, lse, entropy or empty) per row (GatheredRows)."""
+    if call.opts.batch_invariant:
+        check_invariant_shard(call.vp, call.v_total, call.route.cfg)
+    return GatheredRows.apply(e, c, t_local, bias, call, checksum)

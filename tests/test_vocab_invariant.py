@@ -1,0 +1,138 @@
+"""A vocabulary sharded over 1, 2 and 3 gloo ranks (CPU, interpreter): with batch_invariant the
+forward's rows (loss, lse, entropy) are the single-process call's bits for every number of
+ranks; the entropy and a temperature work on a sharded vocabulary with and without it, within
+the single-process call's tolerance; a shard boundary off the vocabulary block raises, naming
+vocab_parallel. The default sharded call (lse-only combine) differs in bits from the single
+process, so the bitwise property is not one any combine meets."""
+import datetime
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from suite.ranks import _free_port
+
+N, D, V = 16, 32, 100
+# Shards on the interpreter's 16-column vocabulary block (the last one stops at V)
+SHARDS = {1: [(0, 100)], 2: [(0, 48), (48, 100)], 3: [(0, 32), (32, 64), (64, 100)]}
+OPTIONS = dict(softcap=20.0, temperature=0.8)
+
+
+def _row_independent_dots():
+    """tests/test_batch_invariant.py's einsum dot (why: there)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        product = np.einsum("...ik,...kj->...ij", a.data.astype(d.data.dtype),
+                            b.data.astype(d.data.dtype))
+        return interpreter.TensorHandle(product + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(5)
+    e = torch.randn(N, D, generator=g) * 0.5
+    c = torch.randn(V, D, generator=g) * 0.5
+    t = torch.randint(0, V, (N,), generator=g)
+    t[::5] = -100
+    w = torch.rand(N, 2, generator=g) + 0.5
+    return e, c, t, w
+
+
+def _rows(e, c, t, w, invariant, vp=None):
+    """(loss, lse, entropy, dE, dC) of sum w0 loss + w1 entropy."""
+    from own_kernel import linear_cross_entropy
+
+    e = e.clone().requires_grad_()
+    c = c.clone().requires_grad_()
+    out = linear_cross_entropy(e, c, t, reduction="none", return_lse=True, return_entropy=True,
+                               batch_invariant=invariant, vocab_parallel=vp, **OPTIONS)
+    (out.loss * w[:, 0] + out.entropy * w[:, 1]).sum().backward()
+    return [out.loss.detach(), out.lse.detach(), out.entropy.detach(), e.grad, c.grad]
+
+
+def _compare(got, ref, start, stop) -> dict:
+    ref = ref[:4] + [ref[4][start:stop]]
+    names = ("loss", "lse", "entropy", "dE", "dC")
+    return {n: {"equal": bool(torch.equal(a, b)),
+                "rel": float((a - b).norm() / b.norm().clamp_min(1e-30))}
+            for n, a, b in zip(names, got, ref)}
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        _row_independent_dots()
+        from own_kernel import VocabParallel
+
+        e, c, t, w = _inputs()
+        start, stop = SHARDS[world][rank]
+        res = {}
+        for mode, invariant in (("invariant", True), ("default", False)):
+            got = _rows(e, c[start:stop], t, w, invariant, VocabParallel(None, start, stop))
+            res[mode] = _compare(got, _rows(e, c, t, w, invariant), start, stop)
+        # the lse-only combine (no entropy, no temperature): its bits against one process
+        from own_kernel import linear_cross_entropy
+        lse_only = linear_cross_entropy(e, c[start:stop], t, reduction="none",
+                                        vocab_parallel=VocabParallel(None, start, stop))
+        res["lse_only_equal"] = bool(torch.equal(
+            lse_only, linear_cross_entropy(e, c, t, reduction="none", batch_invariant=True)))
+        if world == 2:  # a boundary off the block: every rank raises before any collective
+            try:
+                bad = (0, 50) if rank == 0 else (50, 100)
+                _rows(e, c[bad[0]:bad[1]], t, w, True, VocabParallel(None, *bad))
+                res["misaligned"] = "no error"
+            except ValueError as err:
+                res["misaligned"] = str(err)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=["world1", "world2", "world3"])
+def ranks(request, tmp_path_factory):
+    world = request.param
+    out_dir = str(tmp_path_factory.mktemp(f"vi{world}"))
+    mp.start_processes(_worker, args=(world, _free_port(), out_dir), nprocs=world,
+                       start_method="spawn", join=True)
+    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(world)]
+
+
+def test_invariant_forward_rows_are_the_single_process_bits(ranks):
+    for rank, res in enumerate(ranks):
+        for name in ("loss", "lse", "entropy"):
+            assert res["invariant"][name]["equal"], (len(ranks), rank, name, res["invariant"])
+
+
+def test_gradients_and_the_default_mode_match_the_single_process_call(ranks):
+    """Entropy and temperature on a sharded vocabulary, both modes: fp32, sums over <= 100
+    columns and 24 rows, and dE summed over the ranks' partials: a few hundred ulps."""
+    for rank, res in enumerate(ranks):
+        for mode in ("invariant", "default"):
+            for name, x in res[mode].items():
+                assert x["rel"] <= 1e-5, (len(ranks), rank, mode, name, x)
+
+
+def test_the_lse_only_sharded_combine_is_not_bitwise(ranks):
+    """The guard's sibling: without batch_invariant (no entropy asked), the sharded forward
+    merges each rank's lse, whose bits differ from one process's."""
+    if len(ranks) == 1:
+        pytest.skip("one rank: the lse-only combine has nothing to merge")
+    assert not all(res["lse_only_equal"] for res in ranks)
+
+
+def test_a_boundary_off_the_block_names_vocab_parallel(ranks):
+    if len(ranks) != 2:
+        pytest.skip("checked in the 2-rank world")
+    for res in ranks:
+        assert "vocab_parallel" in res["misaligned"] and "multiples of 16" in res["misaligned"]
