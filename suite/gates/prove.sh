@@ -22,7 +22,9 @@
 # its processes' JSON, steps.md (written as the steps end) and summary.md: the step table, the
 # 5 runs' spread of every check, what each regression step caught, its gate tables. The step
 # table is printed last. Steps start only before DEADLINE_S (default 540) seconds; where a call
-# ran out of time, BASELINE_IN=<its baseline file> runs the other steps against it.
+# ran out of time, BASELINE_IN=<its baseline file> runs the other steps against it, PRIOR_DIR=<that
+# call's run folder> keeps its step rows and reports in this summary, and PROVE_ONLY="<steps>"
+# runs only those (e.g. PROVE_ONLY="pass5 injected pointer_fwd recompute").
 set -u
 : "${OUT:?set OUT to the folder that receives the outputs}"
 RUN_DIR="$OUT/${RUN:-gate-proof}"
@@ -64,6 +66,10 @@ STEPS="$RUN_DIR/steps.md"
 CAUGHT="$RUN_DIR/caught.md"
 PROOF=ok
 printf '| step | command | exit | expected | verdict | s |\n|---|---|---|---|---|---|\n' > "$STEPS"
+if [ -n "${PRIOR_DIR:-}" ]; then  # an earlier call's finished steps: their rows and reports
+    grep -v -e 'NOT RUN' -e '^| step ' -e '^|---' "$PRIOR_DIR/steps.md" >> "$STEPS"
+    (cd "$PRIOR_DIR" && cp -r $(ls | grep -v -e '^steps.md$' -e '^summary.md$' -e '^caught.md$') "$RUN_DIR/")
+fi
 : > "$CAUGHT"
 
 hide_module() {  # a sitecustomize.py that makes module $1 unimportable, then runs the one it shadows
@@ -81,6 +87,7 @@ EOF
 
 step() {  # step <name> <expected exit> <CCE_GATE_INJECT|-> <CCE_OWN_CONFIG|-> <module to hide|-> <gate args...>
     local name=$1 want=$2 inject=$3 config=$4 hide=$5; shift 5
+    case " ${PROVE_ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     local t0=$SECONDS shown="" envs=(env -u CCE_GATE_INJECT -u CCE_OWN_CONFIG)
     local cmd=("$PY" -m suite gate --baseline "$BASELINE")
     [ "$name" = save ] || cmd+=(--report "$RUN_DIR/$name.report.json")
