@@ -3,9 +3,9 @@
 ``<!-- results:<section>:start -->`` and ``<!-- results:<section>:end -->`` markers.
 
     python -m suite report results/peers-h100                     # print a run's tables
-    python -m suite report results/headline-h100 --headline --update-readme   # one run per GPU
+    python -m suite report results/headline-h200 --headline --update-readme   # one run per GPU
     python -m suite report results/fused-grid-h100-3-* --versus own_fused  # a table per folder
-    python -m suite report results/headline-h100 --targets
+    python -m suite report results/headline-h200 --targets
     python -m suite report results/train-hf-llama-h100
     python -m suite report results/frontier-*-h100 --frontier
     python -m suite report results/multigpu-2xh100
@@ -50,7 +50,7 @@ __all__ = ["aggregate_table", "cell_table", "env_line", "grads_bytes", "headline
 
 def add_arguments(parser) -> None:
     parser.add_argument("results", nargs="*",
-                        help="a run folder holding results.csv (e.g. results/headline-h100), or "
+                        help="a run folder holding results.csv (e.g. results/headline-h200), or "
                              "one or more training-step folders (train_bench.csv, "
                              "train_convergence.csv; e.g. results/train-hf-llama-h100 ...)")
     parser.add_argument("--update-readme", action="store_true",

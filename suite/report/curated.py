@@ -50,7 +50,8 @@ MAX_CURATED = 20
 SESSION_HOURS = 2.0
 
 CURATED: tuple[CuratedRun, ...] = (
-    CuratedRun("headline-h100", "every provider at the Gemma 2 (2B) shape, one run, H100"),
+    CuratedRun("headline-h200", "every provider at the Gemma 2 (2B) shape, one run, H200 (one "
+               "of four single-GPU lanes on one host)"),
     CuratedRun("frontier-llama3-8b-h100", "time-memory frontier, Llama 3 (8B), lm inputs, H100"),
     CuratedRun("frontier-gemma2-2b-h100", "time-memory frontier, Gemma 2 (2B), lm inputs, H100"),
     CuratedRun("frontier-qwen25-7b-h100", "time-memory frontier, Qwen 2.5 (7B), lm inputs, H100"),

@@ -51,7 +51,7 @@ SECTIONS = (
         "folder named `site-packages`, which its import needs); the three-matmul path "
         "(`own_fused`: loss and gradients in the forward, a row chunk at a time in a workspace) "
         "against torch.compile over a grid of shapes on the H100.",
-        ("results/headline-h100",
+        ("results/headline-h200",
          "results/peers-h100",
          "results/quack-h100",
          "results/fused-grid-h100-3-lm results/fused-grid-h100-3-uniform "
@@ -70,14 +70,14 @@ SECTIONS = (
          "results/frontier-qwen25-7b-h100 results/frontier-d5120-h100 "
          "results/frontier-d1152-h100 --frontier",
          "results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
-         "results/headline-h100 --versus own_low_memory --peers own_recompute,own")),
+         "results/headline-h200 --versus own_low_memory --peers own_recompute,own")),
     Section(
         "How accurate is each?",
         "Every table gives the dE error of each provider; here the own kernel's targets at the "
         "Gemma 2 (2B) shape of the headline run, its errors over the naive baseline's among "
         "them. Every route's loss and gradient errors against fp64, on confident and large "
         "logits: [notes/accuracy-by-route.md](notes/accuracy-by-route.md).",
-        ("results/headline-h100 --targets",)),
+        ("results/headline-h200 --targets",)),
     Section(
         "Without a Hopper GPU?",
         "The portable path (`own_portable*`: no TMA, no Hopper-only instructions) forced on the "

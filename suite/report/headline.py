@@ -2,7 +2,7 @@
 that run alone (``python -m suite report RUN --headline --update-readme``).
 
     from suite.report.headline import headline
-    text = headline(["results/headline-h100"], "python -m suite report ... --headline")
+    text = headline(["results/headline-h200"], "python -m suite report ... --headline")
 
 A run's block names the GPU, the commit and date it measured, then says in prose what its
 verdicts are, exact and approximate methods apart (a method whose gradient filter skips entries
