@@ -218,9 +218,10 @@ def route(call: Call, cfg: Config) -> "Route":
 def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":
     """filter_eps="auto" on a target that filters on the recompute path only: the exact call's
     route where it takes the three-matmul path at the default budget, else None (filter).
-    Measured on an H100 (results/notes/filter-auto.md): there, the filtered recompute path was
-    slower than the exact three-matmul path or level with it, at every head tried; the
-    filter pays where the exact call must recompute (its gradients do not fit the budget)."""
+    Measured (results/notes/filter-auto.md; before the rule on an H100, after it on an H200):
+    the filtered recompute path was slower than the exact three-matmul path or level with it,
+    at every head tried; the filter pays where the exact call must recompute (its gradients
+    do not fit the budget)."""
     f = call.filter
     if f is None or not f.auto or call.workspace_mib is not None or cfg.fused.filtered:
         return None
