@@ -146,6 +146,40 @@ def test_the_pointer_kernels_are_invariant_too():
     assert _same_rows(got_alone, got_batch, torch.arange(3), where)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+def test_the_de_gemm_folds_each_row_over_k_whatever_the_rows_and_chunks(tma):
+    """addmm_rows, both loaders: a row's sums are its bits alone and inside a permuted batch,
+    and two calls over K's halves (split on a whole K step) are one call's bits: the sum starts
+    from the accumulator and folds over K steps in order. Within a dtype's rounding of an fp64
+    product (K terms, each fp32)."""
+    from own_kernel.kernels.gemm_rows import addmm_rows, tma_fits
+    from own_kernel.policy.config import config_for, with_overrides
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    cfg = with_overrides(config_for(torch.device(DEVICE), dtype), {"rows_gemm": {"tma": tma}})
+    m, k, d = (1500, 1000, 384) if ON_GPU else (37, 72, 40)  # K, D: not whole tiles
+    g = torch.Generator().manual_seed(21)
+    a = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    b = (torch.randn(k, d, generator=g) * k ** -0.5).to(DEVICE, dtype)
+    start = torch.randn(m, d, generator=g).to(DEVICE)
+    assert tma_fits(start, a, b)  # else the tma case would run the pointer loader
+
+    def run(rows, kk=slice(None), acc=None):
+        out = start[rows].clone() if acc is None else acc
+        addmm_rows(out, a[rows][:, kk], b[kk], cfg.rows_gemm)
+        return out
+
+    full = run(slice(None))
+    perm = torch.randperm(m, generator=g).to(DEVICE)
+    assert torch.equal(run(slice(0, 5)), full[:5])
+    assert torch.equal(run(perm), full[perm])
+    cut = cfg.rows_gemm.tiles.block_d * 2
+    assert torch.equal(run(slice(None), slice(cut, None), run(slice(None), slice(0, cut))), full)
+    exact = start.double() + a.double() @ b.double()
+    tol = k * torch.finfo(torch.float32).eps * 4
+    assert ((full.double() - exact).abs().max() / exact.abs().max()).item() < tol
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_padding_rows_change_nothing(dtype):
     """Rows padded with ignored targets (zero hidden states, as a padded micro-batch has):

@@ -141,9 +141,10 @@ def test_a_failing_check_fails_its_test(run_gate):
     result = run_gate(now)
     assert result.ret == 1, result.out
     result.assert_outcomes(passed=1, failed=1)
-    assert "gate: FAIL: 1 failing benchmark(s), 1 failing check(s): min_ms x1" in result.out
+    assert ("gate: FAIL: 1 failing benchmark(s), 2 failing check(s): median_ms x1, min_ms x1"
+            in result.out)
     assert f"gate: {BWD} min_ms REGRESSED" in result.out
-    assert rows(result.out)[(BWD, "min_ms")] == "REGRESSED"
+    assert rows(result.out)[(BWD, "min_ms")] == rows(result.out)[(BWD, "median_ms")] == "REGRESSED"
 
 
 def test_the_report_writes_every_check_as_json_and_as_a_csv_beside_it(run_gate, tmp_path):
@@ -160,13 +161,31 @@ def test_the_report_writes_every_check_as_json_and_as_a_csv_beside_it(run_gate, 
     assert ("REGRESSED" in {r["verdict"] for r in table}) and table[0]["commit"] == "now"
 
 
-def test_the_minimum_of_the_rounds_is_gated(run_gate):
-    """Two slow rounds of three move the median (+200 %), not the minimum."""
+def test_one_time_statistic_alone_above_its_limit_is_noise(run_gate):
+    """Two slow rounds of three move the median (+200 %), not the minimum: a noisy stretch of
+    the process, not a slower call. It shows as noise and the gate passes."""
     now = unchanged()
-    now[BWD]["sleeps_s"] = [0.0] + [BASE_MS[BWD] * 3 / 1e3] * 2
+    now[BWD]["sleeps_s"] = [BASE_MS[BWD] / 1e3] + [BASE_MS[BWD] * 3 / 1e3] * 2
     result = run_gate(now)
     assert result.ret == 0, result.out
-    assert rows(result.out)[(BWD, "min_ms")] == "better"
+    found = rows(result.out)
+    assert found[(BWD, "median_ms")] == "noise" and found[(BWD, "min_ms")] == "ok"
+    assert "above its limit alone (min_ms" in result.out
+
+
+def test_the_time_rule_needs_both_statistics_above():
+    def check(metric, verdict):
+        return checks.Check("b", metric, 10.0, 11.0, 0.1, 0.05, verdict)
+
+    both = checks.time_rule([check("min_ms", "REGRESSED"), check("median_ms", "REGRESSED")])
+    assert [c.verdict for c in both] == ["REGRESSED", "REGRESSED"]
+    # a lucky round of the baseline's: this run's minimum alone is above (torch.compile, H100)
+    one = checks.time_rule([check("min_ms", "REGRESSED"), check("median_ms", "ok"),
+                            check("peak_extra_mib", "REGRESSED")])
+    assert [c.verdict for c in one] == ["noise", "ok", "REGRESSED"]
+    assert "median_ms" in one[0].note
+    # a run without a median (an older report) keeps its minimum's verdict
+    assert checks.time_rule([check("min_ms", "REGRESSED")])[0].verdict == "REGRESSED"
 
 
 # ---- the limits ---------------------------------------------------------------------------
@@ -185,6 +204,14 @@ def test_each_benchmarks_limit_comes_from_its_own_process_spread():
     spread = [59.3, 60.0, 60.4, 60.7]
     assert checks.value_check("b", "min_ms", spread,
                               checks.limit_of("min_ms", spread)[0] * 1.10).verdict == "REGRESSED"
+    # One process's lucky minimum (Llama 3 (8B), H100: 44.2 against 46-47 ms) spreads a long
+    # call's processes by 6 %: the cap keeps +10 % failing; a 3 ms call keeps its own spread.
+    lucky = [44.23, 46.74, 46.07, 46.98]
+    assert checks.limit_of("min_ms", lucky)[1] == spec.LIMITS["min_ms"].cap
+    assert checks.value_check("b", "min_ms", lucky,
+                              checks.limit_of("min_ms", lucky)[0] * 1.10).verdict == "REGRESSED"
+    short = [3.24, 3.39, 3.04, 3.24]
+    assert checks.limit_of("min_ms", short)[1] > 0.2
     assert checks.value_check("b", "min_ms", quiet, 50.0).verdict == "better"
     assert checks.value_check("b", "min_ms", [], 5.0).verdict == "new"
     assert checks.value_check("b", "min_ms", quiet, math.nan).verdict == "FAILED"
@@ -514,7 +541,8 @@ class OneRound:
         self.extra_info, self.rounds = {}, 0
 
     def pedantic(self, target, *, setup, rounds, warmup_rounds, iterations):
-        assert rounds == spec.ROUNDS and warmup_rounds == spec.WARMUP_ROUNDS and iterations == 1
+        assert rounds == spec.rounds("small") and warmup_rounds == spec.WARMUP_ROUNDS
+        assert iterations == 1
         args, kwargs = setup()
         target(*args, **kwargs)
         self.rounds += 1
@@ -530,7 +558,7 @@ def _measure(fn, phase, injection=None, variant=None, dtype="bf16", dist="lm", n
     bench = OneRound()
     bad = test_gates.measure_case(bench, phase, fn, inputs, ref, 30.0,
                                   inject.Injected(spec.parse_injections(injection)),
-                                  torch.device("cpu"), variant)
+                                  torch.device("cpu"), spec.rounds("small"), variant)
     assert bad == [] and bench.rounds == 1
     return bench.extra_info
 
@@ -673,9 +701,10 @@ def _report(changes: dict, verdict=None) -> dict:
 
 def test_proof_spread_table_and_expectations():
     runs = [_report({(BWD, "min_ms"): ch, (FWD, "min_ms"): -ch}) for ch in (0.01, -0.02, 0.03)]
+    runs.append(_report({(BWD, "min_ms"): 0.06, (FWD, "min_ms"): 0.0}, verdict="noise"))
     table = proof.spread_table(runs)
-    assert f"| {BWD} | min_ms | +5.0% | -2.0% | +3.0% | 0.60 | 0 |" in table
-    assert f"| {FWD} | min_ms | +5.0% | -3.0% | +2.0% | 0.40 | 0 |" in table
+    assert f"| {BWD} | min_ms | +5.0% | -2.0% | +6.0% | 1.20 | 1 | 0 |" in table
+    assert f"| {FWD} | min_ms | +5.0% | -3.0% | +2.0% | 0.40 | 1 | 0 |" in table
     caught = _report({(BWD, "min_ms"): 0.104, (FWD, "min_ms"): 0.2})
     ok, lines = proof.expectations(caught, [f"{BWD}:min_ms"])
     assert ok and lines[0].startswith(f"- caught: {BWD} min_ms: REGRESSED")

@@ -1,52 +1,113 @@
 """batch_invariant's dE GEMM: acc (fp32, M x D) += a (M x K) @ b (K x D) in Triton with one
-pinned tile config, so each row of acc gets the same instruction sequence (the same products
-summed in the same order) whatever M is, where the row sits in its tile, and what the other rows
-hold. cuBLAS (gemm.py's addmm_fp32) picks its algorithm, split-K included, by M.
+pinned config (config.RowsGemm), so each row of acc gets the same instruction sequence (the same
+products summed in the same order) whatever M is, where the row sits in its tile, and what the
+other rows hold. cuBLAS (gemm.py's addmm_fp32) picks its algorithm, split-K included, by M.
 
-Each program owns a BLOCK_M x BLOCK_D tile of acc, sums its K in BLOCK_K steps in order in
-registers, then adds that to acc once: no atomics, no split-K.
+Each program owns a BLOCK_M x BLOCK_D tile of acc and starts from acc's values there:
+
+    acc[rows, cols] <- (((acc + a[:, K0] b[K0, :]) + a[:, K1] b[K1, :]) + ...)
+
+one tl.dot per BLOCK_K slice, in order, no atomics, no split-K. Starting from acc (not from
+zero, then one add) makes the sum one left-to-right fold over K slices, the same whatever the
+call's chunk boundaries where they fall on whole slices.
+
+Two loaders, picked by the config, not by the call: pointer loads (any GPU), or TMA
+descriptors (Hopper; the hardware zero-fills past M, K and D, so the loop has no masks). Program
+ids run down GROUP_M row blocks per column block, so neighbouring programs share b's tiles in L2.
 """
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.kernels.tile import dot_precision
 from own_kernel.policy.plan import cdiv
 
 
 @triton.jit
+def _grouped_tile(M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_M: tl.constexpr):
+    # (row block, column block) of this program: GROUP_M row blocks per column block at a time
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_d = tl.cdiv(D, BLOCK_D)
+    per_group = GROUP_M * num_d
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m
+
+
+@triton.jit
 def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, stride_bk,
                          stride_bd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m_mask = offs_m < M
-    d_mask = offs_d < D
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
+    pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
+    at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
+    acc = tl.load(at, mask=mask, other=0.0)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         a = tl.load(A + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                    mask=(offs_m < M)[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(B + offs_k[:, None].to(tl.int64) * stride_bk + offs_d[None, :] * stride_bd,
-                    mask=k_mask[:, None] & d_mask[None, :], other=0.0)
+                    mask=k_mask[:, None] & (offs_d < D)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    tl.store(at, acc, mask=mask)
+
+
+@triton.jit
+def cce_rows_gemm_tma_kernel(Acc, a_desc, b_desc, M, D, K, stride_acc,
+                             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                             DOT_PRECISION: tl.constexpr):
+    pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
+    m0, d0 = pid_m * BLOCK_M, pid_d * BLOCK_D
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = d0 + tl.arange(0, BLOCK_D)
+    mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
     at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
-    mask = m_mask[:, None] & d_mask[None, :]
-    tl.store(at, tl.load(at, mask=mask, other=0.0) + acc, mask=mask)
+    acc = tl.load(at, mask=mask, other=0.0)
+    for k0 in range(0, K, BLOCK_K):
+        acc = tl.dot(a_desc.load([m0, k0]), b_desc.load([k0, d0]), acc,
+                     input_precision=DOT_PRECISION)
+    tl.store(at, acc, mask=mask)
 
 
-def addmm_rows(acc, a, b, tiles) -> None:
+def tma_fits(acc, a, b) -> bool:
+    """Whether a and b can be TMA descriptors: unit inner strides, 16-byte aligned bases and
+    row strides. In batch_invariant's calls this follows D and V only (the chunks start at
+    multiples of 8 columns), never N."""
+    def ok(t):
+        elt = t.element_size()
+        return (t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elt) % 16 == 0)
+
+    return ok(a) and ok(b) and acc.stride(1) == 1
+
+
+def addmm_rows(acc, a, b, rows_gemm) -> None:
     """acc (fp32, unit stride along D) += a @ b, each row's sums independent of the other rows
-    (tiles: the pinned config.Tiles: block_n rows, block_v columns of D, block_d of K)."""
+    (rows_gemm: the pinned config.RowsGemm; its tiles: block_n rows, block_v columns of D,
+    block_d of K). The TMA loader where the config asks for it and the operands allow it."""
     m, k = a.shape
     d = b.shape[1]
     if m == 0 or k == 0:
         return
-    cce_rows_gemm_kernel[(cdiv(m, tiles.block_n), cdiv(d, tiles.block_v))](
-        acc, a, b, m, d, k, acc.stride(0), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        BLOCK_M=tiles.block_n, BLOCK_D=tiles.block_v, BLOCK_K=tiles.block_d,
-        DOT_PRECISION=dot_precision(a.dtype), num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages)
+    t = rows_gemm.tiles
+    grid = (cdiv(m, t.block_n) * cdiv(d, t.block_v),)
+    common = dict(BLOCK_M=t.block_n, BLOCK_D=t.block_v, BLOCK_K=t.block_d,
+                  GROUP_M=rows_gemm.group_m, DOT_PRECISION=dot_precision(a.dtype),
+                  num_warps=t.num_warps, num_stages=t.num_stages)
+    if rows_gemm.tma and tma_fits(acc, a, b):
+        cce_rows_gemm_tma_kernel[grid](
+            acc, TensorDescriptor.from_tensor(a, [t.block_n, t.block_d]),
+            TensorDescriptor.from_tensor(b, [t.block_d, t.block_v]), m, d, k, acc.stride(0),
+            **common)
+    else:
+        cce_rows_gemm_kernel[grid](
+            acc, a, b, m, d, k, acc.stride(0), a.stride(0), a.stride(1), b.stride(0),
+            b.stride(1), **common)
 
 
 @triton.jit

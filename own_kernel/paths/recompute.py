@@ -213,7 +213,7 @@ class ChunkWriter:
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:
         g = self.g
         if self.route.call.batch_invariant:  # each row's sums independent of the other rows
-            addmm_rows(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width], self.cfg.dlogits)
+            addmm_rows(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width], self.cfg.rows_gemm)
         else:
             addmm_fp32(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width])
         if g.row_scale is not None:

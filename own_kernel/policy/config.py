@@ -187,6 +187,20 @@ class Fused:
 
 
 @dataclass(frozen=True)
+class RowsGemm:
+    """batch_invariant's dE GEMM (gemm_rows.py): one pinned launch shape, never autotuned (a
+    tile that followed N would change a row's sums). tiles: block_n rows, block_v columns of
+    D, block_d of the reduction per step."""
+    tiles: Tiles
+    tma: bool = False        # TMA descriptors where the operands allow (Hopper)
+    group_m: int = 8         # row blocks per column block in launch order (L2 reuse)
+
+    def __post_init__(self):
+        if self.group_m < 1:
+            raise ValueError(f"rows_gemm.group_m: expected >= 1, got {self.group_m}")
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     forward: Forward
@@ -199,6 +213,8 @@ class Config:
     compaction: Compaction = field(default_factory=Compaction)
     low_memory: LowMemory = field(default_factory=LowMemory)
     fused: Fused = field(default_factory=Fused)
+    rows_gemm: RowsGemm = field(
+        default_factory=lambda: RowsGemm(Tiles(64, 128, 32, num_warps=4, num_stages=3)))
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
     # Tiles timed on the user's GPU on first use and cached on disk (policy/autotune.py): the
     # forward's, the pointer dlogits kernel's and the pointer softmax_grad's (tma False) from
@@ -247,6 +263,9 @@ HOPPER_16BIT = Config(
     # Shifted 16-bit logits: fp32 logits' accuracy at half their bytes, so half the chunks
     # (shifted-logits.md).
     fused=Fused(logits_shifted=True),
+    # TMA, 128 x 256: 1.14-1.17x cuBLAS's fp32-output GEMM at the Llama 3 / Qwen 2.5 chunks,
+    # where the pointer 128 x 128 took 1.53-1.57x (H100, batch-invariant.md).
+    rows_gemm=RowsGemm(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, group_m=16),
 )
 
 # The portable forward's candidate tiles: the fixed 64 x 128 x 32 that runs everywhere, and
@@ -338,6 +357,7 @@ INTERPRETER = Config(
     # Off by default: each test picks the path it covers (workspace_mib, or an override).
     fused=Fused(min_rows=1, block=16, num_warps=1, default_workspace_mib=0,
                 default_workspace_mib_fp32=0),
+    rows_gemm=RowsGemm(Tiles(16, 16, 16, num_warps=1, num_stages=1), group_m=2),
 )
 
 

@@ -77,7 +77,7 @@ def own_path(phase, x, kwargs, variant: dict) -> str:
         return plan(x.e, x.c, x.targets, bias=x.bias, **kwargs, **variant).path
 
 
-def measure_case(benchmark, phase, fn, inputs, ref, softcap, injected, device,
+def measure_case(benchmark, phase, fn, inputs, ref, softcap, injected, device, rounds: int,
                  variant: dict | None = None) -> list[str]:
     """Time ``fn``'s phase with ``benchmark``, then its memory, errors and (``variant``: an own
     call's arguments) the own kernel's path into extra_info; returns what came out non-finite."""
@@ -102,7 +102,7 @@ def measure_case(benchmark, phase, fn, inputs, ref, softcap, injected, device,
         extra()  # nothing unless CCE_GATE_INJECT=slow:F
         sync(device)
 
-    benchmark.pedantic(target, setup=setup, rounds=spec.ROUNDS,
+    benchmark.pedantic(target, setup=setup, rounds=rounds,
                        warmup_rounds=spec.WARMUP_ROUNDS, iterations=1)
     if variant is not None:
         benchmark.extra_info[spec.PATH_METRIC] = own_path(phase, x, kwargs, variant)
@@ -143,11 +143,11 @@ def test_gate(benchmark, case, gate_inputs, injected):
     benchmark.extra_info.update(
         shape=shape.name, provider=case.provider, phase=case.phase, n=shape.n, d=shape.d,
         v=shape.v, softcap=shape.softcap, dtype=spec.DTYPE, dist=spec.DIST, seed=spec.SEED,
-        exact=exact, rounds=spec.ROUNDS, warmup_rounds=spec.WARMUP_ROUNDS,
+        exact=exact, rounds=spec.rounds(case.shape), warmup_rounds=spec.WARMUP_ROUNDS,
         inject=injected.text)
     try:
         bad = measure_case(benchmark, case.phase, fn, inputs, ref, shape.softcap, injected,
-                           gate_inputs.device,
+                           gate_inputs.device, spec.rounds(case.shape),
                            spec.OWN_VARIANTS[case.provider] if case.own else None)
     except BaseException:
         free_memory(gate_inputs.device)

@@ -1,4 +1,4 @@
-"""``python -m suite kernel tune|profile|memory|check|accuracy|autocast|rl|invariance``: the own kernel's measuring tools (GPU).
+"""``python -m suite kernel tune|profile|memory|check|accuracy|autocast|rl|invariance|rows-gemm``: the own kernel's measuring tools (GPU).
 
 tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
 profile  launch each pass once for ncu, or profile the host's time per call
@@ -8,6 +8,7 @@ accuracy every route's loss and gradient errors against fp64, confident and larg
 autocast loss+grad under bf16 autocast with an fp32 weight: own against torch.compile (CSV)
 rl       per-token log-probability + entropy + backward against loss+grad, naive, Liger, verl (CSV)
 invariance  batch_invariant's bitwise checks: rows alone vs inside other batches (JSON, markdown)
+rows-gemm   batch_invariant's dE GEMM: candidate configs timed against cuBLAS, bits checked (CSV)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ TOOLS = {
     "autocast": ("suite.kernel.autocast", "bf16 autocast, fp32 weight: own vs torch.compile (CSV)"),
     "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad and peers"),
     "invariance": ("suite.kernel.invariance", "batch_invariant: rows' bits alone vs in batches"),
+    "rows-gemm": ("suite.kernel.rows_gemm", "batch_invariant's dE GEMM candidates vs cuBLAS"),
 }
 
 
