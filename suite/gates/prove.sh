@@ -155,7 +155,7 @@ if [ -f "$BASELINE" ] && [ "$("$PY" -m suite.gates.proof required "$BASELINE" "$
     APPLE_NOTE="$APPLE: cut_cross_entropy hidden, the baseline ran it: its skip must fail"
 fi
 expect injected "${INJECTED_EXPECT[@]}"
-expect pointer_fwd gemma2-2b-own-fwd:min_ms
+expect pointer_fwd gemma2-2b-own-fwd:min_ms gemma2-2b-own-fwd:median_ms
 expect recompute small-own-loss+grad:own_path
 
 GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
