@@ -5,8 +5,9 @@ loss's and the gradients' errors) is above its limit past ``center * (1 + thresh
 where center is the median of the baseline's per-process values and ``threshold = max(floor, k
 * spread)`` (capped for long calls' times), spread being their range over their median: each
 benchmark's own noise, process to process. Memory and errors fail there; the time fails only
-where its minimum and its median both are (one alone is ``noise``: a lucky round of the
-baseline's, or a noisy stretch of this process, moves one statistic, a slower call both). The own
+where its minimum and its median both are above the smaller of their two thresholds (one alone
+is ``noise``: a lucky round of the baseline's, or a noisy stretch of this process, moves one
+statistic, a slower call both; time_rule). The own
 kernel's path fails when it is not the baseline's (``CHANGED``); a benchmark the baseline ran
 fails when it is skipped now (``SKIPPED``), unless every baseline process skipped it too
 (``optional``). A value that is not finite fails (``FAILED``), as does a failing test.
@@ -107,15 +108,30 @@ def benchmark_checks(benchmark: str, base_processes: list[dict] | None, now: dic
 
 
 def time_rule(checks: list[Check]) -> list[Check]:
-    """The time fails only where every time statistic measured is above its limit: one alone
-    above becomes ``noise`` (not failing), naming the other."""
-    times = [c for c in checks if c.metric in TIME_METRICS and c.verdict != "FAILED"]
-    above = [c for c in times if c.verdict == "REGRESSED"]
-    if not above or len(above) == len(times):
+    """The time's verdict from both statistics. Each has a threshold from its own spread; the
+    time fails where both changes are above the smaller of the two: a slower call moves both,
+    while noise moves one (a lucky baseline round the minimum, a noisy stretch the median), so
+    the quieter statistic's limit can hold both. One above it alone is ``noise`` (passes)."""
+    times = [c for c in checks if c.metric in TIME_METRICS and c.verdict != "FAILED"
+             and c.threshold is not None and c.change is not None]
+    if len(times) < 2:
         return checks
-    within = ", ".join(f"{c.metric} {fmt_change(c.change)}" for c in times if c not in above)
-    return [replace(c, verdict="noise", note=f"above its limit alone ({within} within its own)")
-            if c in above else c for c in checks]
+    limit = min(c.threshold for c in times)
+    above = [c for c in times if c.change > limit]
+
+    def judged(c: Check) -> Check:
+        if c not in times:
+            return c
+        if len(above) == len(times):
+            return replace(c, threshold=limit, verdict="REGRESSED", note="")
+        if c in above:
+            within = ", ".join(f"{o.metric} {fmt_change(o.change)}" for o in times if o not in above)
+            return replace(c, threshold=limit, verdict="noise",
+                           note=f"above the limit alone ({within} within it)")
+        return replace(c, threshold=limit,
+                       verdict="better" if c.change < -limit else "ok", note="")
+
+    return [judged(c) for c in checks]
 
 
 def skipped_check(benchmark: str, reason: str, base_processes: list[dict] | None,
@@ -189,8 +205,8 @@ def format_table(rows: list[Check]) -> str:
 def limits_line() -> str:
     t, m, e = LIMITS["min_ms"], LIMITS["peak_extra_mib"], LIMITS["loss_rel_err"]
     g = LIMITS["de_rel_err"]
-    return (f"fails on: min_ms and median_ms both > +max({t.floor:.0%}, {t.k:g} x spread), at "
-            f"most +{t.cap:.0%} from {t.cap_from:g} ms; peak_extra_mib > "
+    return (f"fails on: min_ms and median_ms both > the smaller of their +max({t.floor:.0%}, "
+            f"{t.k:g} x spread) (at most +{t.cap:.0%} from {t.cap_from:g} ms); peak_extra_mib > "
             f"+max({m.floor:.0%}, {m.k:g} x spread) + {m.slack:g} MiB; errors > "
             f"+max({e.floor:.0%}, {e.k:g} x spread) + {e.slack:g} (loss) or {g.slack:g} "
             f"(gradients); a changed own-kernel path; a skip of a benchmark the baseline ran; "
