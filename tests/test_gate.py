@@ -709,10 +709,16 @@ def _report(changes: dict, verdict=None) -> dict:
          "note": ""} for (b, m), ch in changes.items()]}
 
 
-def test_proof_spread_table_and_expectations():
+def test_proof_spread_table_and_expectations(tmp_path):
     runs = [_report({(BWD, "min_ms"): ch, (FWD, "min_ms"): -ch}) for ch in (0.01, -0.02, 0.03)]
     runs.append(_report({(BWD, "min_ms"): 0.06, (FWD, "min_ms"): 0.0}, verdict="noise"))
     table = proof.spread_table(runs)
+    proof.spread_csv(runs, tmp_path / "spread.csv")
+    import csv
+    with open(tmp_path / "spread.csv", newline="") as f:
+        first = next(csv.DictReader(f))
+    assert (first["benchmark"], first["above_alone"], first["failed"], first["runs"]) == \
+        (BWD, "1", "0", "4") and float(first["max_over_limit"]) == pytest.approx(1.2)
     assert f"| {BWD} | min_ms | +5.0% | -2.0% | +6.0% | 1.20 | 1 | 0 |" in table
     assert f"| {FWD} | min_ms | +5.0% | -3.0% | +2.0% | 0.40 | 1 | 0 |" in table
     caught = _report({(BWD, "min_ms"): 0.104, (FWD, "min_ms"): 0.2})
@@ -722,6 +728,21 @@ def test_proof_spread_table_and_expectations():
     ok, lines = proof.expectations(_report({(BWD, "min_ms"): 0.01}), [f"{BWD}:min_ms",
                                                                       f"{FWD}:loss_rel_err"])
     assert not ok and lines[0].startswith("- **MISSED**") and "not measured" in lines[1]
+
+
+def test_recheck_judges_a_stored_report_by_this_gates_time_rule():
+    """A report of the rule before (each statistic against its own limit): the minimum +8.5 %
+    under its 9 %, the median +13.3 % above its 5 %: that gate passed it; this one fails it."""
+    stored = {"commit": "c", "checks": [
+        {"benchmark": BWD, "metric": "min_ms", "baseline": 48.9, "now": 53.0, "change": 0.085,
+         "threshold": 0.09, "verdict": "ok", "note": ""},
+        {"benchmark": BWD, "metric": "median_ms", "baseline": 49.5, "now": 56.1, "change": 0.133,
+         "threshold": 0.05, "verdict": "noise", "note": ""},
+        {"benchmark": BWD, "metric": "own_path", "baseline": "recompute", "now": "recompute",
+         "change": None, "threshold": None, "verdict": "ok", "note": ""}]}
+    again = proof.recheck(stored)
+    assert not again["passed"]
+    assert [c["verdict"] for c in again["checks"]] == ["REGRESSED", "REGRESSED", "ok"]
 
 
 def test_proof_names_the_baseline_it_used(tmp_path):

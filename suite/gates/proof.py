@@ -2,8 +2,9 @@
 reading them.
 
     python -m suite.gates.proof baseline FILE                 # which baseline, in one line
-    python -m suite.gates.proof spread REPORT...              # each check over unchanged runs
+    python -m suite.gates.proof spread [--csv FILE] REPORT... # each check over unchanged runs
     python -m suite.gates.proof expect REPORT BENCH:METRIC... # each must fail (exit 1 if not)
+    python -m suite.gates.proof recheck REPORT...             # verdicts under this gate's rule
     python -m suite.gates.proof commits REPORT...             # the commit every report names
     python -m suite.gates.proof required FILE BENCH           # 'required' or 'optional'
 """
@@ -68,6 +69,30 @@ def spread_table(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SPREAD_FIELDS = ("benchmark", "metric", "threshold", "min_change", "max_change",
+                 "max_over_limit", "above_alone", "failed", "runs")
+
+
+def spread_csv(reports: list[dict], path) -> None:
+    """spread_table's rows as a CSV (a note's table reads it; suite/report/notes.py)."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SPREAD_FIELDS)
+        w.writeheader()
+        for r in spread_rows(reports):
+            hi = max(r["changes"]) if r["changes"] else None
+            w.writerow({"benchmark": r["benchmark"], "metric": r["metric"],
+                        "threshold": r["threshold"],
+                        "min_change": min(r["changes"]) if r["changes"] else None,
+                        "max_change": hi,
+                        "max_over_limit": hi / r["threshold"] if hi is not None and r["threshold"]
+                        else None,
+                        "above_alone": sum(v == "noise" for v in r["verdicts"]),
+                        "failed": sum(v in FAILING for v in r["verdicts"]),
+                        "runs": len(r["verdicts"])})
+
+
 def expectations(report: dict, expected: list[str]) -> tuple[bool, list[str]]:
     """Whether every ``benchmark:metric`` in ``expected`` failed in ``report``; one markdown
     line per expectation, then one per other failing check."""
@@ -87,6 +112,27 @@ def expectations(report: dict, expected: list[str]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
+def recheck(report: dict) -> dict:
+    """A stored report's checks judged again by this gate's time rule (checks.time_rule) from
+    their stored changes and each statistic's own threshold: what a gate of this commit says
+    of the same measurements."""
+    from collections import defaultdict
+
+    from suite.gates.checks import Check, time_rule
+    from suite.gates.spec import TIME_METRICS
+
+    by_benchmark = defaultdict(list)
+    for c in report["checks"]:
+        c = dict(c)
+        if c["metric"] in TIME_METRICS and c["threshold"] is not None and c["change"] is not None:
+            c["verdict"] = ("REGRESSED" if c["change"] > c["threshold"] else
+                            "better" if c["change"] < -c["threshold"] else "ok")
+        by_benchmark[c["benchmark"]].append(Check(**c))
+    checks = [x for cs in by_benchmark.values() for x in time_rule(cs)]
+    return {**report, "checks": [c.as_dict() for c in checks],
+            "passed": not any(c.failed for c in checks)}
+
+
 def _describe(c: dict) -> str:
     if c["threshold"] is None:
         return f"{c['verdict']} ({c['note'] or c['now']})"
@@ -98,11 +144,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m suite.gates.proof")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("baseline").add_argument("file")
-    sub.add_parser("spread").add_argument("reports", nargs="+")
+    spread = sub.add_parser("spread")
+    spread.add_argument("--csv", default=None, help="also write the rows to this CSV")
+    spread.add_argument("reports", nargs="+")
     expect = sub.add_parser("expect")
     expect.add_argument("report")
     expect.add_argument("expected", nargs="+", metavar="BENCH:METRIC")
     sub.add_parser("commits").add_argument("reports", nargs="+")
+    sub.add_parser("recheck").add_argument("reports", nargs="+")
     required = sub.add_parser("required")
     required.add_argument("file")
     required.add_argument("benchmark")
@@ -110,11 +159,21 @@ def main(argv=None) -> int:
     if args.command == "baseline":
         print(baseline_line(args.file))
     elif args.command == "spread":
-        print(spread_table(load_reports(args.reports)))
+        reports = load_reports(args.reports)
+        print(spread_table(reports))
+        if args.csv:
+            spread_csv(reports, args.csv)
     elif args.command == "expect":
         ok, lines = expectations(load_reports([args.report])[0], args.expected)
         print("\n".join(lines))
         return 0 if ok else 1
+    elif args.command == "recheck":
+        for path in args.reports:
+            again = recheck(load_reports([path])[0])
+            failing = [f"{c['benchmark']} {c['metric']}" for c in again["checks"]
+                       if c["verdict"] in FAILING]
+            print(f"{path}: {'PASS' if again['passed'] else 'FAIL'}"
+                  + (f" ({len(failing)}: {', '.join(failing)})" if failing else ""))
     elif args.command == "commits":
         print(" ".join(sorted({str(r.get("commit")) for r in load_reports(args.reports)})))
     else:
