@@ -14,7 +14,8 @@ and b) with do_bench (median, p20, p80 of its repetitions) beside cuBLAS's fp32-
 - ``rel_err``: the largest error of 64 rows against an fp64 product, over that product's
   largest entry.
 
-A candidate that fails to compile or run is a row with its error, and the run goes on.
+A candidate that fails to compile or run is a row with its error, and the run goes on. With
+--csv, the run's environment (GPU, versions, commit) goes to env.json beside the CSV.
 """
 from __future__ import annotations
 
@@ -132,9 +133,14 @@ def main(args) -> int:
                      f"perm {r['permuted_equal']} chunks {r['chunks_equal']} "
                      f"err {r['rel_err']:.2e}" if "ms" in r else r["error"]), flush=True)
     if args.csv:
-        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        from suite.results import environment
+
+        folder = os.path.dirname(os.path.abspath(args.csv))
+        os.makedirs(folder, exist_ok=True)
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=FIELDS)
             w.writeheader()
             w.writerows(rows)
+        with open(os.path.join(folder, "env.json"), "w") as f:
+            json.dump(environment(), f, indent=1)
     return 0
