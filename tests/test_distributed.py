@@ -10,8 +10,6 @@ the two-GPU training step (suite/train/distributed.py: own+tp@2 and FSDP2 config
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
 
 import pytest
@@ -21,9 +19,8 @@ if not torch.cuda.is_available():  # before anything imports triton, here and in
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from tests.test_vocab_parallel import _free_port  # noqa: E402
+from tests.gloo_world import gloo_rank, spawn_world  # noqa: E402
 
 from own_kernel import linear_cross_entropy  # noqa: E402
 
@@ -235,32 +232,22 @@ def _hf_cases(rank, world, mesh):
 # ---- the worlds ---------------------------------------------------------------------------------
 
 def _worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
-    torch.set_num_threads(1)
     from torch.distributed.device_mesh import init_device_mesh
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
+
+    with gloo_rank(rank, world, port, out_dir) as res:
         mesh = init_device_mesh("cpu", (world,))
-        res = {"dtensor": _dtensor_cases(mesh), "refusals": _refusals(mesh)}
+        res.update(dtensor=_dtensor_cases(mesh), refusals=_refusals(mesh))
         try:
             import transformers  # noqa: F401
             res["hf"] = _hf_cases(rank, world, mesh)
         except ImportError as err:
             res["hf"] = f"skipped: {err}"
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(res, f)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
 def ranks(request, tmp_path_factory):
     world = request.param
-    out_dir = str(tmp_path_factory.mktemp(f"dist{world}"))
-    mp.start_processes(_worker, args=(world, _free_port(), out_dir), nprocs=world,
-                       start_method="spawn", join=True)
-    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(world)]
+    return spawn_world(_worker, world, str(tmp_path_factory.mktemp(f"dist{world}")))
 
 
 DTENSOR_CASES = ["c_vocab_sharded", "c_and_bias_vocab_sharded_sum",

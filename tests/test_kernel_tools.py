@@ -32,7 +32,7 @@ def test_kernel_help_lists_the_four_tools(capsys):
         assert tool in out
 
 
-@pytest.mark.parametrize("tool", ["tune", "profile host", "memory"])
+@pytest.mark.parametrize("tool", ["tune", "profile host", "memory", "rows-gemm"])
 def test_gpu_tools_say_they_need_cuda(capsys, tool, monkeypatch):
     import torch
 
@@ -40,6 +40,30 @@ def test_gpu_tools_say_they_need_cuda(capsys, tool, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         cli.main(["kernel", *tool.split()])
     assert "needs a CUDA device" in str(exc.value.code)
+
+
+def test_rows_gemm_checks_tell_an_invariant_fold_from_one_that_is_not():
+    """suite kernel rows-gemm's bit checks: a fold over K steps from the accumulator, row by
+    row, passes all three; one whose rounding follows M (here a tiny M-scaled term) fails."""
+    import torch
+
+    from suite.kernel.rows_gemm import _checks
+
+    def fold(acc, a, b, step=16):
+        for k0 in range(0, a.shape[1], step):  # the same order for every row and any split
+            acc += a[:, k0:k0 + step].double().matmul(b[k0:k0 + step].double()).float()
+
+    def by_m(acc, a, b):
+        fold(acc, a, b)
+        acc += 1e-3 * a.shape[0]
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(300, 64, generator=g), torch.randn(64, 24, generator=g)
+    good = _checks(lambda o, x, y: fold(o, x, y), a, b, 16)
+    assert good["rows_equal"] and good["permuted_equal"] and good["chunks_equal"]
+    assert good["rel_err"] < 1e-6
+    bad = _checks(by_m, a, b, 16)
+    assert not bad["rows_equal"] and bad["permuted_equal"]
 
 
 @pytest.mark.parametrize("device", [None, "cuda"])

@@ -4,16 +4,11 @@ ranks; the entropy and a temperature work on a sharded vocabulary with and witho
 the single-process call's tolerance; a shard boundary off the vocabulary block raises, naming
 vocab_parallel. The default sharded call (lse-only combine) differs in bits from the single
 process, so the bitwise property is not one any combine meets."""
-import datetime
-import json
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from suite.ranks import _free_port
+from tests.gloo_world import gloo_rank, spawn_world
 
 N, D, V = 16, 32, 100
 # Shards on the interpreter's 16-column vocabulary block (the last one stops at V)
@@ -65,18 +60,12 @@ def _compare(got, ref, start, stop) -> dict:
 
 
 def _worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
+    with gloo_rank(rank, world, port, out_dir) as res:
         _row_independent_dots()
         from own_kernel import VocabParallel
 
         e, c, t, w = _inputs()
         start, stop = SHARDS[world][rank]
-        res = {}
         for mode, invariant in (("invariant", True), ("default", False)):
             got = _rows(e, c[start:stop], t, w, invariant, VocabParallel(None, start, stop))
             res[mode] = _compare(got, _rows(e, c, t, w, invariant), start, stop)
@@ -93,19 +82,12 @@ def _worker(rank, world, port, out_dir):
                 res["misaligned"] = "no error"
             except ValueError as err:
                 res["misaligned"] = str(err)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(res, f)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["world1", "world2", "world3"])
 def ranks(request, tmp_path_factory):
     world = request.param
-    out_dir = str(tmp_path_factory.mktemp(f"vi{world}"))
-    mp.start_processes(_worker, args=(world, _free_port(), out_dir), nprocs=world,
-                       start_method="spawn", join=True)
-    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(world)]
+    return spawn_world(_worker, world, str(tmp_path_factory.mktemp(f"vi{world}")))
 
 
 def test_invariant_forward_rows_are_the_single_process_bits(ranks):

@@ -12,10 +12,7 @@ show that it catches a wrong combine.
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import socket
 
 import pytest
 import torch
@@ -24,11 +21,11 @@ if not torch.cuda.is_available():  # before anything imports triton, here and in
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from own_kernel import LinearCrossEntropy, VocabParallel, linear_cross_entropy  # noqa: E402
 from own_kernel.paths import vocab_parallel  # noqa: E402
+from tests.gloo_world import gloo_rank, spawn_world  # noqa: E402
 
 N, D, V = 14, 16, 37
 TOL_FP64 = 1e-5     # against fp64, relative to the largest entry of each result
@@ -300,14 +297,8 @@ def _fp16_shared(rank, world):
 
 
 def _worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
-    torch.set_num_threads(1)
-    # A collective some rank never reaches fails after the timeout instead of hanging CI.
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        res = {"cases": {}, "broken": {}}
+    with gloo_rank(rank, world, port, out_dir) as res:
+        res.update(cases={}, broken={})
         for i, (name, case) in enumerate(CASES.items()):
             res["cases"][name] = _case_result(name, case, rank, world, seed=100 + i)
         real = dist.all_reduce
@@ -331,23 +322,10 @@ def _worker(rank, world, port, out_dir):
         if world == 2:
             res["fsdp2"] = _fsdp2(rank, world)
             res["compiled"] = _compiled(rank, world)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(res, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn(world, tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp(f"vp{world}"))
-    mp.start_processes(_worker, args=(world, _free_port(), out_dir), nprocs=world,
-                       start_method="spawn", join=True)
-    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(world)]
+    return spawn_world(_worker, world, str(tmp_path_factory.mktemp(f"vp{world}")))
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
