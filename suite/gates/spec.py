@@ -42,12 +42,12 @@ GATE_PHASES = ("fwd", "loss+grad")
 # allocator), then timed rounds, each after an untimed setup (grads cleared, L2 flushed, CUDA
 # synchronised). Both the minimum and the median of the rounds are kept, and a time fails only
 # when both are above the smaller of their two limits (checks.time_rule): on an H100 one
-# process's minimum moved
-# by up to 5 % from a single lucky round of the baseline's (torch.compile at Gemma 2 (2B), its
-# median within 0.3 %), and a 3 ms call's median by 20 % in a noisy process whose minimum
-# stayed near; a slower kernel moves both. Rounds beyond 10 tighten both little at the long
-# calls; the time goes to fresh processes instead. The short calls (``small``, 3-15 ms) take
-# more rounds: their median over 10 rounds varied by 9 % from process to process.
+# process's minimum moved by up to 5 % from a single lucky round of the baseline's
+# (torch.compile at Gemma 2 (2B), its median within 0.3 %), and a 3 ms call's median by 20 % in
+# a noisy process whose minimum stayed near; a slower kernel moves both. Rounds beyond 10
+# tighten both little at the long calls; the time goes to fresh processes instead. The short
+# calls (``small``, 3-15 ms) take more rounds: their median over 10 rounds varied by 9 % from
+# process to process.
 ROUNDS, WARMUP_ROUNDS = 10, 1
 ROUNDS_BY_SHAPE = {"small": 40}
 TIME_METRICS = ("min_ms", "median_ms")
