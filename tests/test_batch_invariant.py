@@ -152,8 +152,9 @@ def test_the_de_gemm_folds_each_row_over_k_whatever_the_rows_and_chunks(tma):
     and two calls over K's halves (split on a whole K step) are one call's bits: the sum starts
     from the accumulator and folds over K steps in order. Within a dtype's rounding of an fp64
     product (K terms, each fp32)."""
-    from own_kernel.kernels.gemm_rows import addmm_rows, tma_fits
+    from own_kernel.kernels.gemm_rows import addmm_rows
     from own_kernel.policy.config import config_for, with_overrides
+    from own_kernel.policy.plan import tma_ready
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     cfg = with_overrides(config_for(torch.device(DEVICE), dtype), {"rows_gemm": {"tma": tma}})
@@ -162,7 +163,7 @@ def test_the_de_gemm_folds_each_row_over_k_whatever_the_rows_and_chunks(tma):
     a = torch.randn(m, k, generator=g).to(DEVICE, dtype)
     b = (torch.randn(k, d, generator=g) * k ** -0.5).to(DEVICE, dtype)
     start = torch.randn(m, d, generator=g).to(DEVICE)
-    assert tma_fits(start, a, b)  # else the tma case would run the pointer loader
+    assert tma_ready(a) and tma_ready(b)  # else the tma case would run the pointer loader
 
     def run(rows, kk=slice(None), acc=None):
         out = start[rows].clone() if acc is None else acc

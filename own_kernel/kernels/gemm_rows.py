@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.kernels.tile import dot_precision
-from own_kernel.policy.plan import cdiv
+from own_kernel.policy.plan import cdiv, tma_ready
 
 
 @triton.jit
@@ -75,21 +75,12 @@ def cce_rows_gemm_tma_kernel(Acc, a_desc, b_desc, M, D, K, stride_acc,
     tl.store(at, acc, mask=mask)
 
 
-def tma_fits(acc, a, b) -> bool:
-    """Whether a and b can be TMA descriptors: unit inner strides, 16-byte aligned bases and
-    row strides. In batch_invariant's calls this follows D and V only (the chunks start at
-    multiples of 8 columns), never N."""
-    def ok(t):
-        elt = t.element_size()
-        return (t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elt) % 16 == 0)
-
-    return ok(a) and ok(b) and acc.stride(1) == 1
-
-
 def addmm_rows(acc, a, b, rows_gemm) -> None:
     """acc (fp32, unit stride along D) += a @ b, each row's sums independent of the other rows
     (rows_gemm: the pinned config.RowsGemm; its tiles: block_n rows, block_v columns of D,
-    block_d of K). The TMA loader where the config asks for it and the operands allow it."""
+    block_d of K). The TMA loader where the config asks for it and a and b allow it
+    (plan.tma_ready: in batch_invariant's calls that follows D and V, never N, since the
+    chunks start at multiples of 8 columns)."""
     m, k = a.shape
     d = b.shape[1]
     if m == 0 or k == 0:
@@ -99,7 +90,7 @@ def addmm_rows(acc, a, b, rows_gemm) -> None:
     common = dict(BLOCK_M=t.block_n, BLOCK_D=t.block_v, BLOCK_K=t.block_d,
                   GROUP_M=rows_gemm.group_m, DOT_PRECISION=dot_precision(a.dtype),
                   num_warps=t.num_warps, num_stages=t.num_stages)
-    if rows_gemm.tma and tma_fits(acc, a, b):
+    if rows_gemm.tma and tma_ready(a) and tma_ready(b):
         cce_rows_gemm_tma_kernel[grid](
             acc, TensorDescriptor.from_tensor(a, [t.block_n, t.block_d]),
             TensorDescriptor.from_tensor(b, [t.block_d, t.block_v]), m, d, k, acc.stride(0),

@@ -26,6 +26,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tma_ready(t) -> bool:
+    """Whether a 2-D tensor can be read through a TMA descriptor: unit stride along its rows,
+    16-byte aligned base and row stride (the kernels' layouts, api.py, rule out stride 0)."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0)
+
+
 # ---- forward --------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=256)

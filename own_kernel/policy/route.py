@@ -62,20 +62,13 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
                                     chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
                                     fused_plan, invariant_chunk_plan, invariant_split_plan,
                                     invariant_tail, looks_ahead, low_memory_plan, split_plan,
-                                    tail_width)
+                                    tail_width, tma_ready)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
 FORWARDS = ("tma", "pointer", "cublas")
 W_WRITERS = ("tma", "cublas", "pointer")
 LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
-
-
-def tma_ready(t: torch.Tensor) -> bool:
-    """Whether a 2-D tensor can be read through a TMA descriptor: unit stride along its rows,
-    16-byte aligned base and row stride (the kernels' layouts, api.py, rule out stride 0)."""
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
 @dataclass(frozen=True)

@@ -51,21 +51,29 @@ def spread_rows(reports: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
+def _spread_stats(r: dict) -> dict:
+    """One spread row's numbers: smallest and largest change, the largest over the threshold,
+    runs above alone (checks.time_rule's noise) and runs failed."""
+    hi = max(r["changes"]) if r["changes"] else None
+    return {"min_change": min(r["changes"]) if r["changes"] else None, "max_change": hi,
+            "max_over_limit": hi / r["threshold"] if hi is not None and r["threshold"] else None,
+            "above_alone": sum(v == "noise" for v in r["verdicts"]),
+            "failed": sum(v in FAILING for v in r["verdicts"]), "runs": len(r["verdicts"])}
+
+
 def spread_table(reports: list[dict]) -> str:
     """Markdown: each check's spread over the unchanged runs; ``above alone``: runs where one
     time statistic was above its limit and the other not (checks.time_rule's noise)."""
     lines = [f"| benchmark | metric | fails above | min change | max change | max / limit | "
              f"above alone | failed ({len(reports)} runs) |", "|---|---|---|---|---|---|---|---|"]
     for r in spread_rows(reports):
-        lo = min(r["changes"]) if r["changes"] else None
-        hi = max(r["changes"]) if r["changes"] else None
-        used = f"{hi / r['threshold']:.2f}" if hi is not None and r["threshold"] else "-"
-        failed = sum(v in FAILING for v in r["verdicts"])
-        alone = sum(v == "noise" for v in r["verdicts"])
+        s = _spread_stats(r)
+        used = f"{s['max_over_limit']:.2f}" if s["max_over_limit"] is not None else "-"
         what = fmt_change(r["threshold"]) if r["threshold"] is not None else \
             ("changed" if r["metric"] == "own_path" else "skipped")
-        lines.append(f"| {r['benchmark']} | {r['metric']} | {what} | {fmt_change(lo)} | "
-                     f"{fmt_change(hi)} | {used} | {alone} | {failed} |")
+        lines.append(f"| {r['benchmark']} | {r['metric']} | {what} | "
+                     f"{fmt_change(s['min_change'])} | {fmt_change(s['max_change'])} | {used} | "
+                     f"{s['above_alone']} | {s['failed']} |")
     return "\n".join(lines)
 
 
@@ -81,16 +89,8 @@ def spread_csv(reports: list[dict], path) -> None:
         w = csv.DictWriter(f, fieldnames=SPREAD_FIELDS)
         w.writeheader()
         for r in spread_rows(reports):
-            hi = max(r["changes"]) if r["changes"] else None
             w.writerow({"benchmark": r["benchmark"], "metric": r["metric"],
-                        "threshold": r["threshold"],
-                        "min_change": min(r["changes"]) if r["changes"] else None,
-                        "max_change": hi,
-                        "max_over_limit": hi / r["threshold"] if hi is not None and r["threshold"]
-                        else None,
-                        "above_alone": sum(v == "noise" for v in r["verdicts"]),
-                        "failed": sum(v in FAILING for v in r["verdicts"]),
-                        "runs": len(r["verdicts"])})
+                        "threshold": r["threshold"], **_spread_stats(r)})
 
 
 def expectations(report: dict, expected: list[str]) -> tuple[bool, list[str]]:
@@ -119,14 +119,9 @@ def recheck(report: dict) -> dict:
     from collections import defaultdict
 
     from suite.gates.checks import Check, time_rule
-    from suite.gates.spec import TIME_METRICS
 
     by_benchmark = defaultdict(list)
-    for c in report["checks"]:
-        c = dict(c)
-        if c["metric"] in TIME_METRICS and c["threshold"] is not None and c["change"] is not None:
-            c["verdict"] = ("REGRESSED" if c["change"] > c["threshold"] else
-                            "better" if c["change"] < -c["threshold"] else "ok")
+    for c in report["checks"]:  # time_rule judges the time checks from change and threshold
         by_benchmark[c["benchmark"]].append(Check(**c))
     checks = [x for cs in by_benchmark.values() for x in time_rule(cs)]
     return {**report, "checks": [c.as_dict() for c in checks],

@@ -83,8 +83,9 @@ def _checks(addmm, a, b, k_step: int) -> dict:
 
 
 def measure(shape: tuple[int, int, int], override: dict, cublas_ms: float) -> dict:
-    from own_kernel.kernels.gemm_rows import addmm_rows, tma_fits
+    from own_kernel.kernels.gemm_rows import addmm_rows
     from own_kernel.policy.config import config_for, with_overrides
+    from own_kernel.policy.plan import tma_ready
 
     m, k, d = shape
     row = {"m": m, "k": k, "d": d, "candidate": json.dumps(override, sort_keys=True),
@@ -96,7 +97,7 @@ def measure(shape: tuple[int, int, int], override: dict, cublas_ms: float) -> di
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
     b = torch.randn(k, d, device=dev, dtype=torch.bfloat16, generator=gen) * k ** -0.5
     acc = torch.zeros(m, d, device=dev, dtype=torch.float32)
-    row["loader"] = "tma" if rg.tma and tma_fits(acc, a, b) else "pointer"
+    row["loader"] = "tma" if rg.tma and tma_ready(a) and tma_ready(b) else "pointer"
     try:
         row.update(_checks(lambda o, x, y: addmm_rows(o, x, y, rg), a, b, rg.tiles.block_d))
         ms, p20, p80 = _time(lambda: addmm_rows(acc, a, b, rg))
