@@ -15,7 +15,7 @@ import triton.language as tl
 
 from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update,
                                      row_block_and_split, skip_if_all_ignored, softcap_scalars,
-                                     store_split_partials)
+                                     store_block_partials, store_split_partials)
 from own_kernel.policy.plan import cdiv
 
 
@@ -27,7 +27,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                    NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTS: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
@@ -38,21 +38,30 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
     if SKIP_IGNORED:
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
-    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    t = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
-        offs_v = v0 + tl.arange(0, BLOCK_V)
-        v_mask = offs_v < v_end
-        x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
-                       stride_en, stride_ed, stride_cv, stride_cd,
-                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
-                                             HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
-
-    store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
-                         NEED_ENT)
+    if PARTS > 1:  # batch_invariant: one tile per split, its blocks' partials (tile.py)
+        offs_v = v_start + tl.arange(0, BLOCK_V)
+        x = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+        if v_end > v_start:  # else every row is ignored: no logits, empty partials
+            x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, offs_v < v_end, D,
+                           stride_en, stride_ed, stride_cv, stride_cd,
+                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+        store_block_partials(x, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
+                             cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
+    else:
+        m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+        s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        t = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
+            offs_v = v0 + tl.arange(0, BLOCK_V)
+            v_mask = offs_v < v_end
+            x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+                           stride_en, stride_ed, stride_cv, stride_cd,
+                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+            m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
+                                                 HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+        store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
+                             NEED_ENT)
 
 
 def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored,
@@ -63,9 +72,9 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
     k = cfg.forward.tiles
     cce_fwd_kernel[(cdiv(n, k.block_n) * grid.splits,)](
         e, c, bias if bias is not None else part, targets, part,
-        n, v, d, grid.v_per_split, grid.splits * n, grid.splits, grid.group_rows,
+        n, v, d, grid.v_per_split, grid.parts(v) * n, grid.splits, grid.group_rows,
         int(ignore_index), e.stride(0), e.stride(1), c.stride(0), c.stride(1),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
-        DOT_PRECISION=dot_precision(e.dtype), **k.launch())
+        DOT_PRECISION=dot_precision(e.dtype), PARTS=grid.parts_per_split, **k.launch())

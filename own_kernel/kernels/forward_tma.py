@@ -28,7 +28,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
 from own_kernel.kernels.tile import (dot_precision, halves, lse_ent_tile_update, row_block_and_split,
-                             skip_if_all_ignored, softcap_scalars, store_split_partials)
+                             skip_if_all_ignored, softcap_scalars, store_block_partials,
+                             store_split_partials)
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr, STORE_Y: tl.constexpr,
-                       Y_SLICES: tl.constexpr):
+                       Y_SLICES: tl.constexpr, PARTS: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
@@ -70,27 +71,41 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
     if SKIP_IGNORED:
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
-    m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    t = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN,
-                       warp_specialize=WARP_SPECIALIZE):
+    if PARTS > 1:  # batch_invariant: one tile per split, its blocks' partials (tile.py)
+        tl.static_assert(not STORE_Y, "batch_invariant writes no shifted logits")
         acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            acc = tl.dot(E.load([n0, d0]), C.load([v0, d0]).T, acc, input_precision=DOT_PRECISION)
-        offs_v = v0 + tl.arange(0, BLOCK_V)
-        v_mask = offs_v < v_end
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-        if STORE_Y:
-            _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask, BLOCK_N,
-                           BLOCK_V, Y_SLICES)
-        m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale, cap,
-                                             HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
-
-    store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
-                         NEED_ENT)
+        if v_end > v_start:  # else every row is ignored: no logits, empty partials
+            for d0 in range(0, D, BLOCK_D):
+                acc = tl.dot(E.load([n0, d0]), C.load([v_start, d0]).T, acc,
+                             input_precision=DOT_PRECISION)
+            if HAS_BIAS:
+                offs_v = v_start + tl.arange(0, BLOCK_V)
+                b = tl.load(Bias + offs_v, mask=offs_v < v_end, other=0.0)
+                acc += b.to(tl.float32)[None, :]
+        store_block_partials(acc, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
+                             cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
+    else:
+        m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+        s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        t = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN,
+                           warp_specialize=WARP_SPECIALIZE):
+            acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                acc = tl.dot(E.load([n0, d0]), C.load([v0, d0]).T, acc,
+                             input_precision=DOT_PRECISION)
+            offs_v = v0 + tl.arange(0, BLOCK_V)
+            v_mask = offs_v < v_end
+            if HAS_BIAS:
+                acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
+            if STORE_Y:
+                _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask, BLOCK_N,
+                               BLOCK_V, Y_SLICES)
+            m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale, cap,
+                                                 HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+        store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
+                             NEED_ENT)
 
 
 def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
@@ -111,10 +126,10 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
         e_desc, TensorDescriptor.from_tensor(c, [k.block_v, k.block_d]),
         bias if bias is not None else part, targets, part, y_desc, m, m_stride, n, v,
         grid.v_per_split,
-        grid.splits * n, grid.splits, grid.group_rows, int(ignore_index),
+        grid.parts(v) * n, grid.splits, grid.group_rows, int(ignore_index),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, D=d,
         FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype),
         WARP_SPECIALIZE=cfg.forward.warp_specialize, STORE_Y=shifted is not None,
-        Y_SLICES=cfg.fused.y_slices, **k.launch())
+        Y_SLICES=cfg.fused.y_slices, PARTS=grid.parts_per_split, **k.launch())

@@ -116,7 +116,9 @@ def combine(part, z_target, targets, ignore_index, label_smoothing, v, skip_igno
     n = part.shape[2]
     outs = tuple(torch.empty(n if i < 5 or sums.entropy else 0, device=part.device,
                              dtype=torch.float32) for i in range(6))
-    block = 256
+    # Each program loops over every split: thousands of them (batch_invariant's 64-column
+    # partials) want more, shorter programs than the default's few hundred.
+    block = 256 if part.shape[1] <= 1024 else 64
     cce_lse_combine_kernel[(cdiv(n, block),)](
         part, z_target, targets, *outs[:5], outs[5] if sums.entropy else outs[0], n,
         part.shape[1], part.shape[1] * n, int(ignore_index), float(label_smoothing),

@@ -127,6 +127,38 @@ def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, t
         tl.store(base + (2 + NEED_ZSUM) * plane, t, mask=n_mask)
 
 
+@triton.jit
+def store_block_partials(x, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale, cap,
+                         HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                         NEED_ENT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                         PARTS: tl.constexpr):
+    # batch_invariant: the partials of one tile of raw logits x (the split's only tile, its
+    # columns from split * BLOCK_V, those from v_end on excluded) per block of BLOCK_V / PARTS
+    # columns, stored as partials split * PARTS + j, as store_split_partials stores a split's.
+    # A block's sums do not depend on where the tile starts, so a shard that starts on a block
+    # boundary gives the single-process call's partials. A block with no column gets (-inf, 0).
+    WIDTH: tl.constexpr = BLOCK_V // PARTS
+    v0 = split * BLOCK_V
+    v_mask = (v0 + tl.arange(0, BLOCK_V)) < v_end
+    z = tl.where(v_mask[None, :], logits(x, tanh_scale, cap, HAS_SOFTCAP), -1e30)
+    z3 = tl.reshape(z, (BLOCK_N, PARTS, WIDTH))
+    block = split * PARTS + tl.arange(0, PARTS)
+    seen = (block * WIDTH < v_end)[None, :]
+    m = tl.max(z3, axis=2)
+    z_rel = z3 - m[:, :, None]
+    ez = tl.exp2(z_rel * LOG2E)
+    base = Part + block[None, :].to(tl.int64) * N + offs_n[:, None]
+    mask = n_mask[:, None] & (block < tl.cdiv(V, WIDTH))[None, :]
+    tl.store(base, tl.where(seen, m, float("-inf")), mask=mask)
+    tl.store(base + plane, tl.where(seen, tl.sum(ez, axis=2), 0.0), mask=mask)
+    if NEED_ZSUM:
+        z_in = tl.reshape(tl.where(v_mask[None, :], z, 0.0), (BLOCK_N, PARTS, WIDTH))
+        tl.store(base + 2 * plane, tl.sum(z_in, axis=2), mask=mask)
+    if NEED_ENT:
+        t = tl.where(seen, tl.sum(ez * z_rel, axis=2), 0.0)
+        tl.store(base + (2 + NEED_ZSUM) * plane, t, mask=mask)
+
+
 def softcap_scalars(softcap, temperature=1.0):
     """Host-side constants of z = softcap(x) / temperature, for logits(): (2 log2(e) / s,
     s / T), or (1, 1 / T) without a softcap. The derivative's 1 / T is not in them: the

@@ -6,7 +6,7 @@ per row: kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its ti
 the GPU where the route says: Route.forward_tuned); kernels/target.py takes each row's target
 logit and kernels/lse_combine.py combines the splits into the rows' results. The grid (splits
 per row block, launch order) is plan.split_plan's for this launch's rows; with batch_invariant
-one split per fixed block of columns (plan.invariant_split_plan), combined left to right.
+one partial per fixed block of columns (plan.invariant_split_plan), combined left to right.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         grid = route.forward_grid(num_sms(e.device))
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
-    part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
+    part = torch.empty((sums.planes, grid.parts(v), n), device=e.device, dtype=torch.float32)
     if tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
                              skip_ignored, sums, shifted)

@@ -6,11 +6,11 @@ logit comes from the rank that owns it (an all-reduce SUM of one value and zeros
 
 Used where a call asks for what the lse-only combine of paths/vocab_parallel.py cannot give:
 ``return_entropy`` (the entropy needs the third partial), ``temperature`` and
-``batch_invariant``. Under ``batch_invariant`` the splits are the fixed blocks of
+``batch_invariant``. Under ``batch_invariant`` the partials are per fixed block of
 plan.invariant_block columns; when every shard boundary is a multiple of that block, the
 gathered partials are the single-GPU call's, bit for bit, so the forward's rows (loss, lse,
-entropy, ...) are the same for any number of ranks. A boundary off the block raises, naming
-vocab_parallel.
+entropy, ...) are the same for any number of ranks. A boundary off the block raises on every
+rank (checked on the gathered bounds), naming vocab_parallel.
 
 Backward: as paths/vocab_parallel.py's (the shard's backward with the global rows, its partial
 dE in fp32 all-reduced, label smoothing's target term), with the entropy's gradient. dE is a
@@ -33,36 +33,41 @@ from own_kernel.paths.shared import refuse_create_graph
 from own_kernel.policy.plan import invariant_block
 
 
-def check_invariant_shard(vp, v_total: int, cfg) -> None:
-    """batch_invariant's shards start and stop on the vocabulary block (the last may stop at V)."""
+def check_invariant_shards(bounds, v_total: int, cfg) -> None:
+    """batch_invariant's shards ([start, stop) of every rank) start and stop on the vocabulary
+    block (the last may stop at V). Checked on the gathered bounds, so every rank raises."""
     block = invariant_block(cfg)
-    if vp.start % block or (vp.stop % block and vp.stop != v_total):
+    bad = [(a, b) for a, b in bounds if a % block or (b % block and b != v_total)]
+    if bad:
         raise ValueError(
             f"vocab_parallel: batch_invariant=True needs shard boundaries at multiples of "
-            f"{block} columns (the {cfg.name} target's vocabulary block); this rank's shard is "
-            f"[{vp.start}, {vp.stop}) of V {v_total}")
+            f"{block} columns (the {cfg.name} target's vocabulary block); the shards "
+            f"{', '.join(f'[{a}, {b})' for a, b in bad)} of V {v_total} are not")
 
 
-def _gather_partials(part, vp, checksum):
+def _gather_partials(part, call, checksum):
     """Every rank's partials, concatenated in global column order (sorted by shard start);
-    raises if the ranks' targets differ."""
-    group, n = vp.group, part.shape[2]
+    raises if the ranks' targets differ, or (batch_invariant) if a shard is off the block."""
+    vp, n = call.vp, part.shape[2]
+    group = vp.group
     world = dist.get_world_size(group)
-    meta = torch.tensor([vp.start, part.shape[1], int(checksum)], dtype=torch.int64,
+    meta = torch.tensor([vp.start, vp.stop, part.shape[1], int(checksum)], dtype=torch.int64,
                         device=part.device)
     metas = [torch.empty_like(meta) for _ in range(world)]
     dist.all_gather(metas, meta, group=group)
     metas = [m.tolist() for m in metas]
-    if len({m[2] for m in metas}) > 1:
+    if len({m[3] for m in metas}) > 1:
         raise ValueError("targets: differ between the ranks of vocab_parallel's group (every "
                          "rank must pass the same targets and e)")
-    most = max(m[1] for m in metas)
+    if call.opts.batch_invariant:
+        check_invariant_shards([m[:2] for m in metas], call.v_total, call.route.cfg)
+    most = max(m[2] for m in metas)
     padded = part.new_zeros((part.shape[0], most, n))
     padded[:, :part.shape[1]] = part
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
     order = sorted(range(world), key=lambda r: metas[r][0])
-    return torch.cat([gathered[r][:, :metas[r][1]] for r in order], dim=1).contiguous()
+    return torch.cat([gathered[r][:, :metas[r][2]] for r in order], dim=1).contiguous()
 
 
 class GatheredRows(torch.autograd.Function):
@@ -73,7 +78,7 @@ class GatheredRows(torch.autograd.Function):
         skip = not call.ignored_lse
         part, z_t, sums = forward_parts(e, c, bias, t_local, call.opts, call.route,
                                         skip_ignored=skip)
-        full = _gather_partials(part, call.vp, checksum)
+        full = _gather_partials(part, call, checksum)
         dist.all_reduce(z_t, op=dist.ReduceOp.SUM, group=call.vp.group)
         loss, lse, p_max, nll, lse_lo, ent = combine(
             full, z_t, t_local, call.opts.ignore_index, call.smooth, call.v_total, skip, sums)
@@ -108,6 +113,4 @@ class GatheredRows(torch.autograd.Function):
 
 def gathered_rows(e, c, t_local, bias, call, checksum):
     """(loss, lse, entropy or empty) per row (GatheredRows)."""
-    if call.opts.batch_invariant:
-        check_invariant_shard(call.vp, call.v_total, call.route.cfg)
     return GatheredRows.apply(e, c, t_local, bias, call, checksum)

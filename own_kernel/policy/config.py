@@ -60,6 +60,13 @@ class Forward:
     flatten: bool = False    # pipeline loads across vocabulary tiles
     l2_mib: int = 0          # E bytes the resident programs may share in L2; 0 = no bound
     warp_specialize: bool = False  # TMA loop: Triton's producer/consumer warp groups (sm90+)
+    # batch_invariant: each row's partials per block of this many columns (or the tile's width
+    # where smaller), so vocab-parallel shards may start at any multiple of it (HF's even split
+    # of V 128256 over 2 or 4 ranks is a multiple of 64, not of the 256-column tile).
+    invariant_width: int = 64
+
+    def __post_init__(self):
+        _power_of_two("forward.invariant_width", self.invariant_width)
 
 
 @dataclass(frozen=True)
@@ -344,7 +351,8 @@ PORTABLE = Config(
 # take every route (several chunks, a tail, dlogits programs of two tiles).
 INTERPRETER = Config(
     name="interpreter",
-    forward=Forward(Tiles(16, 16, 16, num_warps=1, num_stages=1), tma=True),
+    # invariant_width 8: two partials per 16-column tile, as Hopper has four per tile.
+    forward=Forward(Tiles(16, 16, 16, num_warps=1, num_stages=1), tma=True, invariant_width=8),
     dlogits=Tiles(16, 16, 16, num_warps=1, num_stages=1),
     dlogits_tiles_per_program=2,
     recompute=Recompute(Tiles(16, 32, 16, num_warps=1, num_stages=1), subtiles=2, group_n=2),

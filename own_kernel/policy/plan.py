@@ -66,6 +66,14 @@ class ForwardGrid:
     splits: int          # vocabulary splits per row block
     v_per_split: int     # columns per split (a multiple of the tile width)
     group_rows: int      # row blocks launched together (tile.py's row_block_and_split)
+    parts_per_split: int = 1  # partials each split stores (batch_invariant: one per block)
+
+    def parts(self, v: int) -> int:
+        """Partials per row over a vocabulary of v columns: one per split, or with
+        parts_per_split > 1 one per block of v_per_split / parts_per_split columns."""
+        if self.parts_per_split == 1:
+            return self.splits
+        return cdiv(v, self.v_per_split // self.parts_per_split)
 
 
 def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> ForwardGrid:
@@ -89,23 +97,25 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
 
 
 def invariant_block(cfg: Config) -> int:
-    """batch_invariant's vocabulary block: the forward tile's width. Each row's partials are
-    over the global blocks [k G, (k + 1) G), one program each, whatever N, and merged left to
-    right (lse_combine.py), so a row's lse does not depend on the rest of the call."""
-    return cfg.forward.tiles.block_v
+    """batch_invariant's vocabulary block: forward.invariant_width columns (the tile's width
+    where that is smaller). Each row's partials are over the global blocks [k G, (k + 1) G),
+    whatever N, and merged left to right (lse_combine.py), so a row's lse does not depend on the
+    rest of the call, nor on how the vocabulary is sharded at block boundaries."""
+    return min(cfg.forward.invariant_width, cfg.forward.tiles.block_v)
 
 
 def invariant_split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> ForwardGrid:
-    """batch_invariant's forward grid: one split per block of invariant_block columns (the
-    values do not depend on the launch order). Row blocks go in groups whose E blocks fit in
-    forward.l2_mib, every split of a group before the next: C is read once per group."""
+    """batch_invariant's forward grid: one split per tile of columns, each storing the partials
+    of its invariant_block-wide blocks (the values do not depend on the launch order). Row
+    blocks go in groups whose E blocks fit in forward.l2_mib, every split of a group before the
+    next: C is read once per group."""
     tiles = cfg.forward.tiles
-    width = invariant_block(cfg)
     num_nb = cdiv(n, tiles.block_n)
     e_block = tiles.block_n * d * elt
     budget = cfg.forward.l2_mib * 2**20
     group_rows = num_nb if not budget else max(1, min(num_nb, int(budget // e_block)))
-    return ForwardGrid(max(1, cdiv(v, width)), width, max(1, group_rows))
+    return ForwardGrid(max(1, cdiv(v, tiles.block_v)), tiles.block_v, max(1, group_rows),
+                       tiles.block_v // invariant_block(cfg))
 
 
 # ---- backward: chunks -----------------------------------------------------------------------

@@ -29,7 +29,8 @@ import torch
 from suite.kernel import invariance_ranks
 from suite.kernel.invariance_ranks import seeded_inputs
 
-MODELS = {"llama3-8b": "Llama 3 (8B)", "qwen2.5-7b": "Qwen 2.5 (7B)"}
+MODELS = {"llama3-8b": "Llama 3 (8B)", "qwen2.5-7b": "Qwen 2.5 (7B)",
+          "gemma2-2b": "Gemma 2 (2B)", "phi3.5-mini": "Phi 3.5 Mini"}
 OUTPUTS = ("loss", "entropy", "lse", "dE")
 
 
@@ -47,6 +48,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--ranks", type=int, default=0,
                     help="K > 0: the vocab-parallel check over K ranks instead "
                          "(suite/kernel/invariance_ranks.py; DIR/ranks<K>.json)")
+    ap.add_argument("--shards", default="even", choices=("even", "blocks"),
+                    help="--ranks: the vocabulary split as torch.chunk splits it (even) or "
+                         "on whole vocabulary blocks (default %(default)s)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for tiny test shapes")
 
 

@@ -1,14 +1,15 @@
 """`python -m suite kernel invariance --ranks K`: batch_invariant's forward across K ranks.
 
 K processes (NCCL with one GPU each and NVLink multicast off, as suite/ranks.py; gloo on the
-CPU) build the same seeded inputs; each holds a shard of the vocabulary whose boundaries are
-multiples of the target's vocabulary block (plan.invariant_block; as even as that allows) and
-runs linear_cross_entropy(reduction="none", return_lse, return_entropy, temperature 0.7) with
+CPU) build the same seeded inputs; each holds a shard of the vocabulary (``--shards even``:
+torch.chunk's split, as a DTensor Shard(0) head or an HF tensor-parallel plan gives; ``blocks``:
+whole blocks of the target's plan.invariant_block, as even as that allows) and runs linear_cross_entropy(reduction="none", return_lse, return_entropy, temperature 0.7) with
 vocab_parallel and the backward of sum w loss + beta H, and the same call on one process with
 the whole vocabulary. Rank 0 writes DIR/ranks<K>.json: per model, for batch_invariant and the
 default, whether loss, lse and entropy are the single-process call's bits and the relative
 differences of loss, lse, entropy, dE and of the gathered dC (dE is a sum over the ranks'
-partials: not expected to be bitwise).
+partials: not expected to be bitwise). A shard the invariant call refuses (a boundary off the
+block) is recorded as that model's error (listed under "refused"), and the run goes on.
 """
 from __future__ import annotations
 
@@ -47,6 +48,20 @@ def aligned_bounds(v: int, world: int, block: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def even_bounds(v: int, world: int) -> list[tuple[int, int]]:
+    """[start, stop) per rank as torch.chunk splits V: ceil(V / world) each, the last shorter."""
+    size = -(-v // world)
+    return [(min(v, r * size), min(v, (r + 1) * size)) for r in range(world)]
+
+
+def shard_bounds(v: int, world: int, shards: str, block: int) -> list[tuple[int, int]]:
+    if shards == "even":
+        return even_bounds(v, world)
+    if shards == "blocks":
+        return aligned_bounds(v, world, block)
+    raise ValueError(f"--shards: expected 'even' or 'blocks', got {shards!r}")
+
+
 def _rows(e, c, t, w, invariant, vp=None):
     from own_kernel import linear_cross_entropy
 
@@ -66,18 +81,22 @@ def _rel(a, b) -> float:
     return float((a[ok] - b[ok]).norm() / b[ok].norm().clamp_min(1e-300))
 
 
-def _model_result(model, d, v, rows, device, rank, world) -> dict:
+def _model_result(model, d, v, rows, device, rank, world, shards) -> dict:
     from own_kernel import VocabParallel
     from own_kernel.policy.config import config_for
     from own_kernel.policy.plan import invariant_block
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     e, c, t, w = seeded_inputs(rows, d, v, device, dtype)
-    bounds = aligned_bounds(v, world, invariant_block(config_for(device, dtype)))
+    bounds = shard_bounds(v, world, shards, invariant_block(config_for(device, dtype)))
     start, stop = bounds[rank]
-    out = {"d": d, "v": v, "bounds": bounds}
+    out = {"d": d, "v": v, "shards": shards, "bounds": bounds}
     for mode, invariant in (("batch_invariant", True), ("default", False)):
-        got = _rows(e, c[start:stop], t, w, invariant, VocabParallel(None, start, stop))
+        try:  # every rank raises alike (the shards are checked on the gathered bounds)
+            got = _rows(e, c[start:stop], t, w, invariant, VocabParallel(None, start, stop))
+        except ValueError as err:
+            out[mode] = {"error": str(err)}
+            continue
         ref = _rows(e, c, t, w, invariant)
         padded = max(b - a for a, b in bounds)
         mine = got["dC"].new_zeros(padded, d)
@@ -107,10 +126,12 @@ def _rank_main(rank, world, port, args_dict, out_dir):
         report = {"world_size": world, "rows": args_dict["rows"], "models": {}}
         for model, (d, v) in args_dict["shapes"].items():
             report["models"][model] = _model_result(model, d, v, args_dict["rows"], device,
-                                                    rank, world)
-        report["forward_bitwise"] = all(
-            m["batch_invariant"][n]["equal"] for m in report["models"].values()
-            for n in ("loss", "lse", "entropy"))
+                                                    rank, world, args_dict["shards"])
+        compared = [m for m in report["models"].values() if "error" not in m["batch_invariant"]]
+        report["refused"] = [k for k, m in report["models"].items()
+                             if "error" in m["batch_invariant"]]
+        report["forward_bitwise"] = bool(compared) and all(
+            m["batch_invariant"][n]["equal"] for m in compared for n in ("loss", "lse", "entropy"))
         if rank == 0:
             with open(os.path.join(out_dir, f"ranks{world}.json"), "w") as f:
                 json.dump(report, f, indent=1)
@@ -119,7 +140,8 @@ def _rank_main(rank, world, port, args_dict, out_dir):
 
 
 def run(args, shapes: dict) -> int:
-    """Spawn args.ranks ranks; 0 when every model's invariant forward rows are bitwise."""
+    """Spawn args.ranks ranks; 0 when every model whose shards the invariant call took has
+    bitwise forward rows (and at least one did)."""
     from suite.ranks import _free_port
 
     world = args.ranks
@@ -127,10 +149,16 @@ def run(args, shapes: dict) -> int:
         raise SystemExit(f"--ranks {world}: needs {world} GPUs; this machine has "
                          f"{torch.cuda.device_count()}")
     os.makedirs(args.out, exist_ok=True)
-    args_dict = {"device": args.device, "rows": args.rows, "shapes": shapes}
+    args_dict = {"device": args.device, "rows": args.rows, "shapes": shapes,
+                 "shards": args.shards}
     mp.start_processes(_rank_main, args=(world, _free_port(), args_dict, args.out),
                        nprocs=world, start_method="spawn", join=True)
     with open(os.path.join(args.out, f"ranks{world}.json")) as f:
         report = json.load(f)
-    print(f"ranks {world}: batch_invariant forward rows bitwise: {report['forward_bitwise']}")
+    from suite.results import environment
+    with open(os.path.join(args.out, f"env-ranks{world}.json"), "w") as f:
+        json.dump(environment(), f, indent=1)
+    print(f"ranks {world}: batch_invariant forward rows bitwise: {report['forward_bitwise']}"
+          + (f" (shards refused, not compared: {', '.join(report['refused'])})"
+             if report["refused"] else ""))
     return 0 if report["forward_bitwise"] else 1
