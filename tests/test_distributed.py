@@ -535,3 +535,30 @@ def test_vocab_parallel_tables_pair_single_and_sharded_rows(tmp_path):
     assert ("| own | loss+grad | 40 | 26 | 0.65x | 3000 | 1900 | 0.63x | 1.0e-07 | 3.0e-03 → 4.0e-03 "
             "| 2.0e-03 |") in text  # dE's error on one GPU, then sharded
     assert vocab_parallel_section(tmp_path / "nothing") == ""
+
+
+def test_a_run_without_one_gpu_rows_holds_each_backend_to_hf_loss_in_its_world(tmp_path):
+    """Weak scaling runs one world size per invocation: own@4 is judged against hf_loss@4 (the
+    same global batches), not left without a reference; --rejudge applies the rule to a
+    finished run's CSVs and keeps its measured columns."""
+    import csv
+
+    from suite.train.distributed import RESULT_FIELDS, _write_csv, main
+
+    ref = [10.0 * 0.97 ** i for i in range(40)]
+    curves = {"hf_loss@4": ref, "own@4": [x * 1.002 for x in ref],
+              "liger_flce@4": [x * 1.05 for x in ref], "own+tp@4": ref}
+    rows = [{"config": c, "backend": c.split("@")[0].split("+")[0], "world_size": "4",
+             "tp_head": str(c.startswith("own+tp")), "status": "ok", "ms": "12.5"}
+            for c in curves]
+    _write_csv(tmp_path / "results.csv", RESULT_FIELDS, rows)
+    _write_csv(tmp_path / "curves.csv", ["config", "step", "loss"],
+               [{"config": c, "step": i, "loss": x} for c, xs in curves.items()
+                for i, x in enumerate(xs)])
+    assert main(["--out", str(tmp_path), "--rejudge"]) == 0
+    got = {r["config"]: r for r in csv.DictReader(open(tmp_path / "results.csv"))}
+    assert got["hf_loss@4"]["verdict"] == "reference"
+    assert (got["own@4"]["verdict"], got["own@4"]["parity_ref"]) == ("pass", "hf_loss@4")
+    assert got["liger_flce@4"]["verdict"] == "fail"
+    assert got["own+tp@4"]["verdict"] == "no reference"  # its reference is hf_loss+tp@4
+    assert all(r["ms"] == "12.5" for r in got.values())

@@ -643,25 +643,54 @@ def _host_ms(ranks, warmup: int):
     return statistics.median(per_step) if per_step else 0.0
 
 
+def _parity_ref(row: dict, curves: dict) -> str | None:
+    """The curve a configuration is held to: a single-GPU run (its backend's, else hf_loss's,
+    else own's), else hf_loss with the same head in the same world (the same global
+    batches)."""
+    name, world = row["config"], int(row["world_size"])
+    order = ([f"{row['backend']}@1"] if world > 1 else []) + ["hf_loss@1", "own@1"]
+    tp = str(row.get("tp_head")) == "True"  # a bool here, a string from results.csv
+    order.append(f"hf_loss{'+tp' if tp else ''}@{world}")
+    return next((r for r in order if r in curves and r != name), None)
+
+
 def _parity(rows: list[dict], curves: dict, tol: float, window: int) -> None:
-    """Each configuration's curve against a single-GPU run: its backend's, else hf_loss's, else
-    own's (the first measured; hf_loss@1 is the reference, compared with none)."""
+    """Each configuration's curve against its _parity_ref (a configuration others are held to
+    and that has none of its own is the "reference")."""
     from suite.train.convergence import parity_verdict
 
+    refs = {row["config"]: _parity_ref(row, curves) for row in rows if row["status"] == "ok"}
     for row in rows:
+        name = row["config"]
         if row["status"] != "ok":
             continue
-        name = row["config"]
-        order = ([f"{row['backend']}@1"] if row["world_size"] > 1 else []) + ["hf_loss@1", "own@1"]
-        ref = next((r for r in order if r in curves and r != name), None)
-        if ref is None or name == "hf_loss@1":
-            row["verdict"] = "reference" if name == "hf_loss@1" else "no reference"
+        ref = None if name == "hf_loss@1" else refs[name]
+        if ref is None:
+            row["verdict"] = "reference" if name in refs.values() or name == "hf_loss@1" \
+                else "no reference"
             continue
         loss = curves[name]
         v = parity_verdict(loss, curves[ref], tol=tol, warmup=min(len(loss) // 10, 10),
                            window=min(window, len(loss)), shift=2)
         row.update(parity_ref=ref, max_rel_dev=v["max_rel_dev"],
                    final_rel_diff=v["final_rel_diff"], verdict=v["verdict"])
+
+
+def rejudge(out: Path, tol: float, window: int) -> list[dict]:
+    """A finished run's parity verdicts again by the current rule, from its results.csv and
+    curves.csv (the measured columns are kept as they are); results.csv rewritten."""
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    curves: dict[str, list[float]] = {}
+    with open(out / "curves.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            curves.setdefault(r["config"], []).append(float(r["loss"]))
+    for row in rows:
+        for key in ("parity_ref", "max_rel_dev", "final_rel_diff", "verdict"):
+            row[key] = ""
+    _parity(rows, curves, tol, window)
+    _write_csv(out / "results.csv", RESULT_FIELDS, rows)
+    return rows
 
 
 def _write_csv(path: Path, fields, rows) -> None:
@@ -771,6 +800,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--repeats", type=int, default=1, metavar="R",
       help="worlds per configuration, interleaved across configurations (default 1); the "
       "row's p20-p80 pools every world's steps, world_ms lists each world's median")
+    a("--rejudge", action="store_true",
+      help="no run: judge --out's finished run's loss parity again by the current rule "
+      "(its results.csv and curves.csv; results.csv rewritten)")
     a("--profile-steps", type=int, default=0, metavar="S",
       help="after the timed steps, S more under torch.profiler on rank 0: profile.csv / "
       "profile.json (suite/train/step_profile.py) and a gzipped chrome trace per "
@@ -804,6 +836,11 @@ def main(argv=None) -> int:
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.rejudge:
+        rows = rejudge(Path(args.out), args.tol, args.smooth)
+        for row in rows:
+            print(f"{row['config']}: {row['verdict']} {row['parity_ref']}")
+        return 0
     try:
         configs = parse_configs(args.configs)
         s = settings_from(args, configs)
