@@ -291,6 +291,8 @@ def test_the_ranks_check_splits_as_torch_chunk_and_records_a_refused_split(tmp_p
     assert "vocab_parallel" in model["batch_invariant"]["error"]
     assert model["default"]["loss"]["rel"] < 1e-5
     assert (tmp_path / "env-ranks2.json").exists()
+    table = (tmp_path / "ranks2.csv").read_text()
+    assert "batch_invariant" in table and "vocab_parallel" in table and "0-50 50-100" in table
 
 
 def test_the_ranks_check_shards_on_whole_blocks():

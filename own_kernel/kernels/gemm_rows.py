@@ -39,13 +39,16 @@ def _grouped_tile(M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_M: t
 def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, stride_bk,
                          stride_bd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr, FROM_ZERO: tl.constexpr):
     pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
     at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
-    acc = tl.load(at, mask=mask, other=0.0)
+    if FROM_ZERO:
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    else:
+        acc = tl.load(at, mask=mask, other=0.0)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -54,6 +57,8 @@ def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, s
         b = tl.load(B + offs_k[:, None].to(tl.int64) * stride_bk + offs_d[None, :] * stride_bd,
                     mask=k_mask[:, None] & (offs_d < D)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if FROM_ZERO:
+        acc += tl.load(at, mask=mask, other=0.0)
     tl.store(at, acc, mask=mask)
 
 
@@ -61,17 +66,22 @@ def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, s
 def cce_rows_gemm_tma_kernel(Acc, a_desc, b_desc, M, D, K, stride_acc,
                              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                             DOT_PRECISION: tl.constexpr):
+                             DOT_PRECISION: tl.constexpr, FROM_ZERO: tl.constexpr):
     pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
     m0, d0 = pid_m * BLOCK_M, pid_d * BLOCK_D
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
     at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
-    acc = tl.load(at, mask=mask, other=0.0)
+    if FROM_ZERO:
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    else:
+        acc = tl.load(at, mask=mask, other=0.0)
     for k0 in range(0, K, BLOCK_K):
         acc = tl.dot(a_desc.load([m0, k0]), b_desc.load([k0, d0]), acc,
                      input_precision=DOT_PRECISION)
+    if FROM_ZERO:
+        acc += tl.load(at, mask=mask, other=0.0)
     tl.store(at, acc, mask=mask)
 
 
@@ -89,6 +99,7 @@ def addmm_rows(acc, a, b, rows_gemm) -> None:
     grid = (cdiv(m, t.block_n) * cdiv(d, t.block_v),)
     common = dict(BLOCK_M=t.block_n, BLOCK_D=t.block_v, BLOCK_K=t.block_d,
                   GROUP_M=rows_gemm.group_m, DOT_PRECISION=dot_precision(a.dtype),
+                  FROM_ZERO=rows_gemm.from_zero,
                   num_warps=t.num_warps, num_stages=t.num_stages)
     if rows_gemm.tma and tma_ready(a) and tma_ready(b):
         cce_rows_gemm_tma_kernel[grid](

@@ -8,11 +8,12 @@ vocab_parallel and the backward of sum w loss + beta H, and the same call on one
 the whole vocabulary. Rank 0 writes DIR/ranks<K>.json: per model, for batch_invariant and the
 default, whether loss, lse and entropy are the single-process call's bits and the relative
 differences of loss, lse, entropy, dE and of the gathered dC (dE is a sum over the ranks'
-partials: not expected to be bitwise). A shard the invariant call refuses (a boundary off the
+partials: not expected to be bitwise), and the same as a table, DIR/ranks<K>.csv. A shard the invariant call refuses (a boundary off the
 block) is recorded as that model's error (listed under "refused"), and the run goes on.
 """
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
 import os
@@ -139,6 +140,30 @@ def _rank_main(rank, world, port, args_dict, out_dir):
         dist.destroy_process_group()
 
 
+RANKS_FIELDS = ["world_size", "model", "d", "v", "shards", "bounds", "mode", "output", "equal",
+                "rel", "error"]
+
+
+def write_ranks_csv(report: dict, path: str) -> None:
+    """ranks<K>.json as one row per (model, mode, output): its bits against the single process
+    (equal) and relative difference, or the refusal (error)."""
+    rows = []
+    for model, m in report["models"].items():
+        common = {"world_size": report["world_size"], "model": model, "d": m["d"], "v": m["v"],
+                  "shards": m.get("shards", "blocks"),
+                  "bounds": " ".join(f"{a}-{b}" for a, b in m["bounds"])}
+        for mode in ("batch_invariant", "default"):
+            if "error" in m[mode]:
+                rows.append({**common, "mode": mode, "error": m[mode]["error"]})
+                continue
+            rows += [{**common, "mode": mode, "output": name, "equal": x["equal"],
+                      "rel": x["rel"]} for name, x in m[mode].items()]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RANKS_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def run(args, shapes: dict) -> int:
     """Spawn args.ranks ranks; 0 when every model whose shards the invariant call took has
     bitwise forward rows (and at least one did)."""
@@ -155,6 +180,7 @@ def run(args, shapes: dict) -> int:
                        nprocs=world, start_method="spawn", join=True)
     with open(os.path.join(args.out, f"ranks{world}.json")) as f:
         report = json.load(f)
+    write_ranks_csv(report, os.path.join(args.out, f"ranks{world}.csv"))
     from suite.results import environment
     with open(os.path.join(args.out, f"env-ranks{world}.json"), "w") as f:
         json.dump(environment(), f, indent=1)
