@@ -147,11 +147,9 @@ def test_the_pointer_kernels_are_invariant_too():
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
-def test_the_de_gemm_folds_each_row_over_k_whatever_the_rows_and_chunks(tma):
-    """addmm_rows, both loaders: a row's sums are its bits alone and inside a permuted batch,
-    and two calls over K's halves (split on a whole K step) are one call's bits: the sum starts
-    from the accumulator and folds over K steps in order. Within a dtype's rounding of an fp64
-    product (K terms, each fp32)."""
+def test_the_de_gemm_gives_each_row_its_bits_whatever_the_rows(tma):
+    """addmm_rows, both loaders: a row's sums are its bits alone and inside a permuted batch.
+    Within a dtype's rounding of an fp64 product (K terms, each fp32)."""
     from own_kernel.kernels.gemm_rows import addmm_rows
     from own_kernel.policy.config import config_for, with_overrides
     from own_kernel.policy.plan import tma_ready
@@ -165,20 +163,41 @@ def test_the_de_gemm_folds_each_row_over_k_whatever_the_rows_and_chunks(tma):
     start = torch.randn(m, d, generator=g).to(DEVICE)
     assert tma_ready(a) and tma_ready(b)  # else the tma case would run the pointer loader
 
-    def run(rows, kk=slice(None), acc=None):
-        out = start[rows].clone() if acc is None else acc
-        addmm_rows(out, a[rows][:, kk], b[kk], cfg.rows_gemm)
+    def run(rows):
+        out = start[rows].clone()
+        addmm_rows(out, a[rows], b, cfg.rows_gemm)
         return out
 
     full = run(slice(None))
     perm = torch.randperm(m, generator=g).to(DEVICE)
     assert torch.equal(run(slice(0, 5)), full[:5])
     assert torch.equal(run(perm), full[perm])
-    cut = cfg.rows_gemm.tiles.block_d * 2
-    assert torch.equal(run(slice(None), slice(cut, None), run(slice(None), slice(0, cut))), full)
     exact = start.double() + a.double() @ b.double()
     tol = k * torch.finfo(torch.float32).eps * 4
     assert ((full.double() - exact).abs().max() / exact.abs().max()).item() < tol
+
+
+def test_the_invariant_de_is_as_accurate_as_the_default():
+    """dE against an fp64 reference: the invariant call's error within 5 % of the default's.
+    Both round W and dE to the input dtype alike and differ only in how fp32 sums are ordered
+    (errors of order sqrt(V) fp32 ulps, far below one 16-bit rounding); on a GPU, folding dE's
+    running sums through the tensor cores' accumulation (the rows GEMM's first version) was
+    18 % worse at Llama 3 (8B)."""
+    n, d, v = (2048, 1024, 32768) if ON_GPU else (24, 32, 100)
+    dtype = torch.bfloat16 if ON_GPU else torch.float16
+    g = torch.Generator().manual_seed(3)
+    e = (torch.randn(n, d, generator=g) * 0.5).to(DEVICE, dtype)
+    c = (torch.randn(v, d, generator=g) * d ** -0.5 * 4).to(DEVICE, dtype)
+    t = torch.randint(0, v, (n,), generator=g).to(DEVICE)
+    e64 = e.double().requires_grad_()
+    torch.nn.functional.cross_entropy(e64 @ c.double().T, t).backward()
+
+    def err(invariant):
+        x = e.clone().requires_grad_()
+        linear_cross_entropy(x, c, t, batch_invariant=invariant).backward()
+        return ((x.grad.double() - e64.grad).norm() / e64.grad.norm()).item()
+
+    assert err(True) <= 1.05 * err(False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

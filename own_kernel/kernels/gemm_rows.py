@@ -3,13 +3,18 @@ pinned config (config.RowsGemm), so each row of acc gets the same instruction se
 products summed in the same order) whatever M is, where the row sits in its tile, and what the
 other rows hold. cuBLAS (gemm.py's addmm_fp32) picks its algorithm, split-K included, by M.
 
-Each program owns a BLOCK_M x BLOCK_D tile of acc and starts from acc's values there:
+Each program owns a BLOCK_M x BLOCK_D tile of acc:
 
-    acc[rows, cols] <- (((acc + a[:, K0] b[K0, :]) + a[:, K1] b[K1, :]) + ...)
+    p = (((0 + a[:, K0] b[K0, :]) + a[:, K1] b[K1, :]) + ...)     (tensor cores, K slices in order)
+    acc[rows, cols] <- acc[rows, cols] + p                       (one fp32 add, rounded to nearest)
 
-one tl.dot per BLOCK_K slice, in order, no atomics, no split-K. Starting from acc (not from
-zero, then one add) makes the sum one left-to-right fold over K slices, the same whatever the
-call's chunk boundaries where they fall on whole slices.
+one tl.dot per BLOCK_K slice, no atomics, no split-K; the call's chunk of K is fixed by the
+route (plan.invariant_chunk_plan), so the sum's order is too. Why the product starts from zero:
+folding acc itself through the MMA's accumulator (acc as tl.dot's addend) adds every slice of
+all of V into a large running sum with the tensor cores' own accumulation, which lost dE
+accuracy on an H100 (relative error 2.97e-3 against the default call's 2.51e-3 at Llama 3 (8B),
+results/notes/batch-invariant.md); cuBLAS in the default call adds its chunk's product to dE's
+fp32 sums the same way as here.
 
 Two loaders, picked by the config, not by the call: pointer loads (any GPU), or TMA
 descriptors (Hopper; the hardware zero-fills past M, K and D, so the loop has no masks). Program
@@ -39,16 +44,13 @@ def _grouped_tile(M, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_M: t
 def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, stride_bk,
                          stride_bd, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, FROM_ZERO: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr):
     pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
     at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
-    if FROM_ZERO:
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    else:
-        acc = tl.load(at, mask=mask, other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -57,8 +59,7 @@ def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, s
         b = tl.load(B + offs_k[:, None].to(tl.int64) * stride_bk + offs_d[None, :] * stride_bd,
                     mask=k_mask[:, None] & (offs_d < D)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    if FROM_ZERO:
-        acc += tl.load(at, mask=mask, other=0.0)
+    acc += tl.load(at, mask=mask, other=0.0)
     tl.store(at, acc, mask=mask)
 
 
@@ -66,22 +67,18 @@ def cce_rows_gemm_kernel(Acc, A, B, M, D, K, stride_acc, stride_am, stride_ak, s
 def cce_rows_gemm_tma_kernel(Acc, a_desc, b_desc, M, D, K, stride_acc,
                              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                             DOT_PRECISION: tl.constexpr, FROM_ZERO: tl.constexpr):
+                             DOT_PRECISION: tl.constexpr):
     pid_m, pid_d = _grouped_tile(M, D, BLOCK_M, BLOCK_D, GROUP_M)
     m0, d0 = pid_m * BLOCK_M, pid_d * BLOCK_D
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     mask = (offs_m < M)[:, None] & (offs_d < D)[None, :]
     at = Acc + offs_m[:, None].to(tl.int64) * stride_acc + offs_d[None, :]
-    if FROM_ZERO:
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    else:
-        acc = tl.load(at, mask=mask, other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         acc = tl.dot(a_desc.load([m0, k0]), b_desc.load([k0, d0]), acc,
                      input_precision=DOT_PRECISION)
-    if FROM_ZERO:
-        acc += tl.load(at, mask=mask, other=0.0)
+    acc += tl.load(at, mask=mask, other=0.0)
     tl.store(at, acc, mask=mask)
 
 
@@ -99,7 +96,6 @@ def addmm_rows(acc, a, b, rows_gemm) -> None:
     grid = (cdiv(m, t.block_n) * cdiv(d, t.block_v),)
     common = dict(BLOCK_M=t.block_n, BLOCK_D=t.block_v, BLOCK_K=t.block_d,
                   GROUP_M=rows_gemm.group_m, DOT_PRECISION=dot_precision(a.dtype),
-                  FROM_ZERO=rows_gemm.from_zero,
                   num_warps=t.num_warps, num_stages=t.num_stages)
     if rows_gemm.tma and tma_ready(a) and tma_ready(b):
         cce_rows_gemm_tma_kernel[grid](

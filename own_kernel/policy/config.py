@@ -201,7 +201,6 @@ class RowsGemm:
     tiles: Tiles
     tma: bool = False        # TMA descriptors where the operands allow (Hopper)
     group_m: int = 8         # row blocks per column block in launch order (L2 reuse)
-    from_zero: bool = True   # each call's product from zero, added to acc once (else folded into acc)
 
     def __post_init__(self):
         if self.group_m < 1:
