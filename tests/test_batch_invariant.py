@@ -203,6 +203,23 @@ def test_the_invariant_de_is_as_accurate_as_the_default():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_label_smoothing_bias_and_softcap_keep_the_bits_and_the_values(dtype):
+    """The forward's per-block partials with their optional sums (the sum of logits for label
+    smoothing, a bias, a softcap): the rows are their bits alone and inside a permuted batch,
+    and the values are the default call's to the dtype's rounding over V's sums."""
+    alone, batch, where = _embedded(5, 40 if not ON_GPU else 1500, dtype, seed=11)
+    bias = (torch.randn(V, generator=torch.Generator().manual_seed(7)) * 0.3).to(DEVICE, dtype)
+    kw = dict(label_smoothing=0.1, bias=bias, softcap=15.0)
+    got_alone, _ = _per_row(*alone, **kw)
+    got_batch, _ = _per_row(*batch, **kw)
+    assert _same_rows(got_alone, got_batch, torch.arange(5, device=DEVICE), where)
+    ref, _ = _per_row(*alone, invariant=False, **kw)
+    tol = 8 * V * torch.finfo(torch.float32).eps  # fp32 sums over V columns, either order
+    for got, want in zip(got_alone[:3], ref[:3]):  # loss, entropy, lse
+        assert torch.allclose(got, want, rtol=tol, atol=tol), (got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_padding_rows_change_nothing(dtype):
     """Rows padded with ignored targets (zero hidden states, as a padded micro-batch has):
     the real rows' bits do not move; padded rows have loss and entropy 0 and dE 0."""

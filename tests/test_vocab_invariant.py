@@ -1,6 +1,7 @@
 """A vocabulary sharded over 1, 2 and 3 gloo ranks (CPU, interpreter): with batch_invariant the
 forward's rows (loss, lse, entropy) are the single-process call's bits for every number of
-ranks; the entropy and a temperature work on a sharded vocabulary with and without it, within
+ranks, with a softcap, a temperature and label smoothing (whose sum of logits is a per-block
+partial too); the entropy and a temperature work on a sharded vocabulary with and without it, within
 the single-process call's tolerance; a shard boundary off the vocabulary block raises, naming
 vocab_parallel. The default sharded call (lse-only combine) differs in bits from the single
 process, so the bitwise property is not one any combine meets."""
@@ -14,7 +15,7 @@ N, D, V = 16, 32, 100
 # Shards on the interpreter's 8-column partial blocks (the last one stops at V), off its
 # 16-column forward tile: a shard's tiles do not line up with one process's
 SHARDS = {1: [(0, 100)], 2: [(0, 40), (40, 100)], 3: [(0, 24), (24, 56), (56, 100)]}
-OPTIONS = dict(softcap=20.0, temperature=0.8)
+OPTIONS = dict(softcap=20.0, temperature=0.8, label_smoothing=0.1)
 
 
 def _row_independent_dots():
