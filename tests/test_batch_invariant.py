@@ -308,11 +308,12 @@ def test_the_gpu_check_tool_writes_its_tables(tmp_path):
 
 @pytest.mark.skipif(ON_GPU, reason="runs the tool's gloo world on the CPU (interpreter); on GPUs "
                     "its NCCL run is `python -m suite kernel invariance --ranks K`, logged")
-def test_the_ranks_check_splits_as_torch_chunk_and_records_a_refused_split(tmp_path):
+def test_the_ranks_check_splits_as_torch_chunk_and_writes_its_tables(tmp_path):
     """`kernel invariance --ranks 2` (gloo on the CPU): V 100 splits as torch.chunk does, 50
-    columns each, off the interpreter's 8-column block; the invariant call's refusal is that
-    model's recorded error, the default call's rows are still compared, and with nothing
-    compared the run fails."""
+    columns each, off the interpreter's 8-column block; the invariant call takes it (a block
+    over both ranks), both modes' rows are compared and written as JSON, CSV and env. (Its
+    bits are the GPU run's to check: the tool's ranks run numpy's matmul, not the tests'
+    row-independent dot.)"""
     import json
 
     from suite.cli import main
@@ -320,17 +321,16 @@ def test_the_ranks_check_splits_as_torch_chunk_and_records_a_refused_split(tmp_p
 
     assert even_bounds(128256, 4) == [(0, 32064), (32064, 64128), (64128, 96192), (96192, 128256)]
     assert even_bounds(10, 3) == [(0, 4), (4, 8), (8, 10)]
-    rc = main(["kernel", "invariance", "--ranks", "2", "--device", "cpu", "--out", str(tmp_path),
-               "--models", "llama3-8b", "--d", "16", "--v", "100", "--rows", "4"])
+    main(["kernel", "invariance", "--ranks", "2", "--device", "cpu", "--out", str(tmp_path),
+          "--models", "llama3-8b", "--d", "16", "--v", "100", "--rows", "4"])
     report = json.loads((tmp_path / "ranks2.json").read_text())
     model = report["models"]["llama3-8b"]
-    assert rc == 1 and not report["forward_bitwise"] and report["refused"] == ["llama3-8b"]
-    assert model["bounds"] == [[0, 50], [50, 100]]
-    assert "vocab_parallel" in model["batch_invariant"]["error"]
-    assert model["default"]["loss"]["rel"] < 1e-5
+    assert report["refused"] == [] and model["bounds"] == [[0, 50], [50, 100]]
+    for mode in ("batch_invariant", "default"):
+        assert model[mode]["loss"]["rel"] < 1e-5, model[mode]
     assert (tmp_path / "env-ranks2.json").exists()
     table = (tmp_path / "ranks2.csv").read_text()
-    assert "batch_invariant" in table and "vocab_parallel" in table and "0-50 50-100" in table
+    assert "batch_invariant" in table and "0-50 50-100" in table
 
 
 def test_the_ranks_check_shards_on_whole_blocks():

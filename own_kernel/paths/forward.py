@@ -65,7 +65,7 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
     if route.forward_tuned:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
     if route.call.batch_invariant:  # fixed vocabulary blocks (Route.forward_grid)
-        grid = route.forward_grid(num_sms(e.device))
+        grid = route.forward_grid(num_sms(e.device), v)
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
     part = torch.empty((sums.planes, grid.parts(v), n), device=e.device, dtype=torch.float32)

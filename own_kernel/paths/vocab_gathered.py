@@ -7,10 +7,11 @@ logit comes from the rank that owns it (an all-reduce SUM of one value and zeros
 Used where a call asks for what the lse-only combine of paths/vocab_parallel.py cannot give:
 ``return_entropy`` (the entropy needs the third partial), ``temperature`` and
 ``batch_invariant``. Under ``batch_invariant`` the partials are per fixed block of
-plan.invariant_block columns; when every shard boundary is a multiple of that block, the
-gathered partials are the single-GPU call's, bit for bit, so the forward's rows (loss, lse,
-entropy, ...) are the same for any number of ranks. A boundary off the block raises on every
-rank (checked on the gathered bounds), naming vocab_parallel.
+plan.invariant_block columns, each computed whole on the rank where it starts (the rows of a
+block that runs past that rank's shard are borrowed from the next ranks: one all_gather of
+every rank's first block - 1 rows, only where some boundary is off the blocks). The gathered
+partials are then the single-GPU call's, bit for bit, so the forward's rows (loss, lse,
+entropy, ...) are the same for any number of ranks and any split of the vocabulary.
 
 Backward: as paths/vocab_parallel.py's (the shard's backward with the global rows, its partial
 dE in fp32 all-reduced, label smoothing's target term), with the entropy's gradient. dE is a
@@ -26,28 +27,60 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from own_kernel.kernels.lse_combine import combine
+from own_kernel.kernels.lse_combine import PartialSums, combine
+from own_kernel.kernels.target import target_logit
 from own_kernel.paths.entries import rows_backward
 from own_kernel.paths.forward import forward_parts
 from own_kernel.paths.shared import refuse_create_graph
 from own_kernel.policy.plan import invariant_block
 
 
-def check_invariant_shards(bounds, v_total: int, cfg) -> None:
-    """batch_invariant's shards ([start, stop) of every rank) start and stop on the vocabulary
-    block (the last may stop at V). Checked on the gathered bounds, so every rank raises."""
-    block = invariant_block(cfg)
-    bad = [(a, b) for a, b in bounds if a % block or (b % block and b != v_total)]
-    if bad:
-        raise ValueError(
-            f"vocab_parallel: batch_invariant=True needs shard boundaries at multiples of "
-            f"{block} columns (the {cfg.name} target's vocabulary block); the shards "
-            f"{', '.join(f'[{a}, {b})' for a, b in bad)} of V {v_total} are not")
+def block_range(start: int, stop: int, v_total: int, block: int) -> tuple[int, int]:
+    """batch_invariant: the columns [begin, end) of a shard [start, stop)'s partials, the
+    blocks of `block` columns whose first column is on the shard (none: begin == end)."""
+    begin = -(-start // block) * block
+    if begin >= stop:
+        return begin, begin
+    return begin, min(-(-stop // block) * block, v_total)
+
+
+def _block_shard(c, bias, call, device):
+    """batch_invariant: (c, bias) rows [begin, end) of block_range for this rank. A block that
+    starts on this shard and ends on later ones is read whole here: every rank's first
+    block - 1 rows (and bias entries) are all-gathered, where some boundary is off the
+    blocks, and the rows past this shard's stop taken from the ranks after it."""
+    vp, block = call.vp, invariant_block(call.route.cfg)
+    bounds = vp.bounds(device)
+    begin, end = block_range(vp.start, vp.stop, call.v_total, block)
+    rows, entries = c[max(0, begin - vp.start):], None if bias is None else bias[begin - vp.start:]
+    if all(a % block == 0 for a, _ in bounds):
+        return rows, entries  # every block on one rank: nothing to borrow
+    head = block - 1
+    mine = c.new_zeros((head, c.shape[1]))
+    mine[:min(head, vp.size)] = c[:head]
+    heads = [torch.empty_like(mine) for _ in bounds]
+    dist.all_gather(heads, mine, group=vp.group)
+    heads_b = None
+    if bias is not None:
+        mine_b = bias.new_zeros(head)
+        mine_b[:min(head, vp.size)] = bias[:head]
+        heads_b = [torch.empty_like(mine_b) for _ in bounds]
+        dist.all_gather(heads_b, mine_b, group=vp.group)
+    need = max(0, end - max(vp.stop, begin))
+    if need == 0:
+        return rows, entries
+    # the ranks after this one, in column order (bounds and heads are by group rank)
+    later = sorted((a, r) for r, (a, _) in enumerate(bounds) if a >= vp.stop)
+    take = [(r, min(head, bounds[r][1] - bounds[r][0])) for _, r in later]
+    rows = torch.cat([rows, torch.cat([heads[r][:k] for r, k in take])[:need]])
+    if heads_b is not None:
+        entries = torch.cat([entries, torch.cat([heads_b[r][:k] for r, k in take])[:need]])
+    return rows, entries
 
 
 def _gather_partials(part, call, checksum):
     """Every rank's partials, concatenated in global column order (sorted by shard start);
-    raises if the ranks' targets differ, or (batch_invariant) if a shard is off the block."""
+    raises if the ranks' targets differ."""
     vp, n = call.vp, part.shape[2]
     group = vp.group
     world = dist.get_world_size(group)
@@ -59,8 +92,6 @@ def _gather_partials(part, call, checksum):
     if len({m[3] for m in metas}) > 1:
         raise ValueError("targets: differ between the ranks of vocab_parallel's group (every "
                          "rank must pass the same targets and e)")
-    if call.opts.batch_invariant:
-        check_invariant_shards([m[:2] for m in metas], call.v_total, call.route.cfg)
     most = max(m[2] for m in metas)
     padded = part.new_zeros((part.shape[0], most, n))
     padded[:, :part.shape[1]] = part
@@ -70,14 +101,28 @@ def _gather_partials(part, call, checksum):
     return torch.cat([gathered[r][:, :metas[r][2]] for r in order], dim=1).contiguous()
 
 
+def _partials(e, c, bias, t_local, call, skip):
+    """(part, z_target, sums) of this rank (forward.forward_parts); batch_invariant: over
+    _block_shard's columns, the target logits over the shard's own."""
+    if not call.opts.batch_invariant:
+        return forward_parts(e, c, bias, t_local, call.opts, call.route, skip_ignored=skip)
+    rows, entries = _block_shard(c, bias, call, e.device)
+    opts = call.opts
+    z_t = target_logit(e, c, bias, t_local, opts.softcap, opts.temperature)
+    if rows.shape[0] == 0:  # no block starts on this shard
+        sums = PartialSums(opts.label_smoothing > 0, opts.entropy, float(opts.temperature))
+        return e.new_empty((sums.planes, 0, e.shape[0]), dtype=torch.float32), z_t, sums
+    part, _, sums = forward_parts(e, rows, entries, t_local, opts, call.route, skip_ignored=skip)
+    return part, z_t, sums
+
+
 class GatheredRows(torch.autograd.Function):
     """(loss, lse, entropy) per row of the gathered problem; call: vocab_parallel._Call."""
 
     @staticmethod
     def forward(ctx, e, c, t_local, bias, call, checksum):
         skip = not call.ignored_lse
-        part, z_t, sums = forward_parts(e, c, bias, t_local, call.opts, call.route,
-                                        skip_ignored=skip)
+        part, z_t, sums = _partials(e, c, bias, t_local, call, skip)
         full = _gather_partials(part, call, checksum)
         dist.all_reduce(z_t, op=dist.ReduceOp.SUM, group=call.vp.group)
         loss, lse, p_max, nll, lse_lo, ent = combine(

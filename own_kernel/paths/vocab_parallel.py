@@ -126,22 +126,33 @@ class VocabParallel:
         first call only), after checking that the shards tile [0, V)."""
         cached = self.__dict__.get("_vocab_size")
         if cached is None:
-            cached = _gathered_vocab_size(self, device)
+            cached = max(stop for _, stop in self.bounds(device))
             self.__dict__["_vocab_size"] = cached  # frozen: the fields, not this cache
         return cached
 
+    @EAGER_ONLY
+    def bounds(self, device) -> list[tuple[int, int]]:
+        """Every rank's [start, stop), by its rank in the group (one all_gather, on the first
+        call only), after checking that they tile [0, V)."""
+        cached = self.__dict__.get("_bounds")
+        if cached is None:
+            cached = _gathered_bounds(self, device)
+            self.__dict__["_bounds"] = cached  # frozen: the fields, not this cache
+        return cached
 
-def _gathered_vocab_size(vp: VocabParallel, device) -> int:
+
+def _gathered_bounds(vp: VocabParallel, device) -> list[tuple[int, int]]:
     world = dist.get_world_size(vp.group)
     mine = torch.tensor([vp.start, vp.stop], dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=vp.group)
-    bounds = sorted(tuple(int(x) for x in b.tolist()) for b in every)
+    by_rank = [tuple(int(x) for x in b.tolist()) for b in every]
+    bounds = sorted(by_rank)
     tiles = bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     if not tiles:
         raise ValueError(f"vocab_parallel: the ranks' shards {bounds} do not tile the "
                          f"vocabulary [0, V) (each column on exactly one rank)")
-    return bounds[-1][1]
+    return by_rank
 
 
 def check_vocab_parallel(vp, c: Tensor) -> None:

@@ -61,8 +61,8 @@ class Forward:
     l2_mib: int = 0          # E bytes the resident programs may share in L2; 0 = no bound
     warp_specialize: bool = False  # TMA loop: Triton's producer/consumer warp groups (sm90+)
     # batch_invariant: each row's partials per block of this many columns (or the tile's width
-    # where smaller), so vocab-parallel shards may start at any multiple of it (HF's even split
-    # of V 128256 over 2 or 4 ranks is a multiple of 64, not of the 256-column tile).
+    # where smaller); a vocab-parallel shard that starts off a block borrows at most this many
+    # columns less one from its neighbour (paths/vocab_gathered.py), not a whole tile's.
     invariant_width: int = 64
 
     def __post_init__(self):

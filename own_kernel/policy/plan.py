@@ -100,7 +100,7 @@ def invariant_block(cfg: Config) -> int:
     """batch_invariant's vocabulary block: forward.invariant_width columns (the tile's width
     where that is smaller). Each row's partials are over the global blocks [k G, (k + 1) G),
     whatever N, and merged left to right (lse_combine.py), so a row's lse does not depend on the
-    rest of the call, nor on how the vocabulary is sharded at block boundaries."""
+    rest of the call, nor on how the vocabulary is sharded (paths/vocab_gathered.py)."""
     return min(cfg.forward.invariant_width, cfg.forward.tiles.block_v)
 
 

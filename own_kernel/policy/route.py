@@ -281,13 +281,16 @@ class Route:
         return c.batch_invariant and (self.forward == "tma" or self.writer == "tma") and \
             (c.e_tma_ready is False or c.c_tma_ready is False)
 
-    def forward_grid(self, slots: int) -> ForwardGrid:
+    def forward_grid(self, slots: int, v: int | None = None) -> ForwardGrid:
         """The forward's grid (plan.split_plan); batch_invariant: vocabulary splits of one
-        fixed width (plan.invariant_split_plan), merged left to right by lse_combine.py."""
+        fixed width (plan.invariant_split_plan), merged left to right by lse_combine.py. v: the
+        columns the forward reads, where they are not the call's (a vocab-parallel shard
+        extended to whole blocks, paths/vocab_gathered.py)."""
         c = self.call
+        v = c.v if v is None else v
         if c.batch_invariant:
-            return invariant_split_plan(c.n, c.v, c.d, c.elt, self.cfg, slots)
-        return split_plan(c.n, c.v, c.d, c.elt, self.cfg, slots)
+            return invariant_split_plan(c.n, v, c.d, c.elt, self.cfg, slots)
+        return split_plan(c.n, v, c.d, c.elt, self.cfg, slots)
 
     @property
     def logits(self) -> str:

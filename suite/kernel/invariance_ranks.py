@@ -121,6 +121,8 @@ def _rank_main(rank, world, port, args_dict, out_dir):
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     cuda = device.type == "cuda"
+    if not cuda:  # one thread per rank, as torchrun sets: the ranks share the host's cores
+        torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             timeout=dt.timedelta(seconds=300), device_id=device if cuda else None)
     try:
@@ -136,6 +138,7 @@ def _rank_main(rank, world, port, args_dict, out_dir):
         if rank == 0:
             with open(os.path.join(out_dir, f"ranks{world}.json"), "w") as f:
                 json.dump(report, f, indent=1)
+        dist.barrier()  # no rank tears the group down while another still uses it
     finally:
         dist.destroy_process_group()
 
