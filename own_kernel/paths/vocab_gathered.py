@@ -84,21 +84,21 @@ def _gather_partials(part, call, checksum):
     vp, n = call.vp, part.shape[2]
     group = vp.group
     world = dist.get_world_size(group)
-    meta = torch.tensor([vp.start, vp.stop, part.shape[1], int(checksum)], dtype=torch.int64,
+    meta = torch.tensor([vp.start, part.shape[1], int(checksum)], dtype=torch.int64,
                         device=part.device)
     metas = [torch.empty_like(meta) for _ in range(world)]
     dist.all_gather(metas, meta, group=group)
     metas = [m.tolist() for m in metas]
-    if len({m[3] for m in metas}) > 1:
+    if len({m[2] for m in metas}) > 1:
         raise ValueError("targets: differ between the ranks of vocab_parallel's group (every "
                          "rank must pass the same targets and e)")
-    most = max(m[2] for m in metas)
+    most = max(m[1] for m in metas)
     padded = part.new_zeros((part.shape[0], most, n))
     padded[:, :part.shape[1]] = part
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=group)
     order = sorted(range(world), key=lambda r: metas[r][0])
-    return torch.cat([gathered[r][:, :metas[r][2]] for r in order], dim=1).contiguous()
+    return torch.cat([gathered[r][:, :metas[r][1]] for r in order], dim=1).contiguous()
 
 
 def _partials(e, c, bias, t_local, call, skip):
