@@ -45,7 +45,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
             x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, offs_v < v_end, D,
                            stride_en, stride_ed, stride_cv, stride_cd,
                            HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-        store_block_partials(x, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
+        store_block_partials(x, Part, v_start, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
                              cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
     else:
         m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)

@@ -82,7 +82,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                 offs_v = v_start + tl.arange(0, BLOCK_V)
                 b = tl.load(Bias + offs_v, mask=offs_v < v_end, other=0.0)
                 acc += b.to(tl.float32)[None, :]
-        store_block_partials(acc, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
+        store_block_partials(acc, Part, v_start, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
                              cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
     else:
         m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)

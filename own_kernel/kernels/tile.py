@@ -128,21 +128,21 @@ def store_split_partials(Part, split, N, plane, offs_n, n_mask, m2, s, z2_sum, t
 
 
 @triton.jit
-def store_block_partials(x, Part, split, N, V, v_end, plane, offs_n, n_mask, tanh_scale, cap,
+def store_block_partials(x, Part, v0, N, V, v_end, plane, offs_n, n_mask, tanh_scale, cap,
                          HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                          NEED_ENT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
                          PARTS: tl.constexpr):
     # batch_invariant: the partials of one tile of raw logits x (the split's only tile, its
-    # columns from split * BLOCK_V, those from v_end on excluded) per block of BLOCK_V / PARTS
-    # columns, stored as partials split * PARTS + j, as store_split_partials stores a split's.
+    # columns from v0, a multiple of BLOCK_V; those from v_end on excluded) per block of
+    # BLOCK_V / PARTS columns, each stored as partial v0 / (BLOCK_V / PARTS) + j, as
+    # store_split_partials stores a split's.
     # A block's sums do not depend on where the tile starts, so a shard that starts on a block
     # boundary gives the single-process call's partials. A block with no column gets (-inf, 0).
     WIDTH: tl.constexpr = BLOCK_V // PARTS
-    v0 = split * BLOCK_V
     v_mask = (v0 + tl.arange(0, BLOCK_V)) < v_end
     z = tl.where(v_mask[None, :], logits(x, tanh_scale, cap, HAS_SOFTCAP), -1e30)
     z3 = tl.reshape(z, (BLOCK_N, PARTS, WIDTH))
-    block = split * PARTS + tl.arange(0, PARTS)
+    block = v0 // WIDTH + tl.arange(0, PARTS)
     seen = (block * WIDTH < v_end)[None, :]
     m = tl.max(z3, axis=2)
     z_rel = z3 - m[:, :, None]

@@ -3,13 +3,15 @@
 K processes (NCCL with one GPU each and NVLink multicast off, as suite/ranks.py; gloo on the
 CPU) build the same seeded inputs; each holds a shard of the vocabulary (``--shards even``:
 torch.chunk's split, as a DTensor Shard(0) head or an HF tensor-parallel plan gives; ``blocks``:
-whole blocks of the target's plan.invariant_block, as even as that allows) and runs linear_cross_entropy(reduction="none", return_lse, return_entropy, temperature 0.7) with
+whole blocks of the target's plan.invariant_block, as even as that allows) and runs
+linear_cross_entropy(reduction="none", return_lse, return_entropy, temperature 0.7) with
 vocab_parallel and the backward of sum w loss + beta H, and the same call on one process with
 the whole vocabulary. Rank 0 writes DIR/ranks<K>.json: per model, for batch_invariant and the
 default, whether loss, lse and entropy are the single-process call's bits and the relative
 differences of loss, lse, entropy, dE and of the gathered dC (dE is a sum over the ranks'
-partials: not expected to be bitwise), and the same as a table, DIR/ranks<K>.csv. A shard the invariant call refuses (a boundary off the
-block) is recorded as that model's error (listed under "refused"), and the run goes on.
+partials: not expected to be bitwise), and the same as a table, DIR/ranks<K>.csv. A call that
+raises a ValueError (a kernel version that refuses the split) is recorded as that model's error
+(listed under "refused"), and the run goes on.
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def _model_result(model, d, v, rows, device, rank, world, shards) -> dict:
     start, stop = bounds[rank]
     out = {"d": d, "v": v, "shards": shards, "bounds": bounds}
     for mode, invariant in (("batch_invariant", True), ("default", False)):
-        try:  # every rank raises alike (the shards are checked on the gathered bounds)
+        try:  # a refusal (ValueError, raised by every rank alike) is recorded, not fatal
             got = _rows(e, c[start:stop], t, w, invariant, VocabParallel(None, start, stop))
         except ValueError as err:
             out[mode] = {"error": str(err)}
