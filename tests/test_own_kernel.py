@@ -976,6 +976,10 @@ def test_narrow_chunks_go_to_the_tail_and_small_filters_run_exact():
     assert filter_can_skip(2048, 32000, 4096, 2, with_overrides(cfg, {"filter": {"min_total_flops": 0}}),
                            True)
     assert filter_can_skip(8192, 256000, 2304, 2, cfg, True)
+    # A vocab-parallel shard needs more: Gemma 2 (2B)'s quarter shard filters alone, not sharded.
+    assert filter_can_skip(8192, 64000, 2304, 2, cfg, True)
+    assert not filter_can_skip(8192, 64000, 2304, 2, cfg, True, vocab_parallel=True)
+    assert filter_can_skip(16384, 38016, 3584, 2, cfg, True, vocab_parallel=True)
 
 
 # ---- property-based: random shapes and options against fp64 -----------------------------------

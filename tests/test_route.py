@@ -96,6 +96,22 @@ def test_auto_filter_on_hopper_runs_exact_where_the_exact_call_takes_the_three_m
     assert given.path == "recompute" and given.note == ""
 
 
+def test_a_vocab_parallel_shard_filters_only_where_its_own_shape_pays():
+    """results/notes/filter-sharded.md: at K = 4 (H200) Gemma 2 (2B)'s shard, 64000 columns,
+    ran slower filtered than exact; Qwen 2.5 (7B)'s, 38016 columns at N 16384, faster. The
+    same Gemma shard on one GPU is a call of its own, held to the single-GPU rule."""
+    gemma_shard = dict(n=8192, v=64000, d=2304)
+    sharded = route(Call(**gemma_shard, dtype=BF16, filtered=True, vocab_parallel=True,
+                         filter=FilterOptions(2.0**-12)), HOPPER_16BIT)
+    assert (sharded.path, sharded.filter) == ("recompute", None)
+    alone = route(Call(**gemma_shard, dtype=BF16, filtered=True, workspace_mib=0,
+                       filter=FilterOptions(2.0**-12)), HOPPER_16BIT)
+    assert alone.filter is not None
+    qwen_shard = route(Call(n=16384, v=38016, d=3584, dtype=BF16, filtered=True,
+                            vocab_parallel=True, filter=FilterOptions(2.0**-12)), HOPPER_16BIT)
+    assert qwen_shard.filter is not None
+
+
 def test_a_zero_budget_is_no_budget_and_no_note():
     r = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT)
     assert (r.path, r.note, r.budget_mib) == ("recompute", "", 0)

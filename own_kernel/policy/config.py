@@ -138,6 +138,8 @@ class Filter:
     kept_align: int          # gathered column counts are padded to a multiple of this
     max_flat: float          # more flat rows than this fraction: no column skipping
     lookahead_max_n: int     # queue chunk k+1's kernel before chunk k's GEMMs up to this N
+    # A vocab-parallel shard's call filters from this many flops (None: min_total_flops)
+    vocab_parallel_min_total_flops: float | None = None
 
 
 @dataclass(frozen=True)
@@ -262,8 +264,11 @@ HOPPER_16BIT = Config(
     # A filtered chunk costs the host ~0.5 ms: 3e11 flops of dense GEMM (filter-min-flops.md);
     # few tokens need wide chunks to hide it (filter-chunk-width.md); the look-ahead stops
     # paying past N 16384 (filter-lookahead.md).
+    # A vocab-parallel shard filters only from 4e12 flops: at K = 4 the shards of Gemma 2 (2B)
+    # (2.3e12) ran slower filtered than exact, Qwen 2.5 (7B)'s (5.9e12) faster (filter-sharded.md).
     filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
-                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384),
+                  max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384,
+                  vocab_parallel_min_total_flops=4e12),
     # The count's read before the forward idles the GPU: only calls long enough to hide it
     # (ignored-targets.md).
     compaction=Compaction(fwd_min_flops=4e12),

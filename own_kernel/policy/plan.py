@@ -278,14 +278,19 @@ def chunk_filters(chunk: Chunk, n: int, d: int, cfg: Config) -> bool:
     return not chunk.in_tail and 4 * n * chunk.width * d >= cfg.filter.min_flops
 
 
-def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: Config, tma: bool) -> bool:
-    """Whether a filtered backward of this shape would skip anything at all. Only the chunks
-    that filter (chunk_filters) do, and only when their dense GEMMs add up to
-    filter.min_total_flops: below that the filter's fixed host costs (its reductions, a wait per
-    chunk, the gathers' launches) exceed what it can save."""
+def filter_can_skip(n: int, v: int, d: int, elt: int, cfg: Config, tma: bool,
+                    vocab_parallel: bool = False) -> bool:
+    """Whether a filtered backward of this shape (a vocab-parallel rank's: v its shard) would
+    skip anything at all. Only the chunks that filter (chunk_filters) do, and only when their
+    dense GEMMs add up to filter.min_total_flops (a shard's: vocab_parallel_min_total_flops):
+    below that the filter's fixed host costs (its reductions, a wait per chunk, the gathers'
+    launches) exceed what it can save."""
     plan = chunk_plan(n, v, d, elt, cfg, tma=tma, filtered=True)
     filtering = [4 * n * ch.width * d for ch in plan if chunk_filters(ch, n, d, cfg)]
-    return bool(filtering) and sum(filtering) >= cfg.filter.min_total_flops
+    least = cfg.filter.min_total_flops
+    if vocab_parallel and cfg.filter.vocab_parallel_min_total_flops is not None:
+        least = cfg.filter.vocab_parallel_min_total_flops
+    return bool(filtering) and sum(filtering) >= least
 
 
 # ---- ignored rows ---------------------------------------------------------------------------

@@ -357,7 +357,9 @@ class Route:
         if self.path != "recompute" or f is None or f.eps <= 0:
             return None
         c = self.call
-        return f if filter_can_skip(c.n, c.v, c.d, c.elt, self.cfg, self.writer == "tma") else None
+        can_skip = filter_can_skip(c.n, c.v, c.d, c.elt, self.cfg, self.writer == "tma",
+                                   vocab_parallel=c.vocab_parallel)
+        return f if can_skip else None
 
     def backward_filter(self, uniform: bool) -> FilterOptions | None:
         """The filter, given how the backward's rows weigh: fp16 with per-row weights (uniform
