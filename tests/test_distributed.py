@@ -547,9 +547,11 @@ def test_a_run_without_one_gpu_rows_holds_each_backend_to_hf_loss_in_its_world(t
 
     ref = [10.0 * 0.97 ** i for i in range(40)]
     curves = {"hf_loss@4": ref, "own@4": [x * 1.002 for x in ref],
-              "liger_flce@4": [x * 1.05 for x in ref], "own+tp@4": ref}
-    rows = [{"config": c, "backend": c.split("@")[0].split("+")[0], "world_size": "4",
-             "tp_head": str(c.startswith("own+tp")), "status": "ok", "ms": "12.5"}
+              "liger_flce@4": [x * 1.05 for x in ref], "own+tp@4": ref,
+              "hf_loss+tp@2": [x * 1.05 for x in ref], "own+tp@2": [x * 1.05 for x in ref],
+              "hf_loss@2": ref}
+    rows = [{"config": c, "backend": c.split("@")[0].split("+")[0], "world_size": c[-1],
+             "tp_head": int("+tp" in c), "status": "ok", "ms": "12.5"}  # as the run writes it
             for c in curves]
     _write_csv(tmp_path / "results.csv", RESULT_FIELDS, rows)
     _write_csv(tmp_path / "curves.csv", ["config", "step", "loss"],
@@ -560,5 +562,7 @@ def test_a_run_without_one_gpu_rows_holds_each_backend_to_hf_loss_in_its_world(t
     assert got["hf_loss@4"]["verdict"] == "reference"
     assert (got["own@4"]["verdict"], got["own@4"]["parity_ref"]) == ("pass", "hf_loss@4")
     assert got["liger_flce@4"]["verdict"] == "fail"
-    assert got["own+tp@4"]["verdict"] == "no reference"  # its reference is hf_loss+tp@4
+    # a tensor-parallel head: hf_loss's with the same head where it ran, else the plain head's
+    assert (got["own+tp@2"]["verdict"], got["own+tp@2"]["parity_ref"]) == ("pass", "hf_loss+tp@2")
+    assert (got["own+tp@4"]["verdict"], got["own+tp@4"]["parity_ref"]) == ("pass", "hf_loss@4")
     assert all(r["ms"] == "12.5" for r in got.values())

@@ -43,7 +43,8 @@ class CuratedRun:
 
 
 # At most this many: each one earns its place in a table or a figure; older runs live in git.
-MAX_CURATED = 20
+# 21: the four-GPU run joined the two two-GPU runs, whose K = 2 rows it does not repeat.
+MAX_CURATED = 21
 # One session: the rows of a curated run were measured on one GPU model within this many hours
 # (one machine's lease, resumed at most a few times), so its tables compare rows measured
 # under one machine state; a run resumed on another day is a new run.
@@ -62,6 +63,9 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("multigpu-2xh100", "vocab-parallel loss and an FSDP2 training step, two H100s"),
     CuratedRun("multigpu-2xh200", "the FSDP2 training step with host syncs, and the largest "
                "batch per rank, two H200s"),
+    CuratedRun("multigpu-4xh200", "vocab-parallel loss at K = 4 against one GPU of the host, "
+               "and the FSDP2 step at 1, 2 and 4 GPUs (plain and tensor-parallel heads, Liger), "
+               "four H200s"),
     CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
     CuratedRun("quack-h100", "QuACK beside own and torch.compile at three model shapes, lm "
                "inputs, H100"),

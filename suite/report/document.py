@@ -93,9 +93,14 @@ SECTIONS = (
         "before the model's trunk, so the loss does not wait for the forward), with the host "
         "syncs of one step, and each configuration's largest batch per rank (doubling until "
         "CUDA runs out of memory or 64 is passed). "
+        "Then four H200s of one host: the vocabulary sharded over four GPUs against one GPU "
+        "of the same host, and the FSDP2 step at 1, 2 and 4 GPUs with 8 sequences per rank "
+        "(the global batch grows with K), 100 steps, the plain and the tensor-parallel head, "
+        "each configuration's loss curve held to `hf_loss` with the same head in the same "
+        "world. "
         "What larger counts would give, from these measurements: "
         "[notes/scaling.md](notes/scaling.md).",
-        ("results/multigpu-2xh100", "results/multigpu-2xh200")),
+        ("results/multigpu-2xh100", "results/multigpu-2xh200", "results/multigpu-4xh200")),
     Section(
         "Does it train the same?",
         "Whole training steps of Hugging Face architectures on the H100 against the model's own "

@@ -645,12 +645,12 @@ def _host_ms(ranks, warmup: int):
 
 def _parity_ref(row: dict, curves: dict) -> str | None:
     """The curve a configuration is held to: a single-GPU run (its backend's, else hf_loss's,
-    else own's), else hf_loss with the same head in the same world (the same global
-    batches)."""
+    else own's), else hf_loss in the same world with the same head, else with the plain head
+    (a tensor-parallel world's replicated batch is the data-parallel world's global batch)."""
     name, world = row["config"], int(row["world_size"])
     order = ([f"{row['backend']}@1"] if world > 1 else []) + ["hf_loss@1", "own@1"]
-    tp = str(row.get("tp_head")) == "True"  # a bool here, a string from results.csv
-    order.append(f"hf_loss{'+tp' if tp else ''}@{world}")
+    tp = str(row.get("tp_head")) in ("1", "True")  # an int in the run, a string in its CSV
+    order += ([f"hf_loss+tp@{world}"] if tp else []) + [f"hf_loss@{world}"]
     return next((r for r in order if r in curves and r != name), None)
 
 
