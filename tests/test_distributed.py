@@ -527,6 +527,34 @@ def test_scaling_note_is_generated_from_the_run(tmp_path):
     assert "| 64 (8 nodes x 8" in text and "K* = " in text
 
 
+def test_scaling_note_sets_a_larger_run_beside_the_prediction(tmp_path):
+    """--measured: another run's K-rank rows beside the model's K, as ratios (its GPU may
+    differ), and how far the prediction lies from them."""
+    from suite.report import scaling
+    run = _two_gpu_run(tmp_path)
+    big = tmp_path / "run-4xh200"
+    _bench_folder(big / "vp" / "shape-single", [
+        {"phase": "loss+grad", "ms": 30.0, "peak_extra_mib": 3000.0, "world_size": 1}])
+    _bench_folder(big / "vp" / "shape-vp4", [
+        {"phase": "loss+grad", "ms": 10.0, "peak_extra_mib": 1000.0, "world_size": 4}])
+    nccl = {d: scaling.read_nccl(run / "train-2gpu" / "nccl_allreduce.csv", d)
+            for d in ("float32", "bfloat16")}
+    x = scaling.shape_inputs(run / "vp" / "shape-single", run / "vp" / "shape-vp2")
+    p = scaling.predict(x, nccl, scaling.ScalingOptions(50.0, "fp32"))
+    note = tmp_path / "scaling.md"
+    assert scaling.main([str(run), "--measured", str(big), "--out", str(note)]) == 0
+    text = note.read_text()
+    assert f"--measured {big}" in text.splitlines()[2]  # the command that writes it again
+    row = next(line for line in text.splitlines() if line.startswith("| 4 | 30.00 | 10.00 |"))
+    assert row.split(" | ")[3:5] == ["3.00x", f"{p[1]['total'] / p[4]['total']:.2f}x"]
+    assert row.rstrip(" |").endswith(f"| 1000 | {p[4]['mib']:.0f}")
+    off = round(100 * (p[4]["mib"] / 1000.0 - 1))
+    assert f"the predicted peak {abs(off)} % {'above' if off > 0 else 'below'}" in text
+    without = tmp_path / "plain.md"
+    assert scaling.main([str(run), "--out", str(without)]) == 0
+    assert "Measured in" not in without.read_text()
+
+
 def test_vocab_parallel_tables_pair_single_and_sharded_rows(tmp_path):
     from suite.report.vocab_parallel_tables import vocab_parallel_section
     run = _two_gpu_run(tmp_path)

@@ -82,7 +82,8 @@ def vocab_parallel_section(run_dir) -> str:
 # ---- the multi-GPU training step (suite/train/distributed.py's results.csv) ------------------
 
 TRAIN_DIR = "train-2gpu"
-MAX_BATCH_SUFFIX = "-maxbatch"  # a largest-batch search's folder (suite.train.distributed --max-batch)
+# a largest-batch search's folder (suite.train.distributed --max-batch)
+MAX_BATCH_SUFFIX = "-maxbatch"
 
 
 def train_dirs(run_dir) -> list[str]:
