@@ -419,14 +419,16 @@ def test_fp32_calls_take_their_own_default_budget(fused_calls):
 
 def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypatch):
     """queue_targets_check(targets, v, ignore_index) is what a call of any path uses: on the
-    three-matmul path (several chunks) the call counts only its first chunk's targets apart,
-    not the whole check again, with the same loss and gradients."""
+    three-matmul path (several chunks) the call reads its first chunk's count from the queued
+    check's prefix, launching no check of its own (a launch at the call would be read after the
+    forward: a wait for it), with the same loss and gradients."""
     import own_kernel
     import own_kernel.kernels.check_targets as ct
     launched = []
-    launch = ct.check_and_count_targets
-    monkeypatch.setattr(ct, "check_and_count_targets",
-                        lambda t, *a, **k: launched.append(t.numel()) or launch(t, *a, **k))
+    for name in ("check_and_count_targets", "check_count_and_prefix"):
+        launch = getattr(ct, name)
+        monkeypatch.setattr(ct, name, lambda t, *a, _launch=launch, _name=name, **k:
+                            launched.append((_name, t.numel())) or _launch(t, *a, **k))
     g = torch.Generator().manual_seed(4)
     e, c = torch.randn(20, 16, generator=g), torch.randn(40, 16, generator=g)
     t = torch.randint(0, 40, (20,), generator=g)
@@ -443,5 +445,5 @@ def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypat
     plain = loss_and_grads()
     launched.clear()
     queued = loss_and_grads(targets_check=own_kernel.queue_targets_check(t, 40, -100))
-    assert launched == [20, 8]  # the queued check, then the first chunk's 8 targets alone
+    assert launched == [("check_count_and_prefix", 20)]  # the queued check alone
     assert all(torch.equal(a, b) for a, b in zip(plain, queued))

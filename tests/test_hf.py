@@ -496,12 +496,11 @@ def _launch_order(monkeypatch, model):
     base model, in order."""
     import own_kernel.kernels.check_targets as ct
     events = []
-    launch = ct.check_and_count_targets
-
-    def check(*args, **kwargs):
-        events.append("check")
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(ct, "check_and_count_targets", check)
+    for name in ("check_and_count_targets", "check_count_and_prefix"):
+        def check(*args, _launch=getattr(ct, name), **kwargs):
+            events.append("check")
+            return _launch(*args, **kwargs)
+        monkeypatch.setattr(ct, name, check)
     trunk = model.model.forward
     model.model.forward = lambda *a, **k: (events.append("trunk"), trunk(*a, **k))[1]
     return events
@@ -540,6 +539,14 @@ def test_a_queued_targets_check_is_used_only_for_what_it_checked():
     for split, first in ((0, 0.0), (3, 2.0), (5, 3.0), (6, 4.0), (9, 4.0)):
         check, count = queued_or_new_check(q, flat, 10, -100, split)
         assert count is q.count and check.values() == [0.0, 4.0, first], split
+    # Queued without a split (as the patch queues it), the check keeps each target's count of
+    # used targets up to it: any split is read from it, with no launch of its own.
+    q0 = queue_targets_check(t, 10, -100)
+    assert q0.prefix.values() == [1.0, 2.0, 2.0, 3.0, 3.0, 4.0]
+    for split, first in ((0, 0.0), (3, 2.0), (5, 3.0), (6, 4.0), (9, 4.0)):
+        check, count = queued_or_new_check(q0, flat, 10, -100, split)
+        assert count is q0.count and check.values() == [0.0, 4.0, first], split
+        assert getattr(check, "first", None) is None  # no launch: the prefix's entry
     t[0, 2] = 7  # in place: a new version, one more used target
     check, count = queued_or_new_check(q, flat, 10, -100, 2)
     assert count is not q.count and int(count) == 5

@@ -116,3 +116,8 @@ class HostScalar:
         """All of the tensor's values (for a tensor of several)."""
         self.wait()
         return self.host.tolist()
+
+    def at(self, i: int) -> float:
+        """The tensor's i-th value (of a 1-D tensor), without copying the rest into a list."""
+        self.wait()
+        return float(self.host[i])
