@@ -445,5 +445,6 @@ def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypat
     plain = loss_and_grads()
     launched.clear()
     queued = loss_and_grads(targets_check=own_kernel.queue_targets_check(t, 40, -100))
-    assert launched == [("check_count_and_prefix", 20)]  # the queued check alone
+    # the queued check alone (with its prefix), no count of the first chunk's targets
+    assert launched == [("check_count_and_prefix", 20), ("check_and_count_targets", 20)]
     assert all(torch.equal(a, b) for a, b in zip(plain, queued))

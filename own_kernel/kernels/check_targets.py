@@ -2,10 +2,9 @@
 ignore_index, else 0; out[1] = the number of targets that are not ignore_index (the mean's
 divisor); out[2] = that number among the first ``split`` targets (the three-matmul path's first
 chunk, paths/three_matmul.py). One launch instead of six elementwise ops and a reduction; N
-int64 reads are microseconds even on one SM. With a Prefix buffer it also stores, per target,
-how many targets up to it are used (so a check queued before the split was known answers any
-split). paths/targets.py holds what the calls do with it (the public ``queue_targets_check``
-included)."""
+int64 reads are microseconds even on one SM. check_count_and_prefix adds, for a check queued
+before the split is known, each target's count of used targets up to it. paths/targets.py holds what the calls do with it
+(the public ``queue_targets_check`` included)."""
 from __future__ import annotations
 
 import torch
@@ -16,8 +15,7 @@ from own_kernel.kernels.gemm import HostScalar
 
 
 @triton.jit
-def cce_check_targets_kernel(Targets, Out, Prefix, N, V, ignore_index, split,
-                             BLOCK: tl.constexpr, PREFIX: tl.constexpr):
+def cce_check_targets_kernel(Targets, Out, N, V, ignore_index, split, BLOCK: tl.constexpr):
     bad = tl.zeros((BLOCK,), dtype=tl.int32)
     count = tl.zeros((BLOCK,), dtype=tl.int32)
     count_split = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -27,10 +25,6 @@ def cce_check_targets_kernel(Targets, Out, Prefix, N, V, ignore_index, split,
         t = tl.load(Targets + offs, mask=mask, other=ignore_index)
         used = mask & (t != ignore_index)
         bad = tl.maximum(bad, (used & ((t < 0) | (t >= V))).to(tl.int32))
-        if PREFIX:  # the used targets before this block, plus this block's up to each
-            before = tl.sum(count, axis=0)
-            inside = tl.cumsum(used.to(tl.int32), axis=0)
-            tl.store(Prefix + offs, (before + inside).to(tl.float32), mask=mask)
         count += used.to(tl.int32)
         count_split += (used & (offs < split)).to(tl.int32)
     tl.store(Out, tl.max(bad, axis=0).to(tl.float32))
@@ -49,8 +43,8 @@ def check_and_count_targets(targets, v: int, ignore_index: int, split: int = 0):
         # A data-dependent check would break the graph; eager calls still check.
         return None, (targets != ignore_index).sum()
     out = torch.empty(3, device=targets.device, dtype=torch.float32)
-    cce_check_targets_kernel[(1,)](targets, out, out, targets.numel(), v, int(ignore_index),
-                                   int(split), BLOCK=1024, PREFIX=False)
+    cce_check_targets_kernel[(1,)](targets, out, targets.numel(), v, int(ignore_index),
+                                   int(split), BLOCK=1024)
     return HostScalar(out), out[1]
 
 
@@ -61,14 +55,13 @@ PREFIX_MAX_N = 2 ** 24
 def check_count_and_prefix(targets, v: int, ignore_index: int):
     """check_and_count_targets' (check, count) without a split, and the used targets up to each
     target (prefix[i]: among targets[:i + 1]) copied to the host without waiting (HostScalar):
-    any split's count, read later, waits for this kernel only. prefix None where
-    check_and_count_targets makes no check, or past PREFIX_MAX_N targets."""
+    any split's count, read later, waits for these kernels only. The prefix is two small torch
+    launches (a compare, a cumsum), made once a step where a check is queued ahead. prefix None
+    where check_and_count_targets makes no check, or past PREFIX_MAX_N targets."""
+    check, count = check_and_count_targets(targets, v, ignore_index)
     n = targets.numel()
-    if torch.compiler.is_compiling() or not n or n >= PREFIX_MAX_N:
-        check, count = check_and_count_targets(targets, v, ignore_index)
+    if check is None or n >= PREFIX_MAX_N:
         return check, count, None
-    out = torch.empty(3, device=targets.device, dtype=torch.float32)
-    prefix = torch.empty(n, device=targets.device, dtype=torch.float32)
-    cce_check_targets_kernel[(1,)](targets, out, prefix, n, v, int(ignore_index), 0,
-                                   BLOCK=1024, PREFIX=True)
-    return HostScalar(out), out[1], HostScalar(prefix)
+    prefix = torch.cumsum(targets != ignore_index, 0, dtype=torch.float32)
+    return check, count, HostScalar(prefix)
+
