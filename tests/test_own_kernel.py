@@ -772,7 +772,7 @@ def test_filter_min_flops_runs_narrow_chunks_exact(monkeypatch, min_flops, exact
 
     real_can_skip, real_filter_rows = route_module.filter_can_skip, backward.filter_rows
     monkeypatch.setattr(route_module, "filter_can_skip",
-                        lambda *a: can_skip.append(real_can_skip(*a)) or can_skip[-1])
+                        lambda *a, **k: can_skip.append(real_can_skip(*a, **k)) or can_skip[-1])
     monkeypatch.setattr(backward, "filter_rows",
                         lambda *a: decisions.append(1) or real_filter_rows(*a))
     real_run = backward.FilteredRun.run
