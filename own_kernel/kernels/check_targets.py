@@ -3,8 +3,8 @@ ignore_index, else 0; out[1] = the number of targets that are not ignore_index (
 divisor); out[2] = that number among the first ``split`` targets (the three-matmul path's first
 chunk, paths/three_matmul.py). One launch instead of six elementwise ops and a reduction; N
 int64 reads are microseconds even on one SM. check_count_and_prefix adds, for a check queued
-before the split is known, each target's count of used targets up to it. paths/targets.py holds what the calls do with it
-(the public ``queue_targets_check`` included)."""
+before the split is known, each target's count of used targets up to it. paths/targets.py
+holds what the calls do with it (the public ``queue_targets_check`` included)."""
 from __future__ import annotations
 
 import torch
@@ -64,4 +64,3 @@ def check_count_and_prefix(targets, v: int, ignore_index: int):
         return check, count, None
     prefix = torch.cumsum(targets != ignore_index, 0, dtype=torch.float32)
     return check, count, HostScalar(prefix)
-
