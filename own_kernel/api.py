@@ -220,8 +220,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     to run. For a fixed device model, dtype, D, V and library version (a mean's gradient
     weighs each row 1 / count, which depends on the batch: per-row upstream gradients or a sum
     keep dE's rows comparable). Exact only; not with low_memory. With vocab_parallel the
-    forward's rows are the same for any number of ranks on shards aligned to the vocabulary
-    block (own_kernel/README.md, Guarantees); dE is summed over the ranks.
+    forward's rows are the same for any number of ranks and any split of the vocabulary
+    (own_kernel/README.md, Guarantees); dE is summed over the ranks.
     ``targets_check``: ``queue_targets_check``'s check of these targets, queued before the
     model's trunk so that the call's host read does not wait for it (used only if it matches).
     """
