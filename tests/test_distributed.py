@@ -550,6 +550,16 @@ def test_scaling_note_sets_a_larger_run_beside_the_prediction(tmp_path):
     assert row.rstrip(" |").endswith(f"| 1000 | {p[4]['mib']:.0f}")
     off = round(100 * (p[4]["mib"] / 1000.0 - 1))
     assert f"the predicted peak {abs(off)} % {'above' if off > 0 else 'below'}" in text
+    # the model corrected by that run: the memory line through its one-GPU and 4-rank peaks
+    # (3000 + ... at K = 1, 1000 at K = 4: a = 1000 - b / 4, b = 2000 * 4 / 3), the overhead
+    # its step implies where larger
+    corrected = text[text.index("Corrected by the 4-rank run"):]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in corrected.splitlines()
+            if line.startswith("| 4 |") or line.startswith("| 8 |")}
+    b = 2000 * 4 / 3
+    assert rows["4"][-1].strip(" |") == "1000"
+    assert rows["8"][-1].strip(" |") == f"{1000 - b / 4 + b / 8:.0f}"
+    assert float(rows["8"][2]) >= float(rows["8"][1])  # never less overhead than carried
     without = tmp_path / "plain.md"
     assert scaling.main([str(run), "--out", str(without)]) == 0
     assert "Measured in" not in without.read_text()

@@ -36,7 +36,9 @@ dE's all-reduce dominates from the K where its time exceeds the compute share t1
 the prediction. Its GPU may differ from RUN's, so it is compared in ratios: the measured
 speed-up t1 / tK beside the predicted one, the measured peak per rank beside P_K, and the
 overhead the measurement implies at K (tK - t1 / K - the model's all-reduces at K) beside the
-two-rank overhead the model carries.
+two-rank overhead the model carries. From the largest measured K on, the model is then given
+again, corrected: that implied overhead where it is the larger, and the memory line refit
+through the measured run's one-GPU and K-rank peaks.
 """
 from __future__ import annotations
 
@@ -190,7 +192,8 @@ def measured_pairs(run: Path, shape: str) -> list[tuple[int, dict]]:
     return sorted(pairs, key=lambda pair: pair[0])
 
 
-def _measured_section(run: Path, pairs, p: dict, nccl: dict, opts: ScalingOptions) -> list[str]:
+def _measured_section(run: Path, pairs, x: dict, p: dict, nccl: dict,
+                      opts: ScalingOptions) -> list[str]:
     """The prediction beside another run's measurements at K ranks (ratios: its GPU may
     differ); t2 of a pair is its K-rank time."""
     head = ["GPUs", "one GPU ms", "K ranks ms", "speed-up measured", "predicted",
@@ -210,7 +213,32 @@ def _measured_section(run: Path, pairs, p: dict, nccl: dict, opts: ScalingOption
               for k, m in pairs if k in p]
     return [f"Measured in `{run.as_posix()}` ({env_gpu(run)}), the same shape (the all-reduces "
             f"at K as above, from the two-GPU run's NCCL table):", "", md_table(head, body), "",
-            ("The model against it: " + "; ".join(misses) + ".") if misses else "", ""]
+            ("The model against it: " + "; ".join(misses) + ".") if misses else "", ""] \
+        + _corrected(x, p, pairs[-1], nccl, opts)
+
+
+def _corrected(x: dict, p: dict, pair: tuple[int, dict], nccl: dict,
+               opts: ScalingOptions) -> list[str]:
+    """The model again from K on, corrected by the largest measured K: its implied overhead
+    where above the carried one, and the memory line refit through that run's one-GPU and
+    K-rank peaks (P_K = a + b / K)."""
+    km, m = pair
+    implied = m["t2"] - m["t1"] / km - sum(comm_s(m, nccl, opts, km).values())
+    overhead = max(p["overhead"], implied)
+    b = (m["p1"] - m["p2"]) * km / (km - 1)
+    a = m["p1"] - b
+    body = []
+    for k in [k for k in KS if k >= km]:
+        step = x["t1"] / k + sum(comm_s(x, nccl, opts, k).values()) + overhead
+        body.append([str(k), _ms(p[k]["total"]), _ms(step),
+                     f"{p[1]['total'] / p[k]['total']:.2f}x", f"{x['t1'] / step:.2f}x",
+                     f"{p[k]['mib']:.0f}", f"{a + b / k:.0f}"])
+    head = ["GPUs", "step (model)", "corrected", "speed-up (model)", "corrected",
+            "peak per rank (model)", "corrected"]
+    return [f"Corrected by the {km}-rank run, from {km} GPUs on: the overhead its measurement "
+            f"implies ({_ms(implied)} ms) where above the carried one, and the memory line "
+            f"refit through its one-GPU and {km}-rank peaks ({a:.0f} + {b:.0f} / K MiB). Times "
+            f"in the two-GPU run's units:", "", md_table(head, body), ""]
 
 
 def _pct(predicted: float, measured: float) -> str:
@@ -252,7 +280,7 @@ def render(run: Path, opts: ScalingOptions, command: str, measured: Path | None 
         lines += _shape_section(shape, x, p)
         pairs = measured_pairs(measured, shape) if measured else []
         if pairs:
-            lines += _measured_section(measured, pairs, p, nccl, opts)
+            lines += _measured_section(measured, pairs, x, p, nccl, opts)
     return "\n".join(lines)
 
 
