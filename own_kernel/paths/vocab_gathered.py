@@ -56,16 +56,8 @@ def _block_shard(c, bias, call, device):
     if all(a % block == 0 for a, _ in bounds):
         return rows, entries  # every block on one rank: nothing to borrow
     head = block - 1
-    mine = c.new_zeros((head, c.shape[1]))
-    mine[:min(head, vp.size)] = c[:head]
-    heads = [torch.empty_like(mine) for _ in bounds]
-    dist.all_gather(heads, mine, group=vp.group)
-    heads_b = None
-    if bias is not None:
-        mine_b = bias.new_zeros(head)
-        mine_b[:min(head, vp.size)] = bias[:head]
-        heads_b = [torch.empty_like(mine_b) for _ in bounds]
-        dist.all_gather(heads_b, mine_b, group=vp.group)
+    heads = _gathered_heads(c, head, vp)
+    heads_b = None if bias is None else _gathered_heads(bias, head, vp)
     need = max(0, end - max(vp.stop, begin))
     if need == 0:
         return rows, entries
@@ -76,6 +68,16 @@ def _block_shard(c, bias, call, device):
     if heads_b is not None:
         entries = torch.cat([entries, torch.cat([heads_b[r][:k] for r, k in take])[:need]])
     return rows, entries
+
+
+def _gathered_heads(x, head: int, vp) -> list:
+    """Every rank's first ``head`` rows of x (its c or bias shard; zeros past a shorter
+    shard), by group rank: one all_gather."""
+    mine = x.new_zeros((head, *x.shape[1:]))
+    mine[:min(head, vp.size)] = x[:head]
+    heads = [torch.empty_like(mine) for _ in range(dist.get_world_size(vp.group))]
+    dist.all_gather(heads, mine, group=vp.group)
+    return heads
 
 
 def _gather_partials(part, call, checksum):

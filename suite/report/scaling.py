@@ -51,6 +51,7 @@ from pathlib import Path
 
 from suite import results
 from suite.report.formatting import md_table, num
+from suite.report.vocab_parallel_tables import run_pairs
 
 PHASE = "loss+grad"
 PROVIDER = "own"
@@ -180,16 +181,16 @@ def _shape_section(name: str, x: dict, p: dict) -> list[str]:
 
 def measured_pairs(run: Path, shape: str) -> list[tuple[int, dict]]:
     """(K, shape_inputs of the one-GPU and K-rank rows) of each vp/<shape>-vp<K> of ``run``
-    (K > 2), by K; none without vp/<shape>-single."""
-    single = run / "vp" / f"{shape}-single"
-    if not single.is_dir():
-        return []
-    pairs = []
-    for sharded in (run / "vp").glob(f"{shape}-vp*"):
-        k = sharded.name[len(shape) + 3:]
-        if k.isdigit() and int(k) > 2:
-            pairs.append((int(k), shape_inputs(single, sharded)))
+    (K > 2; vocab_parallel_tables.run_pairs finds them), by K."""
+    pairs = [(k, shape_inputs(single, sharded))
+             for name, single, sharded, k in run_pairs(run) if name == shape and k > 2]
     return sorted(pairs, key=lambda pair: pair[0])
+
+
+def _implied_overhead(m: dict, k: int, nccl: dict, opts: ScalingOptions) -> float:
+    """The overhead a K-rank measurement implies: its time less t1 / K and the model's
+    all-reduces at K (t2 of ``m`` is its K-rank time)."""
+    return m["t2"] - m["t1"] / k - sum(comm_s(m, nccl, opts, k).values())
 
 
 def _measured_section(run: Path, pairs, x: dict, p: dict, nccl: dict,
@@ -200,8 +201,7 @@ def _measured_section(run: Path, pairs, x: dict, p: dict, nccl: dict,
             "overhead implied ms", "carried ms", "peak per rank measured", "predicted"]
     body = []
     for k, m in pairs:
-        c = comm_s(m, nccl, opts, k)
-        implied = m["t2"] - m["t1"] / k - c["fwd"] - c["bwd"]
+        implied = _implied_overhead(m, k, nccl, opts)
         predicted = p.get(k)
         body.append([str(k), _ms(m["t1"]), _ms(m["t2"]), f"{m['t1'] / m['t2']:.2f}x",
                      f"{p[1]['total'] / predicted['total']:.2f}x" if predicted else "–",
@@ -223,7 +223,7 @@ def _corrected(x: dict, p: dict, pair: tuple[int, dict], nccl: dict,
     where above the carried one, and the memory line refit through that run's one-GPU and
     K-rank peaks (P_K = a + b / K)."""
     km, m = pair
-    implied = m["t2"] - m["t1"] / km - sum(comm_s(m, nccl, opts, km).values())
+    implied = _implied_overhead(m, km, nccl, opts)
     overhead = max(p["overhead"], implied)
     b = (m["p1"] - m["p2"]) * km / (km - 1)
     a = m["p1"] - b
