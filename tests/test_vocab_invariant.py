@@ -44,14 +44,15 @@ def _inputs():
     return e, c, t, w
 
 
-def _rows(e, c, t, w, invariant, vp=None):
+def _rows(e, c, t, w, invariant, vp=None, bias=None):
     """(loss, lse, entropy, dE, dC) of sum w0 loss + w1 entropy."""
     from own_kernel import linear_cross_entropy
 
     e = e.clone().requires_grad_()
     c = c.clone().requires_grad_()
     out = linear_cross_entropy(e, c, t, reduction="none", return_lse=True, return_entropy=True,
-                               batch_invariant=invariant, vocab_parallel=vp, **OPTIONS)
+                               batch_invariant=invariant, vocab_parallel=vp, bias=bias,
+                               **OPTIONS)
     (out.loss * w[:, 0] + out.entropy * w[:, 1]).sum().backward()
     return [out.loss.detach(), out.lse.detach(), out.entropy.detach(), e.grad, c.grad]
 
@@ -84,6 +85,12 @@ def _worker(rank, world, port, out_dir):
             start, stop = ANY_SHARDS[world][rank]
             got = _rows(e, c[start:stop], t, w, True, VocabParallel(None, start, stop))
             res["invariant_any_split"] = _compare(got, _rows(e, c, t, w, True), start, stop)
+            # with a bias: a block across a boundary borrows the next ranks' bias entries too
+            bias = torch.linspace(-1.0, 1.0, V)
+            got = _rows(e, c[start:stop], t, w, True, VocabParallel(None, start, stop),
+                        bias[start:stop])
+            res["invariant_any_split_bias"] = _compare(got, _rows(e, c, t, w, True, bias=bias),
+                                                       start, stop)
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["world1", "world2", "world3"])
@@ -94,7 +101,7 @@ def ranks(request, tmp_path_factory):
 
 def test_invariant_forward_rows_are_the_single_process_bits(ranks):
     for rank, res in enumerate(ranks):
-        for mode in ("invariant", "invariant_any_split"):
+        for mode in ("invariant", "invariant_any_split", "invariant_any_split_bias"):
             for name in ("loss", "lse", "entropy"):
                 if mode in res:
                     assert res[mode][name]["equal"], (len(ranks), rank, mode, name, res[mode])
@@ -104,7 +111,7 @@ def test_gradients_and_the_default_mode_match_the_single_process_call(ranks):
     """Entropy and temperature on a sharded vocabulary, both modes: fp32, sums over <= 100
     columns and 24 rows, and dE summed over the ranks' partials: a few hundred ulps."""
     for rank, res in enumerate(ranks):
-        for mode in ("invariant", "default", "invariant_any_split"):
+        for mode in ("invariant", "default", "invariant_any_split", "invariant_any_split_bias"):
             for name, x in res.get(mode, {}).items():
                 assert x["rel"] <= 1e-5, (len(ranks), rank, mode, name, x)
 
@@ -122,4 +129,5 @@ def test_a_split_off_the_blocks_is_compared_in_every_world_of_several_ranks(rank
     worlds."""
     if len(ranks) == 1:
         pytest.skip("one rank: no split")
-    assert all("invariant_any_split" in res for res in ranks)
+    assert all("invariant_any_split" in res and "invariant_any_split_bias" in res
+               for res in ranks)
