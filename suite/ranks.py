@@ -41,12 +41,16 @@ from suite.measure import (_Leaves, _memory_run, _phase_calls, accuracy, free_me
                            measure_floor, one_line, sync, time_calls, time_stats)
 from suite.reference import reference
 from suite.cells import INFLIGHT, PLAN, Cell
+from suite.providers import liger_tp
 from suite.results import ResultsWriter, device_label, done_pairs, environment
 from suite.schema import PHASE_MATMULS
 
-# Providers with a sharded path: the own kernel's options that take vocab_parallel.
+# Providers with a sharded path: the own kernel's options that take vocab_parallel, and Liger's
+# tensor-parallel function, native and its fallback (suite/providers/liger_tp.py).
 SHARDED_OPTIONS = {"own": dict(filter_eps=None), "own_filter": dict(filter_eps="auto"),
                    "own_low_memory": dict(filter_eps=None, low_memory=True)}
+LIGER_SHARDED = ("liger_scaled_ce_tp", "liger_scaled_ce_tp_torch")
+SHARDED = (*SHARDED_OPTIONS, *LIGER_SHARDED)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this (then: crashed)
@@ -79,14 +83,18 @@ def check_world_size(world: int, device) -> str | None:
 
 
 def unsupported_reason(name: str) -> str | None:
-    if name in SHARDED_OPTIONS:
+    if name in SHARDED:
         return None
     return (f"{name} has no vocab-parallel path (C sharded by vocabulary): only "
-            f"{', '.join(SHARDED_OPTIONS)} take vocab_parallel")
+            f"{', '.join(SHARDED)} have one")
 
 
-def sharded_fn(name: str, vp):
-    """The provider's call with ``vocab_parallel=vp`` (c and bias: this rank's shard)."""
+def sharded_fn(name: str, vp, *, plan: dict | None = None, device=None):
+    """The provider's call on this rank's shard of c (and bias): the own kernel's with
+    ``vocab_parallel=vp``, or Liger's tensor-parallel function (LCK configured on first use)."""
+    if name in LIGER_SHARDED:
+        return liger_tp.sharded_fn(name, cells=[Cell(**c) for c in plan["cells"]],
+                                   world=dist.get_world_size(), device=device)
     from own_kernel import linear_cross_entropy
 
     def fn(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
@@ -277,14 +285,14 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
                              device) -> list[dict]:
     """This rank's metrics for each phase (suite.measure's protocol, a barrier before each
     timed call), with its reference norms on the shard (``_dc_ref_sq``, ``_dbias_ref_sq``)."""
-    provider = catalog.get(name)
-    reason = provider.unavailable_reason(device)
-    if reason:
-        return [{"phase": p, "status": "unavailable", "error": reason} for p in plan["phases"]]
-    reason = provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap, device=device)
-    if reason:
-        return [{"phase": p, "status": "unsupported", "error": reason} for p in plan["phases"]]
-    fn = sharded_fn(name, vp)
+    for status, reason in _cannot_run(name, cell, device):
+        if reason:
+            return [{"phase": p, "status": status, "error": reason} for p in plan["phases"]]
+    try:
+        fn = sharded_fn(name, vp, plan=plan, device=device)
+    except Exception as exc:  # noqa: BLE001 - a set-up that fails is the provider's rows
+        return [{"phase": p, "status": "error", "error": f"set-up: {one_line(exc)}"}
+                for p in plan["phases"]]
     kwargs = {"softcap": cell.softcap, "ignore_index": -100}
     rows = []
     for phase in plan["phases"]:
@@ -297,6 +305,8 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
         row = {"phase": phase, **failure} if failure else row
         if failure is None and row["status"] == "ok":
             row.update(tokens_per_s=cell.n / (row["ms"] / 1e3), floor_ms=floor_ms)
+        if name in LIGER_SHARDED:
+            row["ran"] = liger_tp.ran(name)
         del x
         free_memory(device, collect=failure is not None)
         rows.append(row)
@@ -305,6 +315,18 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
         for row in rows:
             row[f"_{key}_ref_sq"] = norm_sq
     return rows
+
+
+def _cannot_run(name: str, cell: Cell, device):
+    """(status, reason or None) pairs, in the order they are checked."""
+    if name in LIGER_SHARDED:
+        yield "unavailable", liger_tp.sharded_unavailable(name, device)
+        yield "unsupported", liger_tp.sharded_unsupported(name, cell, dist.get_world_size())
+        return
+    provider = catalog.get(name)
+    yield "unavailable", provider.unavailable_reason(device)
+    yield "unsupported", provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap,
+                                                     device=device)
 
 
 def _measure_phase(phase, fn, x, kwargs, ref, plan: dict, device) -> dict:
@@ -340,8 +362,10 @@ def merge_ranks(rows: list[dict], cell: Cell) -> dict:
                     if f[1]["status"] in FAILURE_ORDER else len(FAILURE_ORDER))
         status = failed[0][1]["status"]
         texts = "; ".join(f"rank {r}: {row.get('error') or row['status']}" for r, row in failed)
-        return {"phase": rows[0]["phase"], "status": status, "error": texts}
-    merged = {"phase": rows[0]["phase"], "status": "ok", "reps": min(r["reps"] for r in rows)}
+        return {"phase": rows[0]["phase"], "status": status, "error": texts,
+                "ran": rows[0].get("ran", "")}
+    merged = {"phase": rows[0]["phase"], "status": "ok", "reps": min(r["reps"] for r in rows),
+              "ran": rows[0].get("ran", "")}
     for key in ("peak_extra_mib", "peak_abs_mib", "ms", "ms_p20", "ms_p80", "ms_min",
                 "floor_ms", "loss_rel_err", "de_rel_err"):
         merged[key] = _max(r.get(key) for r in rows)

@@ -34,7 +34,8 @@ def _cli_error(capsys, argv) -> str:
 def both_runs(tmp_path_factory):
     """(sharded rows, single-process rows) of the smoke cells at a small shape."""
     root = tmp_path_factory.mktemp("vp")
-    assert cli.main(ARGS + ["--vocab-parallel", "2", "--providers", "own,naive",
+    assert cli.main(ARGS + ["--vocab-parallel", "2", "--providers",
+                            "own,naive,liger_scaled_ce_tp,liger_scaled_ce_tp_torch",
                             "--out", str(root / "vp2")]) == 0
     assert cli.main(ARGS + ["--providers", "own", "--out", str(root / "single")]) == 0
     return read_rows(root / "vp2"), read_rows(root / "single")
@@ -63,6 +64,17 @@ def test_a_peer_without_a_sharded_path_is_unsupported_with_the_reason(both_runs)
     for r in naive:
         assert (r["status"], r["world_size"]) == ("unsupported", "2")
         assert "no vocab-parallel path" in r["error"] and "own_low_memory" in r["error"]
+
+
+def test_liger_tensor_parallel_rows_say_why_they_cannot_run_on_the_cpu(both_runs):
+    """Liger's TP function has a sharded path (not 'unsupported' for lack of one), but it takes
+    CUDA tensors only: each of its rows says so, and the run goes on."""
+    for name in ("liger_scaled_ce_tp", "liger_scaled_ce_tp_torch"):
+        rows = [r for r in both_runs[0] if r["provider"] == name]
+        assert len(rows) == 6
+        for r in rows:
+            assert (r["status"], r["world_size"]) == ("unavailable", "2"), r
+            assert "CUDA tensors only" in r["error"]
 
 
 def test_bad_world_size_is_a_cli_error_naming_the_option(capsys, tmp_path, monkeypatch):

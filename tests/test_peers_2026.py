@@ -104,6 +104,44 @@ def test_the_tensor_parallel_variant_says_why_it_cannot_run_here():
         liger_tp.liger_scaled_ce_tp(*_inputs())
 
 
+def test_the_tensor_parallel_variant_refuses_what_its_function_does_not_take():
+    from suite.cells import Cell
+
+    ok = Cell("lm", 64, 32, 96, "bf16")
+    assert liger_tp.sharded_unsupported("liger_scaled_ce_tp", ok, 2) is None
+    assert "bias" in liger_tp.sharded_unsupported(
+        "liger_scaled_ce_tp", Cell("lm", 64, 32, 96, "bf16", bias=True), 2)
+    assert "softcap" in liger_tp.sharded_unsupported(
+        "liger_scaled_ce_tp", Cell("lm", 64, 32, 96, "bf16", softcap=30.0), 2)
+    uneven = liger_tp.sharded_unsupported("liger_scaled_ce_tp", Cell("lm", 64, 32, 97, "bf16"), 2)
+    assert "equal vocabulary shards" in uneven and "V 97" in uneven
+    fp32 = Cell("lm", 64, 32, 96, "fp32")
+    assert "bf16 only" in liger_tp.sharded_unsupported("liger_scaled_ce_tp", fp32, 2)
+    assert liger_tp.sharded_unsupported("liger_scaled_ce_tp_torch", fp32, 2) is None
+
+
+def test_lck_is_configured_once_per_process_at_the_largest_cell(monkeypatch):
+    """configure() is collective and its capacity cannot grow: the first call takes the largest
+    cell (hidden padded to 8), smaller ones reuse it, a larger one is an error naming both."""
+    from suite.cells import Cell
+
+    calls = []
+    fake = types.SimpleNamespace(
+        FusedLinearCrossEntropyConfig=lambda **kw: kw,
+        configure=lambda device, flsce: calls.append(flsce))
+    monkeypatch.setitem(sys.modules, "liger_cute_kernels", fake)
+    monkeypatch.setattr(liger_tp, "_LCK", {})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
+    cells = [Cell("lm", 64, 30, 96, "bf16"), Cell("lm", 128, 16, 64, "bf16")]
+    liger_tp._configure(cells, 2, "cuda")
+    assert calls == [dict(max_tokens=128, hidden_size=32, local_vocab_size=48)]
+    liger_tp._configure(cells[:1], 2, "cuda")
+    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match=r"configured for \(128, 32, 48\)"):
+        liger_tp._configure([Cell("lm", 256, 16, 64, "bf16")], 2, "cuda")
+
+
 # ---- verl: loaded without its package __init__, given contiguous gradients ------------------
 
 class _VerlLike(torch.autograd.Function):
