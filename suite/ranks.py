@@ -53,6 +53,10 @@ LIGER_SHARDED = ("liger_scaled_ce_tp", "liger_scaled_ce_tp_torch")
 SHARDED = (*SHARDED_OPTIONS, *LIGER_SHARDED)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
+# The ranks share one host, so NVSHMEM (Liger's TP kernel) needs no network transport; its default
+# InfiniBand one fails NVSHMEM's init where its library cannot load (seen on 2 x H200). A value
+# set by the caller stays.
+ONE_HOST = {"NVSHMEM_REMOTE_TRANSPORT": "none"}
 COLLECTIVE_TIMEOUT_S = 300  # a rank stuck in a collective fails after this (then: crashed)
 FAILURE_ORDER = ("crashed", "oom", "nan", "error", "unavailable", "unsupported")
 
@@ -176,6 +180,8 @@ def _free_port() -> int:
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str, pending) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **MULTICAST_OFF)
+    for key, value in ONE_HOST.items():
+        os.environ.setdefault(key, value)
     out = Path(out_dir)
     plan = json.loads((out / PLAN).read_text())
     device = torch.device(plan["device"])
