@@ -491,3 +491,47 @@ def test_report_all_rewrites_every_generated_text_and_changes_nothing_when_curre
     assert readme.read_text() == (ROOT / "README.md").read_text()
     assert doc.read_text() == report.results_doc_text()
     assert report.main(parser.parse_args(["--all", "results/x"])) == 1
+
+
+# ---- Liger's tensor-parallel kernel beside the own vocab-parallel path ------------------------
+
+def _tp_run(root, rows):
+    folder = root / "tp" / "liger-shape-vp2"
+    folder.mkdir(parents=True)
+    with open(folder / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        w.writeheader()
+        w.writerows(dict(r, world_size="2") for r in rows)
+    (folder / "env.json").write_text(json.dumps({"run_id": "r1", "gpu_name": "NVIDIA H200"}))
+    return root
+
+
+def test_the_tensor_parallel_table_gives_verdicts_and_the_memory_outside_torch(tmp_path):
+    from suite.report.peer_tables import tensor_parallel, tensor_parallel_line
+
+    run = _tp_run(tmp_path, [
+        _bench_row(CELL_LIGER, "own", 55, 54, 56),
+        _bench_row(CELL_LIGER, "liger_scaled_ce_tp", 59, 58.5, 60, mib="640",
+                   ran="LigerFusedLinearScaledCrossEntropyNativeTPFunction (CUTLASS + NVSHMEM); "
+                       "configure() took 4040 MiB of device memory outside torch's allocator"),
+        _bench_row(CELL_LIGER, "liger_scaled_ce_tp_torch", 55.5, 53, 57),
+        _bench_row(CELL_LIGER, "naive", 40, 39, 41)])
+    text = tensor_parallel(run, "cmd")
+    lines = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| `")}
+    assert set(lines) == {"`own`", "`liger_scaled_ce_tp`", "`liger_scaled_ce_tp_torch`"}
+    assert "| 4040 |" in lines["`liger_scaled_ce_tp`"] and lines["`liger_scaled_ce_tp`"].endswith(
+        "| slower |")
+    assert lines["`liger_scaled_ce_tp_torch`"].endswith("| level |")  # p20-p80 ranges overlap
+    assert "| – |" in lines["`own`"]
+    line = tensor_parallel_line(run)
+    assert "on 2 x NVIDIA H200: slower, 59 ms against the own kernel's 55" in line
+
+
+def test_a_failed_tensor_parallel_row_shows_its_status_and_the_readme_line_says_so(tmp_path):
+    from suite.report.peer_tables import tensor_parallel, tensor_parallel_line
+
+    run = _tp_run(tmp_path, [_bench_row(CELL_LIGER, "own", 55, 54, 56),
+                             _bench_row(CELL_LIGER, "liger_scaled_ce_tp", status="crashed",
+                                        error="a rank failed")])
+    assert "| `liger_scaled_ce_tp` | loss+grad | crashed |" in tensor_parallel(run, "cmd")
+    assert "crashed (the own kernel: ok)" in tensor_parallel_line(run)

@@ -80,6 +80,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--peer-list", action="store_true",
                         help="a peer run folder, as the README's sentence on the peers (section "
                              "peers)")
+    parser.add_argument("--tensor-parallel", action="store_true",
+                        help="a multi-GPU run's tp/<shape>-vp<K> folders: Liger's "
+                             "tensor-parallel function beside the own kernel's sharded rows")
     parser.add_argument("--rl", action="store_true",
                         help="a peer run folder's RL rows (rl/rl.csv) and verl's probe "
                              "(section rl)")
@@ -164,10 +167,11 @@ def compute(args) -> tuple[str, str]:
         raise ValueError("give one or more run folders (or --results-doc alone)")
     train = [d for d in args.results if is_train_run(d)]
     if sum(map(bool, (args.versus, args.targets, args.headline, args.frontier,
-                      args.who_has_what, args.rl, args.peer_list))) > 1:
+                      args.who_has_what, args.rl, args.peer_list,
+                      args.tensor_parallel))) > 1:
         raise ValueError("give one of --versus, --targets, --headline, --frontier, "
-                         "--who-has-what, --rl, --peer-list")
-    if args.who_has_what or args.rl or args.peer_list:
+                         "--who-has-what, --rl, --peer-list, --tensor-parallel")
+    if args.who_has_what or args.rl or args.peer_list or args.tensor_parallel:
         return _peer_run_text(args)
     if args.versus:
         return _versus_text(args), "versus"
@@ -185,10 +189,17 @@ def compute(args) -> tuple[str, str]:
 
 
 def _peer_run_text(args) -> tuple[str, str]:
-    from suite.report.peer_tables import peer_list, rl_table, who_has_what
+    from suite.report.peer_tables import peer_list, rl_table, tensor_parallel, who_has_what
 
+    if args.peer_list and len(args.results) == 2:  # the peer run, then the TP run
+        return (peer_list(args.results[0], _command(args, " --peer-list"), args.results[1]),
+                "peers")
     if len(args.results) != 1:
-        raise ValueError("--who-has-what / --rl / --peer-list: give one peer run folder")
+        raise ValueError("--who-has-what / --rl / --peer-list / --tensor-parallel: give one "
+                         "peer run folder (--peer-list: and a tensor-parallel one)")
+    if args.tensor_parallel:
+        return (tensor_parallel(args.results[0], _command(args, " --tensor-parallel")),
+                "tensor-parallel")
     if args.who_has_what:
         return who_has_what(args.results[0], _command(args, " --who-has-what")), "who-has-what"
     if args.peer_list:

@@ -43,8 +43,10 @@ class CuratedRun:
 
 
 # At most this many: each one earns its place in a table or a figure; older runs live in git.
-# 21: the four-GPU run joined the two two-GPU runs, whose K = 2 rows it does not repeat.
-MAX_CURATED = 21
+# 21: the four-GPU run joined the two two-GPU runs, whose K = 2 rows it does not repeat; 22: a
+# second two-H200 session (the step after the host-sync fix, Liger's tensor-parallel kernel, the
+# scaling model's inputs on the four-H200 run's GPU type), whose rows no other run holds.
+MAX_CURATED = 22
 # One session: the rows of a curated run were measured on one GPU model within this many hours
 # (one machine's lease, resumed at most a few times), so its tables compare rows measured
 # under one machine state; a run resumed on another day is a new run.
@@ -63,6 +65,9 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("multigpu-2xh100", "vocab-parallel loss and an FSDP2 training step, two H100s"),
     CuratedRun("multigpu-2xh200", "the FSDP2 training step with host syncs, and the largest "
                "batch per rank, two H200s"),
+    CuratedRun("multigpu-2xh200-2", "vocab-parallel loss at K = 2 against one GPU of the host "
+               "(own, and Liger's tensor-parallel kernel in tp/), the FSDP2 step at 1 and 2 "
+               "GPUs after the host-sync fix, two H200s"),
     CuratedRun("multigpu-4xh200", "vocab-parallel loss at K = 4 against one GPU of the host, "
                "and the FSDP2 step at 1, 2 and 4 GPUs (plain and tensor-parallel heads, Liger), "
                "four H200s"),

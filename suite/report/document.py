@@ -93,6 +93,9 @@ SECTIONS = (
         "before the model's trunk, so the loss does not wait for the forward), with the host "
         "syncs of one step, and each configuration's largest batch per rank (doubling until "
         "CUDA runs out of memory or 64 is passed). "
+        "Then, on another two-H200 host, the vocabulary sharded over two GPUs against one GPU "
+        "of the host, and the FSDP2 step at 1 and 2 GPUs with 8 sequences per rank after the "
+        "host-sync fix (the loss's first chunk sized from the check queued before the trunk). "
         "Then four H200s of one host: the vocabulary sharded over four GPUs against one GPU "
         "of the same host, and the FSDP2 step at 1, 2 and 4 GPUs with 8 sequences per rank "
         "(the global batch grows with K), 100 steps, the plain and the tensor-parallel head, "
@@ -100,7 +103,8 @@ SECTIONS = (
         "world. "
         "What larger counts would give, from these measurements: "
         "[notes/scaling.md](notes/scaling.md).",
-        ("results/multigpu-2xh100", "results/multigpu-2xh200", "results/multigpu-4xh200")),
+        ("results/multigpu-2xh100", "results/multigpu-2xh200", "results/multigpu-2xh200-2",
+         "results/multigpu-4xh200")),
     Section(
         "Does it train the same?",
         "Whole training steps of Hugging Face architectures on the H100 against the model's own "
@@ -119,9 +123,14 @@ SECTIONS = (
         "CuTe-DSL kernel on sm_90) and its tensor-parallel variant, and verl's fused log-prob "
         "kernel, against the own kernel: the loss+grad cell of Gemma 2 (2B) and one at Liger's "
         "published shape, then the RL step (log-probs, entropy and their backward) at two "
-        "shapes, with log-prob, entropy and gradient errors against fp64.",
+        "shapes, with log-prob, entropy and gradient errors against fp64. "
+        "Then Liger's tensor-parallel variant where it runs, on two H200s of one host (one "
+        "process per GPU, each with its vocabulary shard; `python -m suite bench "
+        "--vocab-parallel 2`), beside the own kernel's vocabulary-parallel path and Liger's "
+        "own PyTorch fallback.",
         ("results/peers-2026-h100 --who-has-what",
-         "results/peers-2026-h100 --rl")),
+         "results/peers-2026-h100 --rl",
+         "results/multigpu-2xh200-2 --tensor-parallel")),
 )
 
 

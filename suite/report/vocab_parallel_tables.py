@@ -74,7 +74,7 @@ def vocab_parallel_section(run_dir) -> str:
         return ""
     parts = [f"### Vocabulary sharded over GPUs ({Path(run_dir).name})", ""]
     for shape, single, sharded, k in pairs:
-        parts += [f"#### {shape}, {k} ranks", "", _from_line(single), "", _from_line(sharded), "",
+        parts += [f"#### {shape}, {k} ranks", "", from_line(single), "", from_line(sharded), "",
                   shape_table(single, sharded, k), ""]
     return "\n".join(parts)
 
@@ -140,7 +140,7 @@ def training_table(run_dir, folder: str = TRAIN_DIR) -> str:
              f"{int(first['n_params']) / 1e9:.2f}B parameters, V {first['vocab']}, "
              f"{first['steps']} steps, {first['global_tokens']} tokens a step"
              f"{', largest-batch search' if folder.endswith(MAX_BATCH_SUFFIX) else ''}")
-    return (f"{title}\n\n{_from_line(path)}\n\n"
+    return (f"{title}\n\n{from_line(path)}\n\n"
             f"{md_table(TRAIN_HEADER + [h for h, _ in extra], body)}")
 
 
@@ -148,7 +148,7 @@ def is_multi_gpu_run(run_dir) -> bool:
     return (Path(run_dir) / "vp").is_dir() or bool(train_dirs(run_dir))
 
 
-def _from_line(folder: Path) -> str:
+def from_line(folder: Path) -> str:
     """Where a sub-run of a multi-GPU run was measured: its folder, GPU, versions, commit, date."""
     path = Path(folder).as_posix()
     return f"From [`{path}`]({path}/results.csv): {env_line(folder)}"
