@@ -66,7 +66,7 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRou
     tl.store(Loss + row + tl.arange(0, 1), tl.where(valid, loss, 0.0))
     pt_m1 = expm1(-nll)
     flat = tl.exp2(-log2_s) < flat_p_max
-    row_round = tl.zeros((1, BLOCK), tl.float32)  # per lane: one reduction after the loop
+    row_round = tl.zeros((1,), tl.float32)
     for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
@@ -74,7 +74,7 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRou
                                  flat, eps, V, smooth, tanh_scale, cap, HAS_SOFTCAP, FILTER,
                                  BARRIER, ROW_ROUND, BLOCK)
     if ROW_ROUND:
-        tl.store(RowRound + row + tl.arange(0, 1), tl.sum(row_round, axis=1))
+        tl.store(RowRound + row + tl.arange(0, 1), row_round)
 
 
 @triton.jit
@@ -83,8 +83,7 @@ def _grad_block(x, g_row, Kept, v0, cols, v_mask, ref, off2, tgt, pt_m1, valid, 
                 BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr):
     # One block of a row's raw logits x (1 x BLOCK) -> its unweighted gradient, stored at g_row;
     # the row's lse is ref + off2 / log2(e) (tile.softmax_grad_tile). Returns what rounding the
-    # gradient removed, per column (ROW_ROUND, else 0s: the caller sums the lanes once, not a
-    # cross-warp reduction per block); FILTER marks the block in Kept where kept.
+    # gradient removed (ROW_ROUND, else 0); FILTER marks the block in Kept where kept.
     one = tl.full((1,), 1.0, tl.float32)
     g = softmax_grad_tile(x, ref, off2, one, one, tgt, pt_m1, v0 + cols, V, smooth,
                           tanh_scale, cap, HAS_SOFTCAP)
@@ -93,9 +92,9 @@ def _grad_block(x, g_row, Kept, v0, cols, v_mask, ref, off2, tgt, pt_m1, valid, 
         tl.debug_barrier()
     g_used = g.to(g_row.dtype.element_ty)
     tl.store(g_row + v0 + cols[None, :], g_used, mask=v_mask[None, :])
-    rounded = tl.zeros((1, BLOCK), tl.float32)
+    rounded = tl.zeros((1,), tl.float32)
     if ROW_ROUND:  # what rounding g removed, for dE's correction (paths/three_matmul.py)
-        rounded = tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0)
+        rounded = tl.sum(tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0), axis=1)
     if FILTER:
         big = tl.max(tl.where(v_mask[None, :], tl.abs(g), 0.0), axis=1)
         keep = (big >= eps) | flat
@@ -125,7 +124,7 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
     lo2 = tl.load(LseLo + row + one_el) * LOG2E
     pt_m1 = expm1(-tl.load(Nll + row + one_el))
     flat = tl.load(PMax + row + one_el) < flat_p_max
-    row_round = tl.zeros((1, BLOCK), tl.float32)
+    row_round = tl.zeros((1,), tl.float32)
     for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(y_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
@@ -134,7 +133,7 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
                                  flat, eps, V, smooth, tanh_scale, cap, HAS_SOFTCAP, FILTER,
                                  False, ROW_ROUND, BLOCK)
     if ROW_ROUND:
-        tl.store(RowRound + row + one_el, tl.sum(row_round, axis=1))
+        tl.store(RowRound + row + one_el, row_round)
 
 
 def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *,
