@@ -70,33 +70,36 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRou
     for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
-        row_round += _grad_block(x, g_row, Kept, v0, cols, v_mask, m, log2_s, tgt, pt_m1, valid,
-                                 flat, eps, V, smooth, tanh_scale, cap, HAS_SOFTCAP, FILTER,
-                                 BARRIER, ROW_ROUND, BLOCK)
+        row_round += _grad_block(x, g_row, v0 + cols[None, :], v_mask[None, :], Kept, v0,
+                                 v0 + cols, m, log2_s, tgt, pt_m1, valid, flat, eps, V, smooth,
+                                 tanh_scale, cap, HAS_SOFTCAP, FILTER, BARRIER, ROW_ROUND, BLOCK)
     if ROW_ROUND:
         tl.store(RowRound + row + tl.arange(0, 1), row_round)
 
 
 @triton.jit
-def _grad_block(x, g_row, Kept, v0, cols, v_mask, ref, off2, tgt, pt_m1, valid, flat, eps, V,
-                smooth, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
+def _grad_block(x, g_row, offs, mask, Kept, v0, offs_v, ref, off2, tgt, pt_m1, valid, flat, eps,
+                V, smooth, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                 BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr):
-    # One block of a row's raw logits x (1 x BLOCK) -> its unweighted gradient, stored at g_row;
-    # the row's lse is ref + off2 / log2(e) (tile.softmax_grad_tile). Returns what rounding the
-    # gradient removed (ROW_ROUND, else 0); FILTER marks the block in Kept where kept.
+    # One block of BLOCK columns of a row's raw logits x -> its unweighted gradient, stored at
+    # g_row + offs (mask); x is laid out as (1, BLOCK) or as (tiles, tile width), each tile row
+    # with its column indices offs_v and the target tgt shifted alike (offs_v == tgt at the
+    # target). The row's lse is ref + off2 / log2(e) (tile.softmax_grad_tile). Returns what
+    # rounding the gradient removed (ROW_ROUND, else 0); FILTER marks the block in Kept.
     one = tl.full((1,), 1.0, tl.float32)
-    g = softmax_grad_tile(x, ref, off2, one, one, tgt, pt_m1, v0 + cols, V, smooth,
+    g = softmax_grad_tile(x, ref, off2, one, one, tgt, pt_m1, offs_v, V, smooth,
                           tanh_scale, cap, HAS_SOFTCAP)
     g = tl.where(valid, g, 0.0)
     if BARRIER:  # G overlaps Z's bytes: every warp's loads of this block come first
         tl.debug_barrier()
     g_used = g.to(g_row.dtype.element_ty)
-    tl.store(g_row + v0 + cols[None, :], g_used, mask=v_mask[None, :])
+    tl.store(g_row + offs, g_used, mask=mask)
     rounded = tl.zeros((1,), tl.float32)
     if ROW_ROUND:  # what rounding g removed, for dE's correction (paths/three_matmul.py)
-        rounded = tl.sum(tl.where(v_mask[None, :], g - g_used.to(tl.float32), 0.0), axis=1)
+        rounded = tl.sum(tl.sum(tl.where(mask, g - g_used.to(tl.float32), 0.0), axis=1), axis=0,
+                         keep_dims=True)
     if FILTER:
-        big = tl.max(tl.where(v_mask[None, :], tl.abs(g), 0.0), axis=1)
+        big = tl.max(tl.max(tl.where(mask, tl.abs(g), 0.0), axis=1), axis=0, keep_dims=True)
         keep = (big >= eps) | flat
         keep = keep & ((tl.zeros((1,), tl.int32) + valid.to(tl.int32)) != 0)
         # Every writer stores the same 1: no atomics needed.
@@ -115,7 +118,6 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
     row = tl.program_id(0)
     y_row = Y + row.to(tl.int64) * stride_y
     m_row = M + row.to(tl.int64) * stride_m
-    cols = tl.arange(0, BLOCK)
     one_el = tl.arange(0, 1)
     t64 = tl.load(Targets + row)
     valid = (t64 != ignore_index) & (t64 >= 0) & (t64 < V)
@@ -124,14 +126,20 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
     lo2 = tl.load(LseLo + row + one_el) * LOG2E
     pt_m1 = expm1(-tl.load(Nll + row + one_el))
     flat = tl.load(PMax + row + one_el) < flat_p_max
+    # Each block as (tiles, TILE_V): one maximum per tile row, broadcast over it (not one
+    # gathered per column), and the target shifted into each tile row's column indices.
+    sub = tl.arange(0, BLOCK // TILE_V)
+    lane = tl.arange(0, TILE_V)
     row_round = tl.zeros((1,), tl.float32)
     for v0 in range(0, V, BLOCK):
-        v_mask = cols < V - v0
-        x = tl.load(y_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
-        x += tl.load(m_row + (v0 + cols[None, :]) // TILE_V, mask=v_mask[None, :], other=0.0)
-        row_round += _grad_block(x, y_row, Kept, v0, cols, v_mask, lse, lo2, tgt, pt_m1, valid,
-                                 flat, eps, V, smooth, tanh_scale, cap, HAS_SOFTCAP, FILTER,
-                                 False, ROW_ROUND, BLOCK)
+        offs = v0 + sub[:, None] * TILE_V + lane[None, :]
+        mask = offs < V
+        x = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
+        tile = v0 // TILE_V + sub
+        x += tl.load(m_row + tile, mask=tile * TILE_V < V, other=0.0)[:, None]
+        row_round += _grad_block(x, y_row, offs, mask, Kept, v0, lane, lse, lo2,
+                                 tgt - v0 - sub * TILE_V, pt_m1, valid, flat, eps, V, smooth,
+                                 tanh_scale, cap, HAS_SOFTCAP, FILTER, False, ROW_ROUND, BLOCK)
     if ROW_ROUND:
         tl.store(RowRound + row + one_el, row_round)
 
@@ -172,6 +180,9 @@ def shifted_to_grad(y: torch.Tensor, m: torch.Tensor, tile_v: int, fwd, targets:
     rows, v = y.shape
     if rows == 0:
         return
+    if block % tile_v:
+        raise ValueError(f"fused.block ({block}) must be a multiple of the forward's tile "
+                         f"width ({tile_v}): the pass adds one maximum per tile")
     lse, p_max, nll, lse_lo = fwd
     tanh_scale, cap = softcap_scalars(softcap)
     _shifted_to_grad_kernel[(rows,)](
