@@ -448,3 +448,13 @@ def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypat
     # the queued check alone (with its prefix), no count of the first chunk's targets
     assert launched == [("check_count_and_prefix", 20), ("check_and_count_targets", 20)]
     assert all(torch.equal(a, b) for a, b in zip(plain, queued))
+
+
+def test_a_pass_block_that_splits_a_forward_tile_is_refused_by_name():
+    # The shifted logits' pass lays each block out as whole forward tiles (one maximum per tile
+    # row): a block that is not a multiple of the tile width is a config error, not a launch.
+    tile_v = HOPPER_16BIT.forward.tiles.block_v
+    assert with_overrides(HOPPER_16BIT, {"fused": {"block": 2 * tile_v}}).fused.block == 2 * tile_v
+    with pytest.raises(ValueError, match=rf"fused.block: expected a multiple of forward.tiles"
+                                         rf".block_v \({tile_v}\).*got {tile_v // 2}"):
+        with_overrides(HOPPER_16BIT, {"fused": {"block": tile_v // 2}})

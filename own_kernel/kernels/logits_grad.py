@@ -180,9 +180,6 @@ def shifted_to_grad(y: torch.Tensor, m: torch.Tensor, tile_v: int, fwd, targets:
     rows, v = y.shape
     if rows == 0:
         return
-    if block % tile_v:
-        raise ValueError(f"fused.block ({block}) must be a multiple of the forward's tile "
-                         f"width ({tile_v}): the pass adds one maximum per tile")
     lse, p_max, nll, lse_lo = fwd
     tanh_scale, cap = softcap_scalars(softcap)
     _shifted_to_grad_kernel[(rows,)](

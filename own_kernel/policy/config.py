@@ -241,6 +241,10 @@ class Config:
         if any(k.tma for k in self.softmax_grad_candidates):
             raise ValueError("softmax_grad_candidates: expected tma False (only the pointer "
                              "variant is tuned)")
+        if self.fused.block % self.forward.tiles.block_v:  # kernels/logits_grad.py's layout
+            raise ValueError(f"fused.block: expected a multiple of forward.tiles.block_v "
+                             f"({self.forward.tiles.block_v}): the logits -> gradient pass adds "
+                             f"one tile maximum per tile row; got {self.fused.block}")
 
 
 # Hopper (sm90), 16-bit inputs. Measured on an H200 unless said otherwise.
