@@ -31,7 +31,6 @@ from suite.registry import register
 
 FUNCTION = "LigerFusedLinearScaledCrossEntropyTPFunction"
 NATIVE_FUNCTION = "LigerFusedLinearScaledCrossEntropyNativeTPFunction"
-FALLBACK_FUNCTION = "_TensorParallelFusedLinearPPOFallbackFunction"
 NATIVE_PACKAGE = "liger-cute-kernels"
 NATIVE_INSTALL = f'pip install "{PACKAGE}[lck]=={VERSION}" "{NATIVE_PACKAGE}[cu13]=={VERSION}"'
 HIDDEN_ALIGNMENT = 8  # LCK pads the hidden size to this; its capacity is the padded size
