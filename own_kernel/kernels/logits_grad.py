@@ -24,8 +24,7 @@ run over marked blocks only.
 
 Shifted logits (config.Fused.logits_shifted): the TMA forward wrote each logit, in the input
 dtype, relative to its row's largest in its forward tile (forward_tma.py), and the row's lse,
-nll and largest probability beside: pass 2 alone runs, on x = y + M[tile], in place, one
-program per block of a row.
+nll and largest probability beside: pass 2 alone runs, on x = y + M[tile], in place.
 """
 import torch
 import triton
@@ -110,18 +109,15 @@ def _grad_block(x, g_row, offs, mask, Kept, v0, offs_v, ref, off2, tgt, pt_m1, v
 
 @triton.jit
 def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Targets, Kept,
-                            BlockRound, V, n_blocks, ignore_index, smooth, tanh_scale, cap, eps,
-                            flat_p_max, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
+                            RowRound, V, ignore_index, smooth, tanh_scale, cap, eps, flat_p_max,
+                            HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                             ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr,
                             TILE_V: tl.constexpr):
-    # One block of a shifted row (forward_tma.py: y = x - M[tile]) -> its gradient in place.
-    # The row's lse, nll and largest probability come from the forward, so blocks are
-    # independent: one program each (a flat grid, a row's blocks adjacent) keeps many more
-    # loads in flight than a program walking a whole row, and the pass nearer the copy rate.
-    pid = tl.program_id(0)
-    row = pid // n_blocks
-    blk = pid - row * n_blocks
+    # The shifted logits' row (forward_tma.py: y = x - M[tile]) -> its gradient in place, one
+    # pass: the row's lse, nll and largest probability come from the forward.
+    row = tl.program_id(0)
     y_row = Y + row.to(tl.int64) * stride_y
+    m_row = M + row.to(tl.int64) * stride_m
     one_el = tl.arange(0, 1)
     t64 = tl.load(Targets + row)
     valid = (t64 != ignore_index) & (t64 >= 0) & (t64 < V)
@@ -130,22 +126,22 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
     lo2 = tl.load(LseLo + row + one_el) * LOG2E
     pt_m1 = expm1(-tl.load(Nll + row + one_el))
     flat = tl.load(PMax + row + one_el) < flat_p_max
-    # The block as (tiles, TILE_V): one maximum per tile row, broadcast over it (not one
+    # Each block as (tiles, TILE_V): one maximum per tile row, broadcast over it (not one
     # gathered per column), and the target shifted into each tile row's column indices.
     sub = tl.arange(0, BLOCK // TILE_V)
     lane = tl.arange(0, TILE_V)
-    v0 = blk * BLOCK
-    offs = v0 + sub[:, None] * TILE_V + lane[None, :]
-    mask = offs < V
-    x = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
-    tile = v0 // TILE_V + sub
-    m_row = M + row.to(tl.int64) * stride_m
-    x += tl.load(m_row + tile, mask=tile * TILE_V < V, other=0.0)[:, None]
-    rounded = _grad_block(x, y_row, offs, mask, Kept, v0, lane, lse, lo2, tgt - v0 - sub * TILE_V,
-                          pt_m1, valid, flat, eps, V, smooth, tanh_scale, cap, HAS_SOFTCAP,
-                          FILTER, False, ROW_ROUND, BLOCK)
+    row_round = tl.zeros((1,), tl.float32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + sub[:, None] * TILE_V + lane[None, :]
+        mask = offs < V
+        x = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
+        tile = v0 // TILE_V + sub
+        x += tl.load(m_row + tile, mask=tile * TILE_V < V, other=0.0)[:, None]
+        row_round += _grad_block(x, y_row, offs, mask, Kept, v0, lane, lse, lo2,
+                                 tgt - v0 - sub * TILE_V, pt_m1, valid, flat, eps, V, smooth,
+                                 tanh_scale, cap, HAS_SOFTCAP, FILTER, False, ROW_ROUND, BLOCK)
     if ROW_ROUND:
-        tl.store(BlockRound + pid + one_el, rounded)
+        tl.store(RowRound + row + one_el, row_round)
 
 
 def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *,
@@ -186,16 +182,9 @@ def shifted_to_grad(y: torch.Tensor, m: torch.Tensor, tile_v: int, fwd, targets:
         return
     lse, p_max, nll, lse_lo = fwd
     tanh_scale, cap = softcap_scalars(softcap)
-    n_blocks = triton.cdiv(v, block)
-    # Each block's rounding residual apart, then summed per row in a fixed order (no atomics:
-    # the same row gives the same sum in any batch).
-    block_round = (torch.empty(rows, n_blocks, device=y.device, dtype=torch.float32)
-                   if row_round is not None else None)
-    _shifted_to_grad_kernel[(rows * n_blocks,)](
+    _shifted_to_grad_kernel[(rows,)](
         y, y.stride(0), m, m.stride(0), lse, lse_lo, nll, p_max, targets,
-        kept if kept is not None else lse, block_round if block_round is not None else lse, v,
-        n_blocks, int(ignore_index), float(label_smoothing), tanh_scale, cap, float(eps),
+        kept if kept is not None else lse, row_round if row_round is not None else lse, v,
+        int(ignore_index), float(label_smoothing), tanh_scale, cap, float(eps),
         float(flat_p_max), HAS_SOFTCAP=softcap is not None, FILTER=kept is not None,
         ROW_ROUND=row_round is not None, BLOCK=block, TILE_V=tile_v, num_warps=num_warps)
-    if block_round is not None:
-        torch.sum(block_round, dim=1, out=row_round)
