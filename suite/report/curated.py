@@ -46,7 +46,7 @@ class CuratedRun:
 # 21: the four-GPU run joined the two two-GPU runs, whose K = 2 rows it does not repeat; 22: a
 # second two-H200 session (the step after the host-sync fix, Liger's tensor-parallel kernel, the
 # scaling model's inputs on the four-H200 run's GPU type), whose rows no other run holds.
-MAX_CURATED = 22
+MAX_CURATED = 23
 # One session: the rows of a curated run were measured on one GPU model within this many hours
 # (one machine's lease, resumed at most a few times), so its tables compare rows measured
 # under one machine state; a run resumed on another day is a new run.
@@ -71,6 +71,10 @@ CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("multigpu-4xh200", "vocab-parallel loss at K = 4 against one GPU of the host, "
                "and the FSDP2 step at 1, 2 and 4 GPUs (plain and tensor-parallel heads, Liger), "
                "four H200s"),
+    CuratedRun("multigpu-4xh200-2", "the FSDP2 step at 1, 2 and 4 GPUs after the host-sync fix "
+               "at a second seed (plain and tensor-parallel heads, Liger; the tensor-parallel "
+               "head also at 4 sequences per rank), the K = 4 step's profile and its largest "
+               "batch, four H200s"),
     CuratedRun("peers-h100", "every peer at three model shapes, H100", OWN_WAS_RECOMPUTE),
     CuratedRun("quack-h100", "QuACK beside own and torch.compile at three model shapes, lm "
                "inputs, H100"),

@@ -101,10 +101,13 @@ SECTIONS = (
         "(the global batch grows with K), 100 steps, the plain and the tensor-parallel head, "
         "each configuration's loss curve held to `hf_loss` with the same head in the same "
         "world. "
+        "Then, on 4 H200s again, the same steps at 1, 2 and 4 GPUs after the host-sync fix at "
+        "a second seed, the tensor-parallel head at K = 4, and the largest batch per rank at "
+        "K = 4. "
         "What larger counts would give, from these measurements: "
         "[notes/scaling.md](notes/scaling.md).",
         ("results/multigpu-2xh100", "results/multigpu-2xh200", "results/multigpu-2xh200-2",
-         "results/multigpu-4xh200")),
+         "results/multigpu-4xh200", "results/multigpu-4xh200-2")),
     Section(
         "Does it train the same?",
         "Whole training steps of Hugging Face architectures on the H100 against the model's own "
