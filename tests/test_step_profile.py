@@ -117,3 +117,56 @@ def test_a_configurations_row_pools_the_steps_of_its_worlds():
     assert row["ms"] == 15.0 and row["ms_p20"] == 10.0 and row["ms_p80"] == 20.0
     assert row["peak_mib_max"] == 120 and "oom" in row["error"]
     assert _row(cfg, s, ["boom"], {})["status"] == "error"
+
+
+def _fsdp_trace():
+    # Host thread 1 launches (correlations 1-3) inside FSDP annotations: a layer's all-gather
+    # (inside the root's pre-forward, so the innermost annotation names the unit), the root's
+    # reduce-scatter, and an all-reduce outside any FSDP hook. Compute stream 7 covers the
+    # layer's all-gather only.
+    ann = lambda name, ts, dur: {"cat": "user_annotation", "name": name, "ts": ts, "dur": dur,
+                                 "tid": 1}
+    launch = lambda corr, ts: {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts,
+                               "dur": 1.0, "tid": 1, "args": {"correlation": corr}}
+    kernel = lambda name, stream, ts, dur, corr: {"cat": "kernel", "name": name, "ts": ts,
+                                                  "dur": dur,
+                                                  "args": {"stream": stream, "correlation": corr}}
+    return {"traceEvents": [
+        ann("FSDP::root_pre_forward", 0.0, 50.0),
+        ann("FSDP::all_gather (model.layers.0)", 5.0, 10.0),
+        launch(1, 8.0), ann("FSDP::post_backward_reduce", 100.0, 20.0), launch(2, 110.0),
+        launch(3, 200.0), kernel("gemm_bf16", 7, 10.0, 100.0, 9),
+        kernel("ncclDevKernel_AllGather_RING_LL", 20, 20.0, 40.0, 1),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32", 20, 120.0, 30.0, 2),
+        kernel("ncclDevKernel_AllReduce_Sum_f32", 20, 210.0, 5.0, 3)]}
+
+
+def test_each_collective_is_charged_to_the_fsdp_unit_that_launched_it():
+    from suite.train.step_profile import fsdp_unit, unit_collectives
+    assert fsdp_unit("FSDP::all_gather (model.layers.3)") == "model.layers.3"
+    assert fsdp_unit("FSDP::post_backward_reduce") == "root"
+    kernels = kernels_from_chrome_trace(_fsdp_trace())
+    assert {k.name[14:23]: k.unit for k in kernels if k.unit or "nccl" in k.name} == {
+        "AllGather": "model.layers.0", "ReduceSca": "root", "AllReduce": ""}
+    rows = unit_collectives(kernels, steps=1)
+    assert [(r["unit"], r["collective"]) for r in rows] == [
+        ("root", "ReduceScatter"), ("-", "AllReduce"), ("model.layers.0", "AllGather")]
+    assert rows[0]["ms"] == pytest.approx(0.03) and rows[0]["exposed_ms"] == pytest.approx(0.03)
+    assert rows[2]["exposed_ms"] == 0.0 and rows[2]["calls_per_step"] == 1
+    s = summarise(kernels, steps=1)
+    assert s["root_nccl_ms"] == pytest.approx(0.03)
+    assert s["root_nccl_exposed_ms"] == pytest.approx(0.03)
+
+
+def test_a_run_folders_traces_give_its_units_csv(tmp_path):
+    import csv
+    from suite.train.step_profile import main
+    (tmp_path / "profile.csv").write_text("config,profiled_steps\nown@2,1\n")
+    with pytest.raises(FileNotFoundError, match="own@2"):
+        main([str(tmp_path)])
+    with gzip.open(tmp_path / "trace_own-at-2.json.gz", "wt") as f:
+        json.dump(_fsdp_trace(), f)
+    main([str(tmp_path)])
+    rows = list(csv.DictReader(open(tmp_path / "profile_units.csv")))
+    assert [(r["config"], r["unit"]) for r in rows] == [
+        ("own@2", "root"), ("own@2", "-"), ("own@2", "model.layers.0")]

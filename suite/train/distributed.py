@@ -86,7 +86,7 @@ NCCL_FIELDS = ["world_size", "dtype", "bytes", "ms", "algbw_gbs", "busbw_gbs"]
 PROFILE_FIELDS = ["config", "profiled_steps", "kernels", "compute_window_ms", "compute_busy_ms",
                   "compute_idle_ms", "own_ms", "gemm_ms", "other_ms", "nccl_ms",
                   "nccl_AllGather_ms", "nccl_ReduceScatter_ms", "nccl_AllReduce_ms",
-                  "nccl_exposed_ms"]
+                  "nccl_exposed_ms", "root_nccl_ms", "root_nccl_exposed_ms"]
 NCCL_SIZES = [2 ** k for k in range(12, 30, 2)] + [2 ** 29]  # 4 KiB .. 512 MiB
 
 

@@ -9,28 +9,42 @@ longest gaps, which kernels bracket them and which collective ran meanwhile: wha
 stream waited for. Families: ``nccl``, ``own`` (this project's kernels), ``gemm`` (cuBLAS /
 CUTLASS), ``other`` (elementwise, copies, torch.compile's and others' Triton kernels).
 
+Each collective is also charged to the FSDP unit whose hook launched it (``unit_collectives``):
+the innermost ``FSDP::...`` annotation around the host call that launched the kernel, matched
+through the trace's correlation ids. ``root`` is the unit fully_shard gave the whole model, which
+holds what no layer does (here the embedding, the final norm and lm_head): the loss's unit.
+
+    python -m suite.train.step_profile RUN_DIR   # its traces -> RUN_DIR/profile_units.csv
+
 Pure functions on kernel records (``Kernel``) so that the arithmetic is tested on the CPU;
 ``kernels_from_chrome_trace`` reads the records from the trace torch.profiler exports.
 """
 from __future__ import annotations
 
+import argparse
+import csv
 import gzip
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 OWN_PREFIXES = ("cce_", "_logits_to_grad", "_shifted_to_grad", "_scale_kernel")
 GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_")
 TOP_GAPS = 5
+COLLECTIVES = ("AllGather", "ReduceScatter", "AllReduce", "Broadcast")
+UNIT_FIELDS = ["config", "unit", "collective", "calls_per_step", "ms", "exposed_ms"]
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """One GPU kernel of the trace: name, stream, start and duration in microseconds."""
+    """One GPU kernel of the trace: name, stream, start and duration in microseconds; unit: the
+    FSDP unit whose hook launched it ("" where none did)."""
     name: str
     stream: int
     ts_us: float
     dur_us: float
+    unit: str = ""
 
     @property
     def end_us(self) -> float:
@@ -48,13 +62,47 @@ def family(name: str) -> str:
     return "other"
 
 
+def collective(name: str) -> str:
+    """AllGather, ReduceScatter, AllReduce, Broadcast or other, from an NCCL kernel's name."""
+    return next((op for op in COLLECTIVES if op.lower() in name.lower()), "other")
+
+
+def fsdp_unit(annotation: str) -> str:
+    """"FSDP::all_gather (model.layers.3)" -> "model.layers.3"; no module named -> "root"."""
+    found = re.search(r"\((.+)\)\s*$", annotation)
+    return found.group(1) if found else "root"
+
+
+def _launch_units(events: list[dict]) -> dict:
+    """correlation id -> the FSDP unit of the innermost FSDP annotation around its launch."""
+    spans: dict = {}
+    for ev in events:
+        if ev.get("cat") == "user_annotation" and ev.get("name", "").startswith("FSDP::"):
+            spans.setdefault(ev.get("tid"), []).append(ev)
+    out = {}
+    for ev in events:
+        corr = ev.get("args", {}).get("correlation")
+        if ev.get("cat") not in ("cuda_runtime", "cuda_driver") or corr is None:
+            continue
+        around = [a for a in spans.get(ev.get("tid"), ())
+                  if a["ts"] <= ev["ts"] <= a["ts"] + a.get("dur", 0.0)]
+        if around:
+            out[corr] = fsdp_unit(min(around, key=lambda a: a.get("dur", 0.0))["name"])
+    return out
+
+
 def kernels_from_chrome_trace(trace: dict) -> list[Kernel]:
-    """The GPU kernels of a torch.profiler chrome trace (events of category "kernel")."""
+    """The GPU kernels of a torch.profiler chrome trace (events of category "kernel"), each
+    NCCL kernel with the FSDP unit that launched it."""
+    events = trace.get("traceEvents", [])
+    units = _launch_units(events)
     out = []
-    for ev in trace.get("traceEvents", []):
+    for ev in events:
         if ev.get("cat") == "kernel" and "dur" in ev:
-            stream = ev.get("args", {}).get("stream", ev.get("tid", 0))
-            out.append(Kernel(ev.get("name", ""), int(stream), float(ev["ts"]), float(ev["dur"])))
+            args = ev.get("args", {})
+            unit = units.get(args.get("correlation"), "") if "nccl" in ev["name"].lower() else ""
+            out.append(Kernel(ev.get("name", ""), int(args.get("stream", ev.get("tid", 0))),
+                              float(ev["ts"]), float(ev["dur"]), unit))
     return sorted(out, key=lambda k: k.ts_us)
 
 
@@ -98,10 +146,8 @@ def summarise(kernels: list[Kernel], steps: int) -> dict:
         fam[family(k.name)] = fam.get(family(k.name), 0.0) + k.dur_us
     collectives: dict[str, float] = {}
     for k in nccl:
-        op = next((o for o in ("AllGather", "ReduceScatter", "AllReduce", "Broadcast")
-                   if o.lower() in k.name.lower()), "other")
-        collectives[op] = collectives.get(op, 0.0) + k.dur_us
-    compute_cover = _union([(k.ts_us, k.end_us) for k in kernels if family(k.name) != "nccl"])
+        collectives[collective(k.name)] = collectives.get(collective(k.name), 0.0) + k.dur_us
+    compute_cover = _compute_cover(kernels)
     nccl_union = _union([(k.ts_us, k.end_us) for k in nccl])
     exposed = sum((b - a) - _covered((a, b), compute_cover) for a, b in nccl_union)
     gaps = [(nxt.ts_us - prev.end_us, prev, nxt)
@@ -117,11 +163,40 @@ def summarise(kernels: list[Kernel], steps: int) -> dict:
         **{f"{f}_ms": t / per for f, t in sorted(fam.items())},
         **{f"nccl_{op}_ms": t / per for op, t in sorted(collectives.items())},
         "nccl_exposed_ms": exposed / per,
+        "root_nccl_ms": sum(k.dur_us for k in nccl if k.unit == "root") / per,
+        "root_nccl_exposed_ms": sum(_exposed(k, compute_cover) for k in nccl
+                                    if k.unit == "root") / per,
+        "fsdp_units": unit_collectives(kernels, steps),
         "top_gaps": [{"gap_ms": g / 1e3, "after": _short(p.name), "before": _short(n.name),
                       "nccl_during": sorted({_short(k.name) for k in nccl
                                              if k.ts_us < n.ts_us and k.end_us > p.end_us})}
                      for g, p, n in top],
     }
+
+
+def _compute_cover(kernels: list[Kernel]) -> list[tuple[float, float]]:
+    return _union([(k.ts_us, k.end_us) for k in kernels if family(k.name) != "nccl"])
+
+
+def _exposed(k: Kernel, cover: list[tuple[float, float]]) -> float:
+    """How much of kernel k ran under no compute kernel (us)."""
+    return k.dur_us - _covered((k.ts_us, k.end_us), cover)
+
+
+def unit_collectives(kernels: list[Kernel], steps: int) -> list[dict]:
+    """Per FSDP unit and collective, per step: calls, ms and the ms no compute kernel covered
+    (most exposed first); NCCL kernels no FSDP hook launched are unit "-"."""
+    cover, per, rows = _compute_cover(kernels), 1e3 * max(steps, 1), {}
+    for k in kernels:
+        if family(k.name) == "nccl":
+            row = rows.setdefault((k.unit or "-", collective(k.name)), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += k.dur_us
+            row[2] += _exposed(k, cover)
+    out = [{"unit": unit, "collective": op, "calls_per_step": n / max(steps, 1),
+            "ms": dur / per, "exposed_ms": exposed / per}
+           for (unit, op), (n, dur, exposed) in rows.items()]
+    return sorted(out, key=lambda r: (-r["exposed_ms"], r["unit"], r["collective"]))
 
 
 def _short(name: str, width: int = 60) -> str:
@@ -132,3 +207,39 @@ def summarise_trace_file(path: Path, steps: int) -> dict:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
         return summarise(kernels_from_chrome_trace(json.load(f)), steps)
+
+
+def write_units_csv(run_dir: Path) -> Path:
+    """Every ``trace_<config>.json.gz`` of a training run folder, re-read: its per-unit
+    collectives (``unit_collectives``) into ``profile_units.csv``, one block of rows per
+    configuration; the profiled steps per trace from the folder's ``profile.csv``."""
+    run_dir = Path(run_dir)
+    with open(run_dir / "profile.csv", newline="") as f:
+        steps = {r["config"]: int(r["profiled_steps"]) for r in csv.DictReader(f)}
+    rows = []
+    for name, n in steps.items():
+        trace = run_dir / f"trace_{name.replace('@', '-at-')}.json.gz"
+        if not trace.exists():
+            raise FileNotFoundError(f"{trace}: profile.csv names {name} but its trace is missing")
+        with gzip.open(trace, "rt") as f:
+            kernels = kernels_from_chrome_trace(json.load(f))
+        rows += [{"config": name, **r} for r in unit_collectives(kernels, n)]
+    out = run_dir / "profile_units.csv"
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=UNIT_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m suite.train.step_profile",
+                                description="A training run's traces -> per-FSDP-unit "
+                                            "collectives (profile_units.csv).")
+    p.add_argument("run_dir", type=Path, help="a suite.train.distributed --out folder run "
+                   "with --profile-steps")
+    print(f"step-profile: wrote {write_units_csv(p.parse_args(argv).run_dir)}")
+
+
+if __name__ == "__main__":
+    main()
