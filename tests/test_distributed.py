@@ -321,28 +321,35 @@ def test_fsdp2_mixed_precision_costs_no_more_than_the_models_own_loss(ranks):
 def test_training_step_configs_are_validated():
     from suite.train.distributed import parse_configs
     assert [c.name for c in parse_configs("own@1, hf_loss+tp@2")] == ["own@1", "hf_loss+tp@2"]
-    for bad in ("own", "naive@2", "own+tp@1", "own+sp@2", "liger_flce+tp@2", ""):
+    head, = parse_configs("own+head@2")
+    assert head.head_unit and not head.tp_head and head.name == "own+head@2"
+    for bad in ("own", "naive@2", "own+tp@1", "own+sp@2", "liger_flce+tp@2",
+                "liger_flce+head@2", "own+tp+head@2", ""):
         with pytest.raises(ValueError, match="--configs"):
             parse_configs(bad)
 
 
 def test_two_rank_training_equals_the_single_rank_run_of_the_same_global_batch(tmp_path):
-    """FSDP2 data parallel (own@2) and a vocab-sharded lm_head (own+tp@2; hf_loss+tp@2, its
-    logits gathered) train on the same global batches as own@1: in fp32 their loss curves agree to fp32 rounding (a wrong share of
+    """FSDP2 data parallel (own@2; own+head@2 and hf_loss+head@2 with lm_head its own FSDP
+    unit) and a vocab-sharded lm_head (own+tp@2; hf_loss+tp@2, its logits gathered) train on
+    the same global batches as own@1: in fp32 their loss curves agree to fp32 rounding (a wrong share of
     the global count per rank, or a rank's data counted twice, moves them by O(1) per cent)."""
     import csv
     from suite.train.distributed import main
     out = tmp_path / "train2"
     rc = main(["--out", str(out), "--tiny", "--device", "cpu", "--dtype", "fp32", "--steps", "3",
                "--warmup", "1", "--batch", "1", "--seq-len", "12", "--lr", "1e-2",
-               "--lr-warmup", "1", "--configs", "own@1,own@2,own+tp@2,hf_loss+tp@2"])
+               "--lr-warmup", "1", "--configs",
+               "own@1,own@2,own+tp@2,hf_loss+tp@2,own+head@2,hf_loss+head@2"])
     rows = {r["config"]: r for r in csv.DictReader(open(out / "results.csv"))}
     assert rc == 0 and all(r["status"] == "ok" for r in rows.values()), rows
     curves = {}
     for r in csv.DictReader(open(out / "curves.csv")):
         curves.setdefault(r["config"], []).append(float(r["loss"]))
     assert len(curves["own@1"]) == 3 and curves["own@1"][0] != curves["own@1"][-1]
-    for name in ("own@2", "own+tp@2", "hf_loss+tp@2"):  # hf_loss@1 absent: against own@1
+    assert rows["own+head@2"]["head_unit"] == "1" and rows["own@2"]["head_unit"] == "0"
+    for name in ("own@2", "own+tp@2", "hf_loss+tp@2", "own+head@2", "hf_loss+head@2"):
+        # hf_loss@1 absent: against own@1
         assert rows[name]["parity_ref"] == "own@1" and rows[name]["verdict"] == "pass"
         worst = max(abs(a - b) / b for a, b in zip(curves[name], curves["own@1"]))
         assert worst <= TOL, (name, curves[name], curves["own@1"])

@@ -114,7 +114,8 @@ def _train_line(r: dict) -> list[str]:
     if r["status"] != "ok":
         return [f"`{r['config']}`", r["world_size"], "", "", r["status"], "", "", "", "",
                 (r.get("error") or "")[:80]]
-    head = "vocab-sharded (ColwiseParallel)" if r["tp_head"] == "1" else "FSDP2 / plain"
+    head = ("vocab-sharded (ColwiseParallel)" if r["tp_head"] == "1"
+            else "FSDP2, its own unit" if r.get("head_unit") == "1" else "FSDP2 / plain")
     return [f"`{r['config']}`", r["world_size"], head, f"{r['batch_per_rank']} x {r['seq_len']}",
             f"{fmt_ms(r['ms'])} ({fmt_ms(r['ms_p20'])}–{fmt_ms(r['ms_p80'])})",
             f"{float(r['tokens_per_s']):,.0f}", r["peak_mib_per_rank"].replace(";", " / "),

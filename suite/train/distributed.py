@@ -2,7 +2,7 @@
 
     python -m suite.train.distributed --out results/train-2gpu        # two GPUs, ~5 minutes
 
-Each configuration ``backend[+tp]@world`` trains the same model (``suite.train.hf``'s Llama
+Each configuration ``backend[+tp|+head]@world`` trains the same model (``suite.train.hf``'s Llama
 from its config: ~1B parameters, Llama 3's vocabulary 128256, random init, seeded alike on
 every rank) for ``--steps`` steps on the same global batches, in a fresh world of ``world``
 processes (torch.multiprocessing, NCCL, one GPU each; gloo on the CPU) launched here, with
@@ -21,6 +21,10 @@ NVLink multicast off in every rank (``MULTICAST_OFF``):
   shards and gathers them), the trunk (model.model)
   under FSDP2; the data replicated (every rank trains on the whole global batch), so the trunk's
   work is repeated on each rank: the configuration shows the head's memory and time.
+- ``backend+head@W``: as ``backend@W`` with lm_head its own FSDP unit: its gradient's
+  reduce-scatter can start when the loss's backward ends, under the layers' backward, where in
+  the root (with the embedding) it waits for the whole backward and runs exposed
+  (step_profile.unit_collectives reads which).
 
 Backends: ``own`` (own_kernel.transformers.patch), ``hf_loss`` (the model's own logits and
 loss), ``liger_flce`` (Liger's fused linear cross entropy; suite.train.hf.apply_backend).
@@ -72,9 +76,10 @@ import torch.distributed as dist
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 BACKENDS = ("own", "hf_loss", "liger_flce")
-TP_BACKENDS = ("own", "hf_loss")  # +tp: lm_head ColwiseParallel (Liger needs a plain weight)
+TP_BACKENDS = ("own", "hf_loss")  # +tp, +head: lm_head sharded apart (Liger needs a plain weight)
 DEFAULT_CONFIGS = "own@1,hf_loss@1,own@2,hf_loss@2,liger_flce@2,own+tp@2,hf_loss+tp@2"
-RESULT_FIELDS = ["config", "backend", "variant", "own_config", "world_size", "tp_head", "status", "error", "model", "vocab",
+RESULT_FIELDS = ["config", "backend", "variant", "own_config", "world_size", "tp_head", "head_unit",
+                 "status", "error", "model", "vocab",
                  "hidden", "layers", "n_params", "seq_len", "batch_per_rank", "global_tokens",
                  "steps", "ms", "ms_p20", "ms_p80", "tokens_per_s", "peak_mib_max",
                  "peak_mib_per_rank", "worlds", "world_ms", "final_loss", "parity_ref", "max_rel_dev",
@@ -105,11 +110,13 @@ class RunConfig:
     world: int
     tp_head: bool
     variant: str = ""     # a key of OWN_VARIANTS (own only)
+    head_unit: bool = False  # lm_head its own FSDP unit (+head)
 
     @property
     def name(self) -> str:
         variant = f":{self.variant}" if self.variant else ""
-        return f"{self.backend}{variant}{'+tp' if self.tp_head else ''}@{self.world}"
+        head = "+tp" if self.tp_head else "+head" if self.head_unit else ""
+        return f"{self.backend}{variant}{head}@{self.world}"
 
     @property
     def own_config(self) -> dict | None:
@@ -117,24 +124,25 @@ class RunConfig:
 
 
 def parse_configs(text: str) -> list[RunConfig]:
-    """'own@1,own+tp@2' -> configs; a clear error naming --configs otherwise."""
+    """'own@1,own+tp@2,own+head@2' -> configs; a clear error naming --configs otherwise."""
     configs = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         head, _, world = item.partition("@")
-        backend, _, tp = head.partition("+")
+        backend, _, modifier = head.partition("+")
         backend, _, variant = backend.partition(":")
+        tp = modifier == "tp"
         if variant and (backend != "own" or variant not in OWN_VARIANTS):
             raise ValueError(f"--configs: {item!r}: a variant is own:<one of "
                              f"{', '.join(OWN_VARIANTS)}>")
-        if backend not in BACKENDS or tp not in ("", "tp") or not world.isdigit():
-            raise ValueError(f"--configs: {item!r} is not backend[+tp]@world with backend one of "
-                             f"{', '.join(BACKENDS)}")
+        if backend not in BACKENDS or modifier not in ("", "tp", "head") or not world.isdigit():
+            raise ValueError(f"--configs: {item!r} is not backend[+tp|+head]@world with backend "
+                             f"one of {', '.join(BACKENDS)}")
         if int(world) < 1 or (tp and int(world) < 2):
             raise ValueError(f"--configs: {item!r}: world >= 1 (>= 2 with +tp)")
-        if tp and backend not in TP_BACKENDS:
-            raise ValueError(f"--configs: {item!r}: +tp with {', '.join(TP_BACKENDS)} only "
-                             f"({backend} reads lm_head.weight as a plain tensor)")
-        configs.append(RunConfig(backend, int(world), bool(tp), variant))
+        if modifier and backend not in TP_BACKENDS:
+            raise ValueError(f"--configs: {item!r}: +{modifier} with {', '.join(TP_BACKENDS)} "
+                             f"only ({backend} reads lm_head.weight as a plain tensor)")
+        configs.append(RunConfig(backend, int(world), tp, variant, modifier == "head"))
     if not configs:
         raise ValueError("--configs: empty")
     return configs
@@ -185,6 +193,8 @@ def _build(cfg: RunConfig, s: Settings, device, mesh):
         parallelize_module(model, mesh, {"lm_head": head})
         fully_shard(model.model, mesh=mesh, mp_policy=policy)
     else:
+        if cfg.head_unit:  # before the root, which then holds the embedding and the norm
+            fully_shard(model.lm_head, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
     return model, kwargs
 
@@ -605,7 +615,8 @@ def _row(cfg: RunConfig, s: Settings, worlds: list, common: dict) -> dict:
     row = {**common, "config": cfg.name, "backend": cfg.backend, "variant": cfg.variant,
            "own_config": json.dumps(cfg.own_config) if cfg.own_config else "",
            "world_size": cfg.world,
-           "tp_head": int(cfg.tp_head), "seq_len": s.seq_len, "steps": s.steps,
+           "tp_head": int(cfg.tp_head), "head_unit": int(cfg.head_unit), "seq_len": s.seq_len,
+           "steps": s.steps,
            "batch_per_rank": s.global_seqs if cfg.tp_head else s.global_seqs // cfg.world,
            "global_tokens": s.global_seqs * s.seq_len}
     ok = [w for w in worlds if not isinstance(w, str)]
@@ -772,7 +783,7 @@ def run(configs: list[RunConfig], s: Settings, out: Path, *, budget_s: float, to
 def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--out", required=True, help="output folder")
-    a("--configs", default=DEFAULT_CONFIGS, help=f"backend[+tp]@world, ... (default: "
+    a("--configs", default=DEFAULT_CONFIGS, help=f"backend[+tp|+head]@world, ... (default: "
       f"{DEFAULT_CONFIGS}); backends: {', '.join(BACKENDS)}")
     a("--arch", default="llama", help="a suite.train.hf architecture (default: llama, ~1B "
       "parameters at Llama 3's vocabulary)")
