@@ -45,12 +45,53 @@ from suite.providers import liger_tp
 from suite.results import ResultsWriter, device_label, done_pairs, environment
 from suite.schema import PHASE_MATMULS
 
-# Providers with a sharded path: the own kernel's options that take vocab_parallel, and Liger's
-# tensor-parallel function, native and its fallback (suite/providers/liger_tp.py).
-SHARDED_OPTIONS = {"own": dict(filter_eps=None), "own_filter": dict(filter_eps="auto"),
-                   "own_low_memory": dict(filter_eps=None, low_memory=True)}
-LIGER_SHARDED = ("liger_scaled_ce_tp", "liger_scaled_ce_tp_torch")
-SHARDED = (*SHARDED_OPTIONS, *LIGER_SHARDED)
+
+class OwnSharded:
+    """The own kernel's call with ``vocab_parallel`` and these options: its catalog entry says
+    where it cannot run; its rows name no ``ran``."""
+
+    def __init__(self, **options):
+        self.options = options
+
+    def fn(self, name: str, vp, plan: dict, device):
+        from own_kernel import linear_cross_entropy
+
+        def call(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+            return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
+                                        ignore_index=ignore_index, vocab_parallel=vp,
+                                        **self.options)
+        return call
+
+    def cannot_run(self, name: str, cell: Cell, device):
+        provider = catalog.get(name)
+        yield "unavailable", provider.unavailable_reason(device)
+        yield "unsupported", provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap,
+                                                         device=device)
+
+    def ran(self, name: str) -> str | None:
+        return None
+
+
+class LigerSharded:
+    """Liger's tensor-parallel function, native or its fallback (suite/providers/liger_tp.py):
+    LCK configured once per rank for the plan's largest cell; ``ran`` names what ran."""
+
+    def fn(self, name: str, vp, plan: dict, device):
+        return liger_tp.sharded_fn(name, cells=[Cell(**c) for c in plan["cells"]],
+                                   world=dist.get_world_size(), device=device)
+
+    def cannot_run(self, name: str, cell: Cell, device):
+        yield "unavailable", liger_tp.sharded_unavailable(name, device)
+        yield "unsupported", liger_tp.sharded_unsupported(name, cell, dist.get_world_size())
+
+    def ran(self, name: str) -> str | None:
+        return liger_tp.ran(name)
+
+
+# The providers with a sharded path, each with how it is called, why it cannot run and what ran.
+SHARDED = {"own": OwnSharded(filter_eps=None), "own_filter": OwnSharded(filter_eps="auto"),
+           "own_low_memory": OwnSharded(filter_eps=None, low_memory=True),
+           "liger_scaled_ce_tp": LigerSharded(), "liger_scaled_ce_tp_torch": LigerSharded()}
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 # The ranks share one host, so NVSHMEM (Liger's TP kernel) needs no network transport; its default
@@ -96,16 +137,7 @@ def unsupported_reason(name: str) -> str | None:
 def sharded_fn(name: str, vp, *, plan: dict | None = None, device=None):
     """The provider's call on this rank's shard of c (and bias): the own kernel's with
     ``vocab_parallel=vp``, or Liger's tensor-parallel function (LCK configured on first use)."""
-    if name in LIGER_SHARDED:
-        return liger_tp.sharded_fn(name, cells=[Cell(**c) for c in plan["cells"]],
-                                   world=dist.get_world_size(), device=device)
-    from own_kernel import linear_cross_entropy
-
-    def fn(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
-        return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
-                                    ignore_index=ignore_index, vocab_parallel=vp,
-                                    **SHARDED_OPTIONS[name])
-    return fn
+    return SHARDED[name].fn(name, vp, plan, device)
 
 
 # ---- the parent: the runner's worlds ----------------------------------------------------------
@@ -311,8 +343,8 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
         row = {"phase": phase, **failure} if failure else row
         if failure is None and row["status"] == "ok":
             row.update(tokens_per_s=cell.n / (row["ms"] / 1e3), floor_ms=floor_ms)
-        if name in LIGER_SHARDED:
-            row["ran"] = liger_tp.ran(name)
+        if (ran := SHARDED[name].ran(name)) is not None:
+            row["ran"] = ran
         del x
         free_memory(device, collect=failure is not None)
         rows.append(row)
@@ -325,14 +357,7 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
 
 def _cannot_run(name: str, cell: Cell, device):
     """(status, reason or None) pairs, in the order they are checked."""
-    if name in LIGER_SHARDED:
-        yield "unavailable", liger_tp.sharded_unavailable(name, device)
-        yield "unsupported", liger_tp.sharded_unsupported(name, cell, dist.get_world_size())
-        return
-    provider = catalog.get(name)
-    yield "unavailable", provider.unavailable_reason(device)
-    yield "unsupported", provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap,
-                                                     device=device)
+    yield from SHARDED[name].cannot_run(name, cell, device)
 
 
 def _measure_phase(phase, fn, x, kwargs, ref, plan: dict, device) -> dict:
