@@ -63,6 +63,7 @@ class OwnSharded:
         return call
 
     def cannot_run(self, name: str, cell: Cell, device):
+        """(status, reason or None) pairs, in the order they are checked."""
         provider = catalog.get(name)
         yield "unavailable", provider.unavailable_reason(device)
         yield "unsupported", provider.unsupported_reason(bias=cell.bias, softcap=cell.softcap,
@@ -323,7 +324,7 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
                              device) -> list[dict]:
     """This rank's metrics for each phase (suite.measure's protocol, a barrier before each
     timed call), with its reference norms on the shard (``_dc_ref_sq``, ``_dbias_ref_sq``)."""
-    for status, reason in _cannot_run(name, cell, device):
+    for status, reason in SHARDED[name].cannot_run(name, cell, device):
         if reason:
             return [{"phase": p, "status": status, "error": reason} for p in plan["phases"]]
     try:
@@ -353,11 +354,6 @@ def measure_sharded_provider(name, vp, shard, ref, cell: Cell, plan: dict, *, fl
         for row in rows:
             row[f"_{key}_ref_sq"] = norm_sq
     return rows
-
-
-def _cannot_run(name: str, cell: Cell, device):
-    """(status, reason or None) pairs, in the order they are checked."""
-    yield from SHARDED[name].cannot_run(name, cell, device)
 
 
 def _measure_phase(phase, fn, x, kwargs, ref, plan: dict, device) -> dict:

@@ -154,6 +154,7 @@ def summarise(kernels: list[Kernel], steps: int) -> dict:
             for prev, nxt in zip(compute, compute[1:]) if nxt.ts_us > prev.end_us]
     window = (compute[-1].end_us - compute[0].ts_us) if compute else 0.0
     top = sorted(gaps, key=lambda g: -g[0])[:TOP_GAPS]
+    units = unit_collectives(kernels, steps)
     return {
         "profiled_steps": steps, "kernels": len(kernels) // max(steps, 1),
         "compute_stream": main, "compute_window_ms": window / per,
@@ -163,10 +164,9 @@ def summarise(kernels: list[Kernel], steps: int) -> dict:
         **{f"{f}_ms": t / per for f, t in sorted(fam.items())},
         **{f"nccl_{op}_ms": t / per for op, t in sorted(collectives.items())},
         "nccl_exposed_ms": exposed / per,
-        "root_nccl_ms": sum(k.dur_us for k in nccl if k.unit == "root") / per,
-        "root_nccl_exposed_ms": sum(_exposed(k, compute_cover) for k in nccl
-                                    if k.unit == "root") / per,
-        "fsdp_units": unit_collectives(kernels, steps),
+        "root_nccl_ms": sum(u["ms"] for u in units if u["unit"] == "root"),
+        "root_nccl_exposed_ms": sum(u["exposed_ms"] for u in units if u["unit"] == "root"),
+        "fsdp_units": units,
         "top_gaps": [{"gap_ms": g / 1e3, "after": _short(p.name), "before": _short(n.name),
                       "nccl_during": sorted({_short(k.name) for k in nccl
                                              if k.ts_us < n.ts_us and k.end_us > p.end_us})}
@@ -203,10 +203,15 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[:width - 1] + "~"
 
 
-def summarise_trace_file(path: Path, steps: int) -> dict:
+def read_trace(path: Path) -> list[Kernel]:
+    """The kernels of a chrome trace file (gzipped where its name ends in .gz)."""
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
-        return summarise(kernels_from_chrome_trace(json.load(f)), steps)
+        return kernels_from_chrome_trace(json.load(f))
+
+
+def summarise_trace_file(path: Path, steps: int) -> dict:
+    return summarise(read_trace(path), steps)
 
 
 def write_units_csv(run_dir: Path) -> Path:
@@ -221,9 +226,7 @@ def write_units_csv(run_dir: Path) -> Path:
         trace = run_dir / f"trace_{name.replace('@', '-at-')}.json.gz"
         if not trace.exists():
             raise FileNotFoundError(f"{trace}: profile.csv names {name} but its trace is missing")
-        with gzip.open(trace, "rt") as f:
-            kernels = kernels_from_chrome_trace(json.load(f))
-        rows += [{"config": name, **r} for r in unit_collectives(kernels, n)]
+        rows += [{"config": name, **r} for r in unit_collectives(read_trace(trace), n)]
     out = run_dir / "profile_units.csv"
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=UNIT_FIELDS)
