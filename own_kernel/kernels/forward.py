@@ -13,7 +13,7 @@ each row's loss (lse_combine.py).
 import triton
 import triton.language as tl
 
-from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update,
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update, lse_init,
                                      row_block_and_split, skip_if_all_ignored, softcap_scalars,
                                      store_block_partials, store_split_partials)
 from own_kernel.policy.plan import cdiv
@@ -48,10 +48,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
         store_block_partials(x, Part, v_start, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
                              cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
     else:
-        m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
-        s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        t = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        m, s, z_sum, t = lse_init(BLOCK_N)
         for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
             offs_v = v0 + tl.arange(0, BLOCK_V)
             v_mask = offs_v < v_end

@@ -27,9 +27,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
-from own_kernel.kernels.tile import (dot_precision, halves, lse_ent_tile_update, row_block_and_split,
-                             skip_if_all_ignored, softcap_scalars, store_block_partials,
-                             store_split_partials)
+from own_kernel.kernels.tile import (dot_precision, halves, logits, lse_ent_fold,
+                                     lse_ent_tile_update, lse_init, masked_logits,
+                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
+                                     store_block_partials, store_split_partials)
 
 
 @triton.jit
@@ -37,7 +38,8 @@ def _store_shifted(x, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, SLICES: tl.constexpr):
     # M[rows, tile] = the tile's largest raw logit per row; Y[rows, cols] = x - that, rounded
     # (TMA clips the stores at the rows and columns of Y). SLICES: stores of BLOCK_V / SLICES
-    # columns (their staging buffer beside the pipeline's in shared memory).
+    # columns (their staging buffer beside the pipeline's in shared memory). Returns the
+    # maxima, which the online log-sum-exp reuses instead of reducing the tile again.
     x_max = tl.max(tl.where(v_mask[None, :], x, -1e30), axis=1)
     tl.store(M + offs_n.to(tl.int64) * m_stride + v0 // BLOCK_V, x_max, mask=n_mask)
     y = (x - x_max[:, None]).to(Y.dtype)
@@ -48,6 +50,7 @@ def _store_shifted(x, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
         y0, y1 = halves(y, BLOCK_N, BLOCK_V // 2)
         Y.store([n0, v0], y0)
         Y.store([n0, v0 + BLOCK_V // 2], y1)
+    return x_max
 
 
 @triton.jit
@@ -85,10 +88,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
         store_block_partials(acc, Part, v_start, N, V, v_end, plane, offs_n, n_mask, tanh_scale,
                              cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT, BLOCK_N, BLOCK_V, PARTS)
     else:
-        m = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
-        s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        t = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        m, s, z_sum, t = lse_init(BLOCK_N)
         for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN,
                            warp_specialize=WARP_SPECIALIZE):
             acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
@@ -100,10 +100,14 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
             if HAS_BIAS:
                 acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
             if STORE_Y:
-                _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask, BLOCK_N,
-                               BLOCK_V, Y_SLICES)
-            m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale, cap,
-                                                 HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+                x_max = _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
+                                       BLOCK_N, BLOCK_V, Y_SLICES)
+                z = masked_logits(acc, v_mask, tanh_scale, cap, HAS_SOFTCAP)
+                m, s, z_sum, t = lse_ent_fold(z, logits(x_max, tanh_scale, cap, HAS_SOFTCAP),
+                                              m, s, z_sum, t, v_mask, NEED_ZSUM, NEED_ENT)
+            else:
+                m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale,
+                                                     cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
         store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
                              NEED_ENT)
 

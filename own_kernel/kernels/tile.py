@@ -70,20 +70,40 @@ def lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap,
 
 
 @triton.jit
+def lse_init(BLOCK_N: tl.constexpr):
+    # The empty online state of lse_ent_tile_update: (m, s, z_sum, t) per row.
+    zero = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    return tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32), zero, zero, zero
+
+
+@triton.jit
 def lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
                         HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                         NEED_ENT: tl.constexpr):
     # Fold a tile of raw logits x (BLOCK_N x BLOCK_V; columns outside v_mask excluded) into the
     # rows' online log-sum-exp: running max m of z = softcap(x) (natural units, an exact logit)
     # and running sum s of exp(z - m), rescaled to each new max. Every tile has at least one
-    # column inside v_mask. NEED_ENT: also t = sum exp(z - m) (z - m) (<= 0), relative to the
-    # same max (the entropy is ln s - t / s: two non-negative terms, no cancellation on
-    # confident rows); a new max m' turns t into exp(m - m') (t + (m - m') s).
-    z = logits(x, tanh_scale, cap, HAS_SOFTCAP)
+    # column inside v_mask.
+    z = masked_logits(x, v_mask, tanh_scale, cap, HAS_SOFTCAP)
+    return lse_ent_fold(z, tl.max(z, axis=1), m, s, z_sum, t, v_mask, NEED_ZSUM, NEED_ENT)
+
+
+@triton.jit
+def masked_logits(x, v_mask, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
     # Outside v_mask a finite stand-in far below any logit: its exp2 is 0 and, unlike -inf,
     # so is its product with that 0 (the entropy's sum needs no select).
-    z = tl.where(v_mask[None, :], z, -1e30)
-    m_new = tl.maximum(m, tl.max(z, axis=1))
+    return tl.where(v_mask[None, :], logits(x, tanh_scale, cap, HAS_SOFTCAP), -1e30)
+
+
+@triton.jit
+def lse_ent_fold(z, z_max, m, s, z_sum, t, v_mask, NEED_ZSUM: tl.constexpr,
+                 NEED_ENT: tl.constexpr):
+    # lse_ent_tile_update given the tile's masked z and its row maxima z_max (a caller that
+    # already has the raw maxima passes logits(x_max): softcap and 1 / T keep the order).
+    # NEED_ENT: also t = sum exp(z - m) (z - m) (<= 0), relative to the same max (the entropy
+    # is ln s - t / s: two non-negative terms, no cancellation on confident rows); a new max
+    # m' turns t into exp(m - m') (t + (m - m') s).
+    m_new = tl.maximum(m, z_max)
     alpha = tl.exp2((m - m_new) * LOG2E)
     z_rel = z - m_new[:, None]
     ez = tl.exp2(z_rel * LOG2E)
