@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from own_kernel.kernels.finalize_de import finalize_de
 from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
 from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
 from own_kernel.kernels.scale import scale_into
@@ -120,8 +121,7 @@ class _Sums:
             if self.row_round is None:
                 mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight)
             else:  # the correction first, added to the GEMM's fp32 sums before the rounding
-                torch.mul(self.row_round[:rows, None] * self.weight, self.c_mean[None, :],
-                          out=de_rows)
+                finalize_de(None, self.row_round[:rows], self.c_mean, de_rows, self.weight)
                 mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight, accumulate=True)
         else:  # fp32 rows (or fp32 dE itself) summed over the runs
             de32 = de_rows if self.de32 is None else self.de32[:rows]
