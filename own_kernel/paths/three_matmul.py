@@ -14,7 +14,8 @@ scales, so the forward can do all the work once per chunk of rows R:
                                       chunks (16-bit accumulation loses the cancellations of
                                       frequent tokens' columns on LM-like inputs)
 
-with w the reduction's weight (1 / count for the mean). Three matmuls instead of the recompute
+with w the reduction's weight (1 / count for the mean); with 16-bit G, dE's rows first hold the
+rounding correction w row_round x mean(C) (finalize_de.py), which dE's GEMM adds to. Three matmuls instead of the recompute
 path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
 is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need
 only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
