@@ -1,14 +1,20 @@
 """The three-matmul training path (own_kernel/paths/three_matmul.py) against an fp64 reference
 under the Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
-the API's choice of path."""
+the API's choice of path. CCE_TEST_DEVICE=cuda runs the reference tests (test_matches_reference,
+the shifted logits' accuracy) with the compiled kernels; the others read the CPU's route."""
+import os
+
 import pytest
 import torch
 
 from own_kernel import linear_cross_entropy
 from own_kernel.paths import three_matmul as fused
-from own_kernel.policy.config import HOPPER_16BIT, INTERPRETER, overridden, with_overrides
+from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, config_for, overridden,
+                                      with_overrides)
 from own_kernel.policy.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
+
+DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture
@@ -55,16 +61,18 @@ def shifted(t, shift, ignore_index=-100):
     return out
 
 
-def _inputs(dtype, lead, d, v, has_bias, ignore_every, seed=0):
+def _inputs(dtype, lead, d, v, has_bias, ignore_every, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    e = (0.5 * torch.randn(*lead, d, generator=g)).to(dtype).requires_grad_()
-    c = (0.5 * torch.randn(v, d, generator=g)).to(dtype).requires_grad_()
+    e = (0.5 * torch.randn(*lead, d, generator=g)).to(dtype)
+    c = (0.5 * torch.randn(v, d, generator=g)).to(dtype)
     t = torch.randint(0, v, lead, generator=g)
     flat = t.view(-1)
     for start in range(1, flat.numel(), ignore_every):  # runs of 3 ignored targets
         flat[start:start + 3] = -100
-    bias = (0.3 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
-    return e, c, t, bias
+    bias = (0.3 * torch.randn(v, generator=g)).to(dtype) if has_bias else None
+    e, c, t, bias = (None if x is None else x.to(device) for x in (e, c, t, bias))
+    return (e.requires_grad_(), c.requires_grad_(), t,
+            None if bias is None else bias.requires_grad_())
 
 
 CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, shift, max_rows
@@ -92,13 +100,15 @@ LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumer
     "dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows, logits", LOGITS_CASES)
 def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap, reduction, ls,
                            has_bias, shift, max_rows, logits):
-    e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7)
+    e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7, device=DEV)
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
     spy_shifted = _spy_plans(monkeypatch)
     with overridden({"fused": {"max_rows": max_rows, **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
+        # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
+        want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
     assert fused_calls == [(chunks, 0 < max_rows < t.numel(), False)]
@@ -108,7 +118,8 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     assert e.grad.dtype == dtype and c.grad.dtype == dtype
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
-    assert spy_shifted == [bool(logits)]  # the plan took the kind asked for
+    assert spy_shifted == [want_shifted]  # the plan took the kind asked for
+    assert want_shifted or not logits  # SHIFTED asks for them
 
 
 def _spy_plans(monkeypatch) -> list:
@@ -131,12 +142,14 @@ def test_shifted_logits_keep_fp32_logits_accuracy_where_16_bit_logits_lose_it():
     n, d, v = 64, 32, 96
     c = torch.randn(v, d, generator=g)
     t = torch.randint(0, v, (n,), generator=g)
-    e = (c[t] + 0.3 * torch.randn(n, d, generator=g)).half()
-    c = c.half()
+    e = (c[t] + 0.3 * torch.randn(n, d, generator=g)).half().to(DEV)
+    c, t = c.half().to(DEV), t.to(DEV)
     e64, c64 = e.double().requires_grad_(), c.double().requires_grad_()
     torch.nn.functional.cross_entropy(e64 @ c64.T, t).backward()
     err = {}
-    for name, logits in (("fp32", {}), ("shifted", SHIFTED), ("16-bit", {"logits_fp32": False})):
+    plain = {"logits_shifted": False}  # each kind named whatever the device's default
+    for name, logits in (("fp32", {**plain, "logits_fp32": True}), ("shifted", SHIFTED),
+                         ("16-bit", {**plain, "logits_fp32": False})):
         e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
         with overridden({"fused": logits}):
             linear_cross_entropy(e1, c1, t, workspace_mib=16).backward()
