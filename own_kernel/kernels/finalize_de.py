@@ -2,7 +2,8 @@
 cast to the input dtype in one pass (no N x D temporary). ROW_SCALE: each row also times its
 own scale (fp16 rows whose upstream weights differ: backward.weight_scales). Without dE32 (the
 three-matmul path, whose GEMM then adds its product to these rows) the correction alone: torch's
-broadcast product into 16-bit rows took its strided, casting kernel, 10 times slower."""
+broadcast product into 16-bit rows takes its strided, casting kernel, far below the copy rate
+(results/notes/where-time-goes.md)."""
 import triton
 import triton.language as tl
 
