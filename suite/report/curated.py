@@ -45,7 +45,9 @@ class CuratedRun:
 # At most this many: each one earns its place in a table or a figure; older runs live in git.
 # 21: the four-GPU run joined the two two-GPU runs, whose K = 2 rows it does not repeat; 22: a
 # second two-H200 session (the step after the host-sync fix, Liger's tensor-parallel kernel, the
-# scaling model's inputs on the four-H200 run's GPU type), whose rows no other run holds.
+# scaling model's inputs on the four-H200 run's GPU type), whose rows no other run holds; 23: a
+# second four-H200 session (the step at K = 1, 2, 4 after that fix, its per-unit profile and
+# largest batch), whose K = 4 rows the first four-GPU run measured before the fix.
 MAX_CURATED = 23
 # One session: the rows of a curated run were measured on one GPU model within this many hours
 # (one machine's lease, resumed at most a few times), so its tables compare rows measured
