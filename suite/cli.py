@@ -148,6 +148,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="one subprocess per cell (or, with 'provider', per (cell, provider) "
                         "pair: no provider's time then depends on what ran before it); a "
                         "crashing provider is recorded as 'crashed'")
+    p.add_argument("--rounds", type=positive_int, default=1, metavar="K",
+                   help="K >= 2: measure every pair K times, one process per (cell, provider) "
+                        "pair, the provider order reversed every other round, each round into "
+                        "its own folder OUT/round-<r>; compare within each round with "
+                        "'python -m suite report OUT/round-* --versus A --peers B'")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, so the providers it registers can be measured "
@@ -317,15 +322,30 @@ def cmd_bench(args, parser) -> int:
     if preset == smoke.PRESET:  # one call each: it checks that everything runs
         phases, reps = args.phases or list(smoke.PHASES), reps or smoke.REPS
         warmup = smoke.WARMUP if warmup is None else warmup
-    try:
-        runner.run(cells, providers, phases, out, resume=args.resume, reps=reps, warmup=warmup,
-                   device=device, isolate=args.isolate, quiet=args.quiet, plugins=args.plugin,
-                   rerun=args.rerun)
-    except FileExistsError as err:
-        parser.error(f"--out: {err}")
-    except ValueError as err:
-        parser.error(f"--rerun: {err}" if args.rerun else str(err))
-    return _smoke_verdict(out, providers) if preset == smoke.PRESET else 0
+    if args.rounds > 1 and args.isolate == "cell":
+        parser.error("--rounds: each round runs one process per (cell, provider) pair; "
+                     "--isolate cell would share a process between providers")
+    for out_r, order, isolate in _rounds(out, providers, args.rounds, args.isolate):
+        try:
+            runner.run(cells, order, phases, out_r, resume=args.resume, reps=reps,
+                       warmup=warmup, device=device, isolate=isolate, quiet=args.quiet,
+                       plugins=args.plugin, rerun=args.rerun)
+        except FileExistsError as err:
+            parser.error(f"--out: {err}")
+        except ValueError as err:
+            parser.error(f"--rerun: {err}" if args.rerun else str(err))
+    return _smoke_verdict(out, providers) if preset == smoke.PRESET and args.rounds == 1 else 0
+
+
+def _rounds(out: Path, providers, rounds: int, isolate):
+    """(folder, provider order, isolate mode) of each round. One round: the run as asked.
+    More: a process per pair, so that no provider's time depends on what ran before it in its
+    process, and the order reversed every other round, so that a GPU that warms or throttles
+    over a run does not favour the provider that always runs first."""
+    if rounds == 1:
+        return [(out, providers, isolate)]
+    return [(out / f"round-{r}", providers if r % 2 else providers[::-1], "provider")
+            for r in range(1, rounds + 1)]
 
 
 def _smoke_verdict(out: Path, providers) -> int:
@@ -348,7 +368,7 @@ def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int
     if reason:
         parser.error(f"--vocab-parallel: {reason}")
     for flag, value in (("--isolate", args.isolate), ("--rerun", args.rerun),
-                        ("--plugin", args.plugin)):
+                        ("--plugin", args.plugin), ("--rounds", args.rounds > 1)):
         if value:
             parser.error(f"{flag} is not available with --vocab-parallel")
     out = Path(args.out) if args.out else default_out(f"{preset}-vp{k}", device, args.resume)

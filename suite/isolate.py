@@ -84,8 +84,9 @@ class Worker:
 
     @staticmethod
     def _pump(proc, lines) -> None:
-        for line in proc.stdout:
-            lines.put(line)
+        with proc.stdout:  # closed at EOF, not left to the garbage collector (ResourceWarning)
+            for line in proc.stdout:
+                lines.put(line)
         lines.put(None)  # EOF: the child exited
 
     def _kill(self) -> None:
@@ -93,6 +94,10 @@ class Worker:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass  # a line the dead child never read
         self.proc = None
 
     @property
@@ -118,7 +123,7 @@ class Worker:
                         "error": f"no result within {timeout_s:.0f} s; child process killed"}
             if line is None:
                 code = self.proc.wait()
-                self.proc = None
+                self._kill()  # closes its stdin
                 return {"status": "crashed", "returncode": code,
                         "error": f"{exit_text(code)} during the job"}
             if line.startswith(RESULT_TAG):

@@ -98,6 +98,10 @@ def test_smoke_summary_fails_on_an_error_or_an_inexact_exact_provider():
     (["bench", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
     (["bench", "--device", "tpu"], "--device"),
     (["bench", "--plugin", "no_such_module_xyz"], "--plugin: cannot import 'no_such_module_xyz'"),
+    (["bench", "--rounds", "0"], "argument --rounds: expected a positive integer"),
+    (["bench", "--rounds", "2", "--isolate"], "--rounds: each round runs one process per"),
+    (["bench", "--rounds", "2", "--vocab-parallel", "2"],
+     "--rounds is not available with --vocab-parallel"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_is_a_clear_error(capsys, argv, expected):
@@ -113,6 +117,24 @@ def test_existing_run_folder_needs_resume(tmp_path, capsys):
     err = _cli_error(capsys, ["bench", "--device", "cpu", "--providers", "naive",
                               "--out", str(tmp_path), "--quiet"])
     assert "--out" in err and "--resume" in err
+
+
+def test_rounds_alternate_the_provider_order_in_a_folder_each(tmp_path):
+    """``bench --rounds 3``: every pair measured three times, each round in its own folder and
+    in a process per pair, the order reversed in the second round; the per-round comparison
+    (report --versus) reads every round folder."""
+    out = tmp_path / "ab"
+    assert cli.main(["bench", "--device", "cpu", "--providers", "naive,chunked", "--rounds",
+                     "3", "--reps", "1", "--warmup", "0", "--out", str(out), "--quiet"]) == 0
+    orders = []
+    for r in (1, 2, 3):
+        rows = read_rows(out / f"round-{r}")
+        assert {x["status"] for x in rows} == {"ok"}
+        orders.append(list(dict.fromkeys(x["provider"] for x in rows)))
+        assert len({x["run_id"] for x in rows}) == 1
+    assert orders == [["naive", "chunked"], ["chunked", "naive"], ["naive", "chunked"]]
+    assert not (out / "results.csv").exists()
+    assert len({read_rows(out / f"round-{r}")[0]["run_id"] for r in (1, 2, 3)}) == 3
 
 
 def test_list_shows_every_provider_with_reasons(capsys):

@@ -53,6 +53,26 @@ def test_worker_keeps_one_child_and_replaces_it_after_a_crash_timeout_or_fatal(c
     assert "  | chatter from the child" in capsys.readouterr().out
 
 
+def test_worker_leaves_no_pipe_of_an_ended_child_open():
+    """A child that answered and was closed, and one that crashed: neither leaves its stdin or
+    stdout pipe to the garbage collector (a ResourceWarning each, which the bench printed as a
+    message from the measured code)."""
+    import gc
+    import time
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        worker = isolate.Worker([sys.executable, "-c", FAKE_CHILD], echo_prefix="")
+        assert worker.run({"what": "ok", "n": 1})["status"] == "ok"
+        assert worker.run({"what": "crash", "n": 2})["status"] == "crashed"
+        assert worker.run({"what": "ok", "n": 3})["status"] == "ok"
+        worker.close()
+        time.sleep(0.5)  # the reader threads reach their pipes' end
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, unclosed
+
+
 def test_exit_text_names_the_signal():
     assert isolate.exit_text(-9) == "child process killed by signal 9"
     assert isolate.exit_text(3) == "child process died (exit code 3)"
