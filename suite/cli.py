@@ -111,6 +111,23 @@ def name_list(text: str) -> list[str]:
     return _split(text)
 
 
+def variant_spec(text: str) -> tuple[str, str, dict]:
+    """BASE@NAME=JSON -> (base provider, variant name, config overrides)."""
+    import json
+
+    head, eq, body = text.partition("=")
+    base, at, name = head.partition("@")
+    if not (eq and at and base and name):
+        raise argparse.ArgumentTypeError(
+            f"expected PROVIDER@NAME=JSON (e.g. own@notma='{{\"forward\": {{\"tma\": false}}}}'), "
+            f"got {text!r}")
+    try:
+        overrides = json.loads(body)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{head}: the overrides are not JSON ({err})") from None
+    return base, name, overrides
+
+
 # ---- parser ------------------------------------------------------------------------------
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -153,6 +170,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "pair, the provider order reversed every other round, each round into "
                         "its own folder OUT/round-<r>; compare within each round with "
                         "'python -m suite report OUT/round-* --versus A --peers B'")
+    p.add_argument("--variant", type=variant_spec, action="append", default=[],
+                   metavar="PROVIDER@NAME=JSON",
+                   help="measure own provider PROVIDER under the own kernel's config overrides "
+                        "JSON as provider PROVIDER@NAME, beside the unchanged one (list it in "
+                        "--providers; repeatable), e.g. own@notma='{\"forward\": {\"tma\": "
+                        "false}}'")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, so the providers it registers can be measured "
@@ -286,6 +309,10 @@ def cmd_bench(args, parser) -> int:
             importlib.import_module(module)
         except ImportError as err:
             parser.error(f"--plugin: cannot import {module!r} ({err})")
+    try:
+        runner.load_extras((), args.variant)
+    except ValueError as err:
+        parser.error(f"--variant: {err}")
     known = catalog.names()
     for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude),
                         ("--rerun", args.rerun)):
@@ -329,7 +356,7 @@ def cmd_bench(args, parser) -> int:
         try:
             runner.run(cells, order, phases, out_r, resume=args.resume, reps=reps,
                        warmup=warmup, device=device, isolate=isolate, quiet=args.quiet,
-                       plugins=args.plugin, rerun=args.rerun)
+                       plugins=args.plugin, rerun=args.rerun, variants=args.variant)
         except FileExistsError as err:
             parser.error(f"--out: {err}")
         except ValueError as err:
@@ -368,7 +395,8 @@ def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int
     if reason:
         parser.error(f"--vocab-parallel: {reason}")
     for flag, value in (("--isolate", args.isolate), ("--rerun", args.rerun),
-                        ("--plugin", args.plugin), ("--rounds", args.rounds > 1)):
+                        ("--plugin", args.plugin), ("--rounds", args.rounds > 1),
+                        ("--variant", args.variant)):
         if value:
             parser.error(f"{flag} is not available with --vocab-parallel")
     out = Path(args.out) if args.out else default_out(f"{preset}-vp{k}", device, args.resume)

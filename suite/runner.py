@@ -186,7 +186,7 @@ def _device_label(device) -> str:
 
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
         warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=(),
-        select=None, summary=True, world_size=None,
+        select=None, summary=True, world_size=None, variants=(),
         collective_timeout_s=ranks.COLLECTIVE_TIMEOUT_S) -> Path:
     """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder.
 
@@ -198,14 +198,20 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     change; the new rows are appended and every reader keeps the latest row of a (cell,
     provider, phase).
 
+    ``plugins``: modules imported first (their providers can be measured); ``variants``:
+    (base, name, overrides) triples, each the own provider ``base`` under config overrides,
+    measured as ``<base>@<name>`` (suite.providers.own.register_variant).
+
     ``world_size`` (K >= 2): C sharded by vocabulary over K ranks, one process per rank
     launched here (suite/ranks.py; ``bench --vocab-parallel K``), into a folder of its own
-    (rows of another world size there are refused); not with isolate, rerun, plugins or
-    select."""
+    (rows of another world size there are refused); not with isolate, rerun, plugins,
+    variants or select."""
     device = str(device or default_device())
+    variants = [list(v) for v in variants]
     if world_size is not None:
         _check_sharded(world_size, device, isolate=isolate, rerun=rerun, plugins=plugins,
-                       select=select)
+                       select=select, variants=variants)
+    load_extras(plugins, variants)
     d_reps, d_warmup = default_reps(device)
     reps = d_reps if reps is None else reps
     warmup = d_warmup if warmup is None else warmup
@@ -217,7 +223,8 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if world_size is not None:
         sharded = dict(world_size=world_size, collective_timeout_s=collective_timeout_s)
         return _run_sharded(out, _write_plan(out, cells, providers, phases, reps, warmup,
-                                             device, plugins, **sharded), cells, done, quiet)
+                                             device, plugins, variants, **sharded),
+                            cells, done, quiet)
     chosen = [(c, [p for p in providers if select is None or select(c, p)]) for c in cells]
     todo = [(c, [p for p in ps if (c.cell_id, p) not in done]) for c, ps in chosen]
     todo = [(c, ps) for c, ps in todo if ps]
@@ -226,7 +233,7 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if skipped and not quiet:
         print(f"resume: {skipped} finished (cell, provider) pairs skipped")
 
-    plan = _write_plan(out, cells, providers, phases, reps, warmup, device, plugins)
+    plan = _write_plan(out, cells, providers, phases, reps, warmup, device, plugins, variants)
     t0 = time.time()
     _measure_all(out, plan, todo, isolate, quiet)
     if summary and not quiet:
@@ -242,14 +249,14 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     return out
 
 
-def _write_plan(out: Path, cells, providers, phases, reps, warmup, device, plugins,
+def _write_plan(out: Path, cells, providers, phases, reps, warmup, device, plugins, variants,
                 **sharded) -> dict:
     """The run's plan (a new run id), written to the folder's plan.json for its children."""
     run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
     out.mkdir(parents=True, exist_ok=True)
     plan = {"run_id": run_id, "cells": [dataclasses.asdict(c) for c in cells],
             "providers": providers, "phases": phases, "reps": reps, "warmup": warmup,
-            "device": device, "plugins": list(plugins), **sharded}
+            "device": device, "plugins": list(plugins), "variants": variants, **sharded}
     (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
     return plan
 
@@ -315,7 +322,7 @@ def _measure_all(out: Path, plan: dict, todo, isolate, quiet: bool) -> None:
     from tqdm.auto import tqdm
 
     n_pairs = sum(len(ps) for _, ps in todo)
-    writer = None if isolate else ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    writer = None if isolate else ResultsWriter(out, run_environment(plan), plan["run_id"])
     bar = tqdm(total=n_pairs, unit="pair", desc="bench", disable=quiet or n_pairs == 0,
                dynamic_ncols=True)
     with held_messages() as held:
@@ -418,7 +425,7 @@ def _run_isolated(out: Path, cell: Cell, pending, phases, bar, run_id: str,
 
 
 def _record_crash(out: Path, plan: dict, cell: Cell, blamed, phases, why: str) -> None:
-    writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    writer = ResultsWriter(out, run_environment(plan), plan["run_id"])
     base = {**cell.fields(), "device": _device_label(plan["device"]), "run_id": plan["run_id"]}
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     for prov in blamed:
@@ -427,7 +434,20 @@ def _record_crash(out: Path, plan: dict, cell: Cell, blamed, phases, why: str) -
                       for ph in phases])
 
 
-_PLUGINS_LOADED: set[str] = set()
+def load_extras(plugins, variants) -> None:
+    """Import the plugin modules (providers registered outside suite/providers), then register
+    the variants (whose base may be a plugin's provider); both are idempotent."""
+    from suite.providers.own import register_variant
+
+    for module in plugins:
+        importlib.import_module(module)
+    for base, name, overrides in variants:
+        register_variant(base, name, overrides)
+
+
+def run_environment(plan: dict) -> dict:
+    """env.json of a run: the machine and versions, and the variants' config overrides."""
+    return dict(environment(plan["device"]), own_variants=plan.get("variants") or None)
 
 
 def measure_job(job: dict) -> dict:
@@ -435,14 +455,11 @@ def measure_job(job: dict) -> dict:
     ``run_dir``; its rows go to the run's results.csv."""
     out = Path(job["run_dir"])
     plan = json.loads((out / PLAN).read_text())
-    for module in plan.get("plugins", []):
-        if module not in _PLUGINS_LOADED:
-            importlib.import_module(module)  # providers registered outside suite/providers
-            _PLUGINS_LOADED.add(module)
+    load_extras(plan.get("plugins", []), plan.get("variants", []))
     cells = {Cell(**c).cell_id: Cell(**c) for c in plan["cells"]}
     if job["cell"] not in cells:
         return {"status": "error", "error": f"cell {job['cell']!r} is not in {out / PLAN}"}
-    writer = ResultsWriter(out, environment(plan["device"]), plan["run_id"])
+    writer = ResultsWriter(out, run_environment(plan), plan["run_id"])
     with held_messages() as held:  # handed to the parent, which prints them after its bar
         measure_cell(cells[job["cell"]], job["providers"], plan["phases"], device=plan["device"],
                      reps=plan["reps"], warmup=plan["warmup"], writer=writer,

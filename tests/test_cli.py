@@ -137,6 +137,28 @@ def test_rounds_alternate_the_provider_order_in_a_folder_each(tmp_path):
     assert len({read_rows(out / f"round-{r}")[0]["run_id"] for r in (1, 2, 3)}) == 3
 
 
+def test_a_variant_is_measured_beside_its_base_in_each_round(tmp_path):
+    """``bench --variant own@<name>=JSON --rounds 2`` in a fresh process: each round's child
+    processes register the variant from the run's plan, so both the default call and the
+    variant have rows, and env.json names the variant's overrides."""
+    import json
+
+    out = tmp_path / "variant"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    overrides = {"forward": {"l2_mib": 16}}
+    res = subprocess.run(
+        [sys.executable, "-m", "suite", "bench", "--device", "cpu", "--providers", "own,own@l2",
+         "--variant", f"own@l2={json.dumps(overrides)}", "--rounds", "2", "--reps", "1",
+         "--warmup", "0", "--phases", "loss+grad", "--out", str(out), "--quiet"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in (1, 2):
+        rows = read_rows(out / f"round-{r}")
+        assert {(x["provider"], x["status"]) for x in rows} == {("own", "ok"), ("own@l2", "ok")}
+        recorded = json.loads((out / f"round-{r}" / "env.json").read_text())["own_variants"]
+        assert recorded == [["own", "l2", overrides]]
+
+
 def test_list_shows_every_provider_with_reasons(capsys):
     assert cli.main(["list", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -311,3 +311,32 @@ def test_list_shows_peer_versions_and_the_install_line_of_a_missing_one(monkeypa
     assert f"quack-kernels: not installed; install: {quack.INSTALL}" in out
     assert "liger-kernel 0.8.5\n" in out
     assert f"unavailable: quack-kernels is not installed (install: {quack.INSTALL})" in out
+
+
+def test_a_variant_runs_its_base_under_the_config_overrides(monkeypatch):
+    """``own@<name>`` calls ``own`` with the overrides in force (seen inside the call), and only
+    there; a second registration with other overrides is refused, naming the variant."""
+    import own_kernel
+    from own_kernel.policy.config import config_for
+    from suite.providers.own import register_variant
+
+    seen = []
+
+    def fake_call(e, c, targets, **options):
+        seen.append(config_for(torch.device("cpu"), torch.float32).forward.l2_mib)
+        return torch.zeros(())
+
+    monkeypatch.setattr(own_kernel, "linear_cross_entropy", fake_call)
+    monkeypatch.delitem(registry.PROVIDERS, "own@l2", raising=False)  # removed again after
+    name = register_variant("own", "l2", {"forward": {"l2_mib": 7}})
+    try:
+        assert name == "own@l2" and catalog.get(name).exact
+        assert register_variant("own", "l2", {"forward": {"l2_mib": 7}}) == name  # no-op
+        with pytest.raises(ValueError, match="'own@l2' is registered with other overrides"):
+            register_variant("own", "l2", {"forward": {"l2_mib": 8}})
+        e = torch.zeros(2, 2)
+        catalog.get(name).fn(e, e, torch.zeros(2, dtype=torch.long))
+        catalog.get("own").fn(e, e, torch.zeros(2, dtype=torch.long))
+        assert seen[0] == 7 and seen[1] != 7
+    finally:
+        registry.PROVIDERS.pop(name, None)

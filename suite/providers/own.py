@@ -1,5 +1,8 @@
 """This project's own Triton CCE kernel (own_kernel/)."""
-from suite.registry import needs_cuda, needs_triton_device, register
+import json
+import re
+
+from suite.registry import PROVIDERS, needs_cuda, needs_triton_device, register
 
 VERMILLION = "#D55E00"  # figures: the own kernel's colour
 
@@ -129,3 +132,45 @@ def own_portable_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=
 def own_portable_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _portable(e, c, targets, bias, softcap, ignore_index, None,
                      workspace_mib=FUSED_WORKSPACE_MIB)
+
+
+# ---- variants: a provider under config overrides, measured beside it in one run -------------
+
+# {provider name: its overrides as sorted JSON}: a name registered again must mean the same.
+VARIANT_OVERRIDES: dict[str, str] = {}
+
+
+def register_variant(base: str, variant: str, overrides: dict) -> str:
+    """Register ``<base>@<variant>``: own provider ``base`` under the own kernel's config
+    ``overrides`` (own_kernel.policy.config.overridden), so that a change behind a config field
+    is measured beside the unchanged call in one run (``bench --variant``). The block covers
+    the forward only: an eager call's backward keeps its forward's config. Returns the name;
+    the same registration again is a no-op. Bad input is a ValueError naming what is wrong."""
+    from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
+
+    own = sorted(n for n in PROVIDERS if n.startswith("own") and "@" not in n)
+    if base not in own:
+        raise ValueError(f"a variant's base must be an own provider (one of {', '.join(own)}), "
+                         f"got {base!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", variant):
+        raise ValueError(f"a variant's name takes letters, digits, '_', '.', '-'; got {variant!r}")
+    if not isinstance(overrides, dict) or not overrides:
+        raise ValueError(f"variant {variant!r}: expected a non-empty JSON object of config "
+                         f"fields, got {overrides!r}")
+    with_overrides(INTERPRETER, overrides)  # an unknown field or a bad value raises here
+    name, text = f"{base}@{variant}", json.dumps(overrides, sort_keys=True)
+    if name in PROVIDERS:
+        if VARIANT_OVERRIDES.get(name) != text:
+            raise ValueError(f"variant {name!r} is registered with other overrides")
+        return name
+    parent = PROVIDERS[base]
+
+    def provider(e, c, targets, **options):
+        with overridden(overrides):
+            return parent.fn(e, c, targets, **options)
+
+    VARIANT_OVERRIDES[name] = text
+    register(name, summary=f"{parent.summary}; config overrides {text}",
+             features=parent.features, requires=parent.requires, exact=parent.exact,
+             limits=parent.limits, ran=parent.ran, order=parent.order)(provider)
+    return name
