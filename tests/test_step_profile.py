@@ -170,3 +170,41 @@ def test_a_run_folders_traces_give_its_units_csv(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "profile_units.csv")))
     assert [(r["config"], r["unit"]) for r in rows] == [
         ("own@2", "root"), ("own@2", "-"), ("own@2", "model.layers.0")]
+
+
+def test_the_sweeps_match_their_definitions_on_random_traces():
+    """_launch_units' one sweep per thread and _covered's binary search give what their
+    definitions say (the innermost FSDP annotation around each launch on its thread; the
+    overlap with every cover interval), on random nested and overlapping spans."""
+    import random
+
+    from suite.train.step_profile import _covered, _launch_units, _union, fsdp_unit
+
+    rng = random.Random(0)
+    for _ in range(50):
+        events = []
+        for tid in (1, 2):
+            for j in range(rng.randint(0, 8)):
+                ts, dur = rng.uniform(0, 100), rng.uniform(0, 40)
+                events.append({"cat": "user_annotation", "name": f"FSDP::x (u{tid}.{j})",
+                               "ts": ts, "dur": dur, "tid": tid})
+            for j in range(rng.randint(0, 12)):
+                events.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": tid,
+                               "ts": rng.uniform(0, 120), "args": {"correlation": (tid, j)}})
+        rng.shuffle(events)
+        want = {}
+        for ev in events:
+            if ev["cat"] != "cuda_runtime":
+                continue
+            around = [a for a in events if a["cat"] == "user_annotation"
+                      and a["tid"] == ev["tid"] and a["ts"] <= ev["ts"] <= a["ts"] + a["dur"]]
+            if around:
+                want[ev["args"]["correlation"]] = fsdp_unit(min(around, key=lambda a: a["dur"])["name"])
+        assert _launch_units(events) == want
+
+        cover = _union([(x, x + rng.uniform(0, 10)) for x in
+                        (rng.uniform(0, 100) for _ in range(rng.randint(0, 10)))])
+        a = rng.uniform(0, 100)
+        b = a + rng.uniform(0, 30)
+        brute = sum(max(0.0, min(b, y) - max(a, x)) for x, y in cover)
+        assert _covered((a, b), cover) == pytest.approx(brute)

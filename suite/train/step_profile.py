@@ -22,6 +22,7 @@ Pure functions on kernel records (``Kernel``) so that the arithmetic is tested o
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import gzip
 import json
@@ -74,20 +75,30 @@ def fsdp_unit(annotation: str) -> str:
 
 
 def _launch_units(events: list[dict]) -> dict:
-    """correlation id -> the FSDP unit of the innermost FSDP annotation around its launch."""
+    """correlation id -> the FSDP unit of the innermost FSDP annotation around its launch.
+    One sweep per host thread in time order, holding the annotations open at each launch, so
+    that a trace of many launches and annotations costs their sum, not their product."""
     spans: dict = {}
+    launches: dict = {}
     for ev in events:
         if ev.get("cat") == "user_annotation" and ev.get("name", "").startswith("FSDP::"):
             spans.setdefault(ev.get("tid"), []).append(ev)
+        elif (ev.get("cat") in ("cuda_runtime", "cuda_driver")
+              and ev.get("args", {}).get("correlation") is not None):
+            launches.setdefault(ev.get("tid"), []).append(ev)
     out = {}
-    for ev in events:
-        corr = ev.get("args", {}).get("correlation")
-        if ev.get("cat") not in ("cuda_runtime", "cuda_driver") or corr is None:
-            continue
-        around = [a for a in spans.get(ev.get("tid"), ())
-                  if a["ts"] <= ev["ts"] <= a["ts"] + a.get("dur", 0.0)]
-        if around:
-            out[corr] = fsdp_unit(min(around, key=lambda a: a.get("dur", 0.0))["name"])
+    for tid, calls in launches.items():
+        pending = sorted(spans.get(tid, ()), key=lambda a: a["ts"])
+        open_spans: list[dict] = []
+        i = 0
+        for ev in sorted(calls, key=lambda e: e["ts"]):
+            while i < len(pending) and pending[i]["ts"] <= ev["ts"]:
+                open_spans.append(pending[i])
+                i += 1
+            open_spans = [a for a in open_spans if ev["ts"] <= a["ts"] + a.get("dur", 0.0)]
+            if open_spans:
+                inner = min(open_spans, key=lambda a: a.get("dur", 0.0))
+                out[ev["args"]["correlation"]] = fsdp_unit(inner["name"])
     return out
 
 
@@ -117,9 +128,16 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _covered(interval: tuple[float, float], cover: list[tuple[float, float]]) -> float:
-    """How much of ``interval`` the (merged, sorted) ``cover`` intervals overlap."""
+    """How much of ``interval`` the (merged, sorted, so disjoint and ordered) ``cover``
+    intervals overlap; a binary search finds the first that can."""
     a, b = interval
-    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in cover if y > a and x < b)
+    first = bisect.bisect_right(cover, (a, float("inf"))) - 1  # the last starting at or before a
+    total = 0.0
+    for x, y in cover[max(first, 0):]:
+        if x >= b:
+            break
+        total += max(0.0, min(b, y) - max(a, x))
+    return total
 
 
 def compute_stream(kernels: list[Kernel]) -> int | None:
@@ -139,34 +157,43 @@ def summarise(kernels: list[Kernel], steps: int) -> dict:
         return {"profiled_steps": steps, "kernels": 0}
     per = 1e3 * max(steps, 1)  # us -> ms per step
     main = compute_stream(kernels)
-    compute = [k for k in kernels if k.stream == main]
     nccl = [k for k in kernels if family(k.name) == "nccl"]
-    fam: dict[str, float] = {}
-    for k in kernels:
-        fam[family(k.name)] = fam.get(family(k.name), 0.0) + k.dur_us
-    collectives: dict[str, float] = {}
-    for k in nccl:
-        collectives[collective(k.name)] = collectives.get(collective(k.name), 0.0) + k.dur_us
-    compute_cover = _compute_cover(kernels)
-    nccl_union = _union([(k.ts_us, k.end_us) for k in nccl])
-    exposed = sum((b - a) - _covered((a, b), compute_cover) for a, b in nccl_union)
-    gaps = [(nxt.ts_us - prev.end_us, prev, nxt)
-            for prev, nxt in zip(compute, compute[1:]) if nxt.ts_us > prev.end_us]
-    window = (compute[-1].end_us - compute[0].ts_us) if compute else 0.0
-    top = sorted(gaps, key=lambda g: -g[0])[:TOP_GAPS]
-    units = unit_collectives(kernels, steps)
+    cover = _compute_cover(kernels)  # once: the NCCL totals and the per-unit rows share it
+    exposed = sum((b - a) - _covered((a, b), cover)
+                  for a, b in _union([(k.ts_us, k.end_us) for k in nccl]))
+    units = unit_collectives(kernels, steps, cover)
     return {
         "profiled_steps": steps, "kernels": len(kernels) // max(steps, 1),
-        "compute_stream": main, "compute_window_ms": window / per,
-        "compute_busy_ms": sum(b - a for a, b in _union([(k.ts_us, k.end_us)
-                                                        for k in compute])) / per,
-        "compute_idle_ms": sum(g for g, _, _ in gaps) / per,
-        **{f"{f}_ms": t / per for f, t in sorted(fam.items())},
-        **{f"nccl_{op}_ms": t / per for op, t in sorted(collectives.items())},
+        "compute_stream": main,
+        **_compute_stream_times([k for k in kernels if k.stream == main], nccl, per),
+        **{f"{f}_ms": t / per for f, t in _sums(kernels, lambda k: family(k.name)).items()},
+        **{f"nccl_{op}_ms": t / per for op, t in _sums(nccl, lambda k: collective(k.name)).items()},
         "nccl_exposed_ms": exposed / per,
         "root_nccl_ms": sum(u["ms"] for u in units if u["unit"] == "root"),
         "root_nccl_exposed_ms": sum(u["exposed_ms"] for u in units if u["unit"] == "root"),
         "fsdp_units": units,
+    }
+
+
+def _sums(kernels: list[Kernel], key) -> dict[str, float]:
+    """Kernel time (us) per ``key(kernel)``, keys sorted."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        out[key(k)] = out.get(key(k), 0.0) + k.dur_us
+    return dict(sorted(out.items()))
+
+
+def _compute_stream_times(compute: list[Kernel], nccl: list[Kernel], per: float) -> dict:
+    """The compute stream's window, busy and idle time (ms per step), and its TOP_GAPS longest
+    gaps, each with the kernels around it and the collectives that ran during it."""
+    gaps = [(nxt.ts_us - prev.end_us, prev, nxt)
+            for prev, nxt in zip(compute, compute[1:]) if nxt.ts_us > prev.end_us]
+    window = (compute[-1].end_us - compute[0].ts_us) if compute else 0.0
+    busy = sum(b - a for a, b in _union([(k.ts_us, k.end_us) for k in compute]))
+    top = sorted(gaps, key=lambda g: -g[0])[:TOP_GAPS]
+    return {
+        "compute_window_ms": window / per, "compute_busy_ms": busy / per,
+        "compute_idle_ms": sum(g for g, _, _ in gaps) / per,
         "top_gaps": [{"gap_ms": g / 1e3, "after": _short(p.name), "before": _short(n.name),
                       "nccl_during": sorted({_short(k.name) for k in nccl
                                              if k.ts_us < n.ts_us and k.end_us > p.end_us})}
@@ -183,10 +210,12 @@ def _exposed(k: Kernel, cover: list[tuple[float, float]]) -> float:
     return k.dur_us - _covered((k.ts_us, k.end_us), cover)
 
 
-def unit_collectives(kernels: list[Kernel], steps: int) -> list[dict]:
+def unit_collectives(kernels: list[Kernel], steps: int, cover=None) -> list[dict]:
     """Per FSDP unit and collective, per step: calls, ms and the ms no compute kernel covered
-    (most exposed first); NCCL kernels no FSDP hook launched are unit "-"."""
-    cover, per, rows = _compute_cover(kernels), 1e3 * max(steps, 1), {}
+    (most exposed first); NCCL kernels no FSDP hook launched are unit "-". ``cover``: the
+    kernels' _compute_cover where the caller has it."""
+    cover = _compute_cover(kernels) if cover is None else cover
+    per, rows = 1e3 * max(steps, 1), {}
     for k in kernels:
         if family(k.name) == "nccl":
             row = rows.setdefault((k.unit or "-", collective(k.name)), [0, 0.0, 0.0])
