@@ -200,3 +200,35 @@ def test_version_is_the_installed_distributions():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("cce-bench is not installed in this environment (a bare checkout)")
     assert own_kernel.__version__ == installed
+
+
+def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tmp_path):
+    """suite/kernel/heads_gpu.sh end to end on the CPU (a stand-in nvidia-smi names the GPU, a
+    tiny head, naive as the peer): a folder per head with a folder per round, packed into
+    $OUT/heads.tar, and the per-round verdicts of each own provider printed last."""
+    import os
+    import subprocess
+    import tarfile
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out, run = tmp_path / "out", tmp_path / "run" / "heads-test"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # fp32: the interpreter refuses the own kernel's bf16
+    env.update(OUT=str(out), RUN=str(run), HEADS="32x16x97", ROUNDS="2", PEER="naive", DTYPE="fp32",
+               PROVIDERS="own,own_ws3072,naive", CCE_BENCH_COMMIT="test",
+               PATH=f"{fake}{os.pathsep}{env['PATH']}")
+    res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "heads_gpu.sh")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(out / "heads.tar") as tar:
+        names = tar.getnames()
+    for r in (1, 2):
+        assert f"heads-test/n32-d16-v97/round-{r}/results.csv" in names
+    for own in ("own", "own_ws3072"):
+        verdicts = [line for line in res.stdout.splitlines()
+                    if line.startswith(f"- {own} against naive (loss+grad")]
+        assert len(verdicts) == 2 and all(v.endswith("of 1 cells") for v in verdicts), verdicts

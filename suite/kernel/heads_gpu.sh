@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The exact default call, and the three-matmul path at torch.compile's memory, against
+# torch.compile at model heads no preset names, in alternating rounds (bench --rounds): the
+# check that a speed claim holds outside the shapes it was tuned on. One device call:
+#   CCE_BENCH_COMMIT=<commit> HEADS="8192x1536x151936 16384x2048x128256" \
+#       bash suite/kernel/heads_gpu.sh
+# HEADS: NxDxV, space-separated (default: the three heads of the where-time-goes notes; three
+# heads at three rounds take longer than one 10-minute call: give each call some of them).
+# PROVIDERS (default own,own_ws3072,PEER) are compared with PEER (default torch_compile);
+# ROUNDS (default 3), DTYPE (default bf16); BENCH_ARGS: more bench arguments, split at spaces,
+# e.g. a kernel variant beside the default: PROVIDERS=own,own@b,torch_compile
+# BENCH_ARGS='--variant own@b={"forward":{"flatten":true}}' (JSON without spaces).
+# TESTS=1 first runs the GPU cases of tests/test_fused.py (CCE_TEST_DEVICE=cuda).
+# Steps run under what is left of HEADS_DEADLINE_S (default 540 s from the start), so one slow
+# step cannot take the others' rows with it. Writes RUN (default /tmp/run/heads-<gpu>: a folder
+# per head with round-<r>/ folders) and, after every step, $OUT/heads.tar of it and
+# $OUT/heads.log; prints the per-round verdicts last (report --versus).
+set -uo pipefail
+: "${OUT:?OUT: the folder whose files come back}"
+START=$SECONDS
+DEADLINE=${HEADS_DEADLINE_S:-540}
+HEADS=${HEADS:-"8192x1536x151936 16384x2048x128256 8192x4096x32768"}
+PEER=${PEER:-torch_compile}
+PROVIDERS=${PROVIDERS:-own,own_ws3072,$PEER}
+ROUNDS=${ROUNDS:-3}
+DTYPE=${DTYPE:-bf16}
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+GPU=${GPU#nvidia-}
+RUN=${RUN:-/tmp/run/heads-$GPU}
+LOG=$OUT/heads.log
+mkdir -p "$RUN"
+[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+
+left() { echo $(( DEADLINE - (SECONDS - START) )); }
+
+# step NAME CMD...: CMD under what is left, its output in the log; the run folder is packed
+# into $OUT after it, whatever it did
+step() {
+  local name=$1; shift
+  local limit; limit=$(left)
+  if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
+  echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
+  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
+  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
+  tar -C "$(dirname "$RUN")" -cf "$OUT/heads.tar" "$(basename "$RUN")"
+}
+
+if [ "${TESTS:-0}" = 1 ]; then
+  step gpu-tests env CCE_TEST_DEVICE=cuda python -m pytest -q -x tests/test_fused.py
+fi
+for head in $HEADS; do
+  IFS=x read -r n d v <<< "$head"
+  step "head $head" python -m suite bench --plugin suite.frontier --phases loss+grad \
+    --dist lm --dtype "$DTYPE" --softcap none --n "$n" --d "$d" --v "$v" --providers "$PROVIDERS" \
+    --rounds "$ROUNDS" --out "$RUN/n$n-d$d-v$v" --quiet ${BENCH_ARGS:-}
+done
+shopt -s nullglob
+rounds=("$RUN"/n*/round-*)
+[ ${#rounds[@]} -gt 0 ] || rounds=("$RUN"/n*)  # ROUNDS=1: each head's folder is the run
+for own in ${PROVIDERS//,/ }; do
+  [ "$own" = "$PEER" ] || [ ${#rounds[@]} -eq 0 ] || \
+    python -m suite report "${rounds[@]}" --versus "$own" --peers "$PEER" 2>&1 | \
+    grep -E '^From|^\||against' | tee -a "$LOG"
+done
