@@ -396,7 +396,9 @@ def peer_run(tmp_path):
         _bench_row(CELL_LIGER, "own", 100, 99, 101),
         _bench_row(CELL_LIGER, "liger_scaled_ce", 90, 89, 91,
                    ran="LigerFusedScaledCrossEntropySM90Function (CuTe-DSL SM90 kernel)"),
-        _bench_row(CELL_LIGER, "verl_lce", 100.5, 98, 103),
+        _bench_row(CELL_LIGER, "verl_lce", 100.5, 98, 103,
+                   ran="verl.utils.kernel.linear_cross_entropy (Triton) from "
+                       "/tmp/peers/site-packages/verl/utils/kernel"),
     ]
     with open(tmp_path / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
@@ -439,6 +441,7 @@ def test_who_has_what_gives_each_peer_its_outputs_cells_and_verdicts(peer_run):
     assert "`liger_scaled_ce` is faster than `own` at loss+grad, N 16384" in faster
     assert "takes 1.11x its time" in faster and "verl_lce" not in faster
     assert "8 launches per call" in text and "SM90 kernel" in text  # what ran
+    assert "(Triton) from verl/utils/kernel" in text and "site-packages" not in text
     assert "`verl_lce` at loss+grad, N 8192 D 2304 V 256000, softcap 30: unsupported" in text
     assert "liger-kernel 0.8.5" in text and "verl 0.9.1" in text
 

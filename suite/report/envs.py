@@ -3,6 +3,7 @@ of each session that resumed it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from suite.report.curated import read_run_rows as read_rows
@@ -90,6 +91,8 @@ def peer_versions(run_dir) -> str:
             package = provider
         commit = info.get("commit")
         route = info.get("route")  # torch_native: the installed torch's, or a wheel's files
+        if route:  # the folder the files were read from is the measuring machine's, not news
+            route = re.sub(r"^module files of \S+ loaded", "its module files loaded", route)
         key = (package, info.get("version"), commit[:7] if commit else None,
                None if route in (None, "native") else route)
         groups.setdefault(key, []).append(provider)

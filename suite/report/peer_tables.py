@@ -124,10 +124,12 @@ class _Run:
         return next((r for r in self.rl if r["model"] == model and r["method"] == method), None)
 
     def ran(self, provider) -> str:
+        """What the provider reported it ran; a module's folder from its package on, not from
+        the measuring machine's site-packages."""
         texts = [r.get("ran") for (_, p), r in self.latest.items() if p == provider]
         method = RL_METHOD_OF.get(provider)
         texts += [r.get("ran") for r in self.rl if r["method"] == method]
-        return next((t for t in texts if t), "")
+        return re.sub(r"\S*/site-packages/", "", next((t for t in texts if t), ""))
 
 
 def _who_rows(run: _Run) -> list[list[str]]:
