@@ -218,7 +218,7 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # fp32: the interpreter refuses the own kernel's bf16
-    env.update(OUT=str(out), RUN=str(run), HEADS="32x16x97", ROUNDS="2", PEER="naive", DTYPE="fp32",
+    env.update(OUT=str(out), RUN=str(run), HEADS="32x16x97", ROUNDS="2", REPS="2", PEER="naive", DTYPE="fp32",
                PROVIDERS="own,own_ws3072,naive", CCE_BENCH_COMMIT="test",
                PATH=f"{fake}{os.pathsep}{env['PATH']}")
     res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "heads_gpu.sh")], cwd=ROOT,

@@ -7,9 +7,10 @@
 # HEADS: NxDxV, space-separated (default: the three heads of the where-time-goes notes; three
 # heads at three rounds take longer than one 10-minute call: give each call some of them).
 # PROVIDERS (default own,own_ws3072,PEER) are compared with PEER (default torch_compile);
-# ROUNDS (default 3), DTYPE (default bf16); BENCH_ARGS: more bench arguments, split at spaces,
-# e.g. a kernel variant beside the default: PROVIDERS=own,own@b,torch_compile
-# BENCH_ARGS='--variant own@b={"forward":{"flatten":true}}' (JSON without spaces).
+# ROUNDS (default 3), REPS timed calls (default 30), DTYPE (default bf16); BENCH_ARGS: more
+# bench arguments, split at spaces, e.g. a kernel variant beside the default:
+# PROVIDERS=own,own@b,torch_compile BENCH_ARGS='--variant own@b={"forward":{"flatten":true}}'
+# (JSON without spaces).
 # TESTS=1 first runs the GPU cases of tests/test_fused.py (CCE_TEST_DEVICE=cuda).
 # Steps run under what is left of HEADS_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it. Writes RUN (default /tmp/run/heads-<gpu>: a folder
@@ -23,6 +24,7 @@ HEADS=${HEADS:-"8192x1536x151936 16384x2048x128256 8192x4096x32768"}
 PEER=${PEER:-torch_compile}
 PROVIDERS=${PROVIDERS:-own,own_ws3072,$PEER}
 ROUNDS=${ROUNDS:-3}
+REPS=${REPS:-30}
 DTYPE=${DTYPE:-bf16}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
 GPU=${GPU#nvidia-}
@@ -52,7 +54,7 @@ for head in $HEADS; do
   IFS=x read -r n d v <<< "$head"
   step "head $head" python -m suite bench --plugin suite.frontier --phases loss+grad \
     --dist lm --dtype "$DTYPE" --softcap none --n "$n" --d "$d" --v "$v" --providers "$PROVIDERS" \
-    --rounds "$ROUNDS" --out "$RUN/n$n-d$d-v$v" --quiet ${BENCH_ARGS:-}
+    --rounds "$ROUNDS" --reps "$REPS" --out "$RUN/n$n-d$d-v$v" --quiet ${BENCH_ARGS:-}
 done
 shopt -s nullglob
 rounds=("$RUN"/n*/round-*)
