@@ -289,45 +289,15 @@ def default_out(preset: str, device: str, resume: bool) -> Path:
 
 
 def cmd_bench(args, parser) -> int:
-    import torch
+    from suite import runner
 
-    from suite import catalog, runner
-
-    device = args.device or runner.default_device()
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
-    if dev.type not in ("cuda", "cpu"):
-        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
+    device, dev = _bench_device(args, parser)
     preset = args.preset or ("gemma2-2b" if dev.type == "cuda" else "smoke")
-
-    for module in args.plugin:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            parser.error(f"--plugin: cannot import {module!r} ({err})")
-    try:
-        runner.load_extras((), args.variant)
-    except ValueError as err:
-        parser.error(f"--variant: {err}")
-    known = catalog.names()
-    for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude),
-                        ("--rerun", args.rerun)):
-        bad = [n for n in names if n not in known]
-        if bad:
-            parser.error(f"{flag}: unknown provider(s) {', '.join(bad)}; known providers: "
-                         f"{', '.join(known)}")
-    providers = [p for p in (args.providers or known) if p not in args.exclude]
-    if not providers:
-        parser.error("--providers/--exclude: no provider left to run")
+    providers = _bench_providers(args, parser)
     if args.dist and "file" in args.dist and not args.file:
         parser.error("--dist file needs --file PATH (a .pt or .safetensors with e, c, targets)")
     if args.file and not Path(args.file).is_file():
         parser.error(f"--file: no such file {args.file!r}")
-
     overrides = dict(n=args.n, d=args.d, v=args.v, dtype=args.dtype, dist=args.dist,
                      softcap=args.softcap, ignore_frac=args.ignore_frac,
                      bias=None if args.bias is None else [args.bias], seed=args.seed,
@@ -349,19 +319,75 @@ def cmd_bench(args, parser) -> int:
     if preset == smoke.PRESET:  # one call each: it checks that everything runs
         phases, reps = args.phases or list(smoke.PHASES), reps or smoke.REPS
         warmup = smoke.WARMUP if warmup is None else warmup
+    folders = _run_rounds(args, parser, cells, providers, out, device, phases, reps, warmup)
+    if preset != smoke.PRESET:
+        return 0
+    return max(_smoke_verdict(folder, providers) for folder in folders)
+
+
+def _bench_device(args, parser):
+    """(device name, torch.device) of --device (default: cuda where there is one), checked."""
+    import torch
+
+    from suite import runner
+
+    device = args.device or runner.default_device()
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    if dev.type not in ("cuda", "cpu"):
+        parser.error(f"--device: expected cuda, cuda:<index> or cpu, got {device!r}")
+    return device, dev
+
+
+def _bench_providers(args, parser) -> list[str]:
+    """The providers to measure: --providers (default all) less --exclude, after --plugin's
+    modules and --variant's providers are registered; unknown names are errors."""
+    from suite import catalog, runner
+
+    for module in args.plugin:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            parser.error(f"--plugin: cannot import {module!r} ({err})")
+    try:
+        runner.load_extras((), args.variant)
+    except ValueError as err:
+        parser.error(f"--variant: {err}")
+    known = catalog.names()
+    for flag, names in (("--providers", args.providers or []), ("--exclude", args.exclude),
+                        ("--rerun", args.rerun)):
+        bad = [n for n in names if n not in known]
+        if bad:
+            parser.error(f"{flag}: unknown provider(s) {', '.join(bad)}; known providers: "
+                         f"{', '.join(known)}")
+    providers = [p for p in (args.providers or known) if p not in args.exclude]
+    if not providers:
+        parser.error("--providers/--exclude: no provider left to run")
+    return providers
+
+
+def _run_rounds(args, parser, cells, providers, out, device, phases, reps, warmup) -> list[Path]:
+    """runner.run for each round (_rounds); returns the rounds' folders."""
+    from suite import runner
+
     if args.rounds > 1 and args.isolate == "cell":
         parser.error("--rounds: each round runs one process per (cell, provider) pair; "
                      "--isolate cell would share a process between providers")
-    for out_r, order, isolate in _rounds(out, providers, args.rounds, args.isolate):
+    rounds = _rounds(out, providers, args.rounds, args.isolate)
+    for folder, order, isolate in rounds:
         try:
-            runner.run(cells, order, phases, out_r, resume=args.resume, reps=reps,
+            runner.run(cells, order, phases, folder, resume=args.resume, reps=reps,
                        warmup=warmup, device=device, isolate=isolate, quiet=args.quiet,
                        plugins=args.plugin, rerun=args.rerun, variants=args.variant)
         except FileExistsError as err:
             parser.error(f"--out: {err}")
         except ValueError as err:
             parser.error(f"--rerun: {err}" if args.rerun else str(err))
-    return _smoke_verdict(out, providers) if preset == smoke.PRESET and args.rounds == 1 else 0
+    return [folder for folder, _, _ in rounds]
 
 
 def _rounds(out: Path, providers, rounds: int, isolate):
