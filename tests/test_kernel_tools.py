@@ -208,6 +208,7 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
     $OUT/heads.tar, and the per-round verdicts of each own provider printed last."""
     import os
     import subprocess
+    import sys
     import tarfile
 
     fake = tmp_path / "bin"
@@ -219,7 +220,7 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # fp32: the interpreter refuses the own kernel's bf16
     env.update(OUT=str(out), RUN=str(run), HEADS="32x16x97", ROUNDS="2", REPS="2", PEER="naive", DTYPE="fp32",
-               PROVIDERS="own,own_ws3072,naive", CCE_BENCH_COMMIT="test",
+               PROVIDERS="own,own_ws3072,naive", CCE_BENCH_COMMIT="test", PYTHON=sys.executable,
                PATH=f"{fake}{os.pathsep}{env['PATH']}")
     res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "heads_gpu.sh")], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=900)

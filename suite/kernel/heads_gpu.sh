@@ -10,7 +10,7 @@
 # ROUNDS (default 3), REPS timed calls (default 30), DTYPE (default bf16); BENCH_ARGS: more
 # bench arguments, split at spaces, e.g. a kernel variant beside the default:
 # PROVIDERS=own,own@b,torch_compile BENCH_ARGS='--variant own@b={"forward":{"flatten":true}}'
-# (JSON without spaces).
+# (JSON without spaces). PYTHON: the interpreter (default python3).
 # TESTS=1 first runs the GPU cases of tests/test_fused.py (CCE_TEST_DEVICE=cuda).
 # Steps run under what is left of HEADS_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it. Writes RUN (default /tmp/run/heads-<gpu>: a folder
@@ -26,6 +26,8 @@ PROVIDERS=${PROVIDERS:-own,own_ws3072,$PEER}
 ROUNDS=${ROUNDS:-3}
 REPS=${REPS:-30}
 DTYPE=${DTYPE:-bf16}
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
 GPU=${GPU#nvidia-}
 RUN=${RUN:-/tmp/run/heads-$GPU}
@@ -48,11 +50,11 @@ step() {
 }
 
 if [ "${TESTS:-0}" = 1 ]; then
-  step gpu-tests env CCE_TEST_DEVICE=cuda python -m pytest -q -x tests/test_fused.py
+  step gpu-tests env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -x tests/test_fused.py
 fi
 for head in $HEADS; do
   IFS=x read -r n d v <<< "$head"
-  step "head $head" python -m suite bench --plugin suite.frontier --phases loss+grad \
+  step "head $head" "$PYTHON" -m suite bench --plugin suite.frontier --phases loss+grad \
     --dist lm --dtype "$DTYPE" --softcap none --n "$n" --d "$d" --v "$v" --providers "$PROVIDERS" \
     --rounds "$ROUNDS" --reps "$REPS" --out "$RUN/n$n-d$d-v$v" --quiet ${BENCH_ARGS:-}
 done
@@ -61,6 +63,6 @@ rounds=("$RUN"/n*/round-*)
 [ ${#rounds[@]} -gt 0 ] || rounds=("$RUN"/n*)  # ROUNDS=1: each head's folder is the run
 for own in ${PROVIDERS//,/ }; do
   [ "$own" = "$PEER" ] || [ ${#rounds[@]} -eq 0 ] || \
-    python -m suite report "${rounds[@]}" --versus "$own" --peers "$PEER" 2>&1 | \
+    "$PYTHON" -m suite report "${rounds[@]}" --versus "$own" --peers "$PEER" 2>&1 | \
     grep -E '^From|^\||against' | tee -a "$LOG"
 done
