@@ -442,6 +442,9 @@ def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
                                                   "num_hidden_layers")}
         with open(Path(out_dir) / f"{cfg.name}.rank{rank}.json", "w") as f:
             json.dump(result, f)
+        # Every rank reaches the teardown together: a rank that destroyed its gloo group while
+        # a peer still held their connection sometimes aborted (SIGABRT) in the peer's threads.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
