@@ -131,12 +131,12 @@ def _covered(interval: tuple[float, float], cover: list[tuple[float, float]]) ->
     """How much of ``interval`` the (merged, sorted, so disjoint and ordered) ``cover``
     intervals overlap; a binary search finds the first that can."""
     a, b = interval
-    first = bisect.bisect_right(cover, (a, float("inf"))) - 1  # the last starting at or before a
+    i = max(bisect.bisect_right(cover, (a, float("inf"))) - 1, 0)  # last starting at or before a
     total = 0.0
-    for x, y in cover[max(first, 0):]:
-        if x >= b:
-            break
+    while i < len(cover) and cover[i][0] < b:  # by index: a slice would copy the tail
+        x, y = cover[i]
         total += max(0.0, min(b, y) - max(a, x))
+        i += 1
     return total
 
 
