@@ -80,9 +80,11 @@ class _Sums:
     then and rounded there, so reading that gradient on the host (which would idle the GPU
     while the host catches up) costs nothing to avoid."""
 
-    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
+    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool, side_stream: bool = False):
         """c and bias as the caller gave them: their dtype is their gradients' (an fp32 weight
-        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks)."""
+        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks).
+        side_stream (config.Fused.dc_side_stream; CUDA only): dC's GEMMs on a pool stream."""
+        self.side = torch.cuda.Stream(e.device) if side_stream and e.is_cuda else None
         if c.dtype != e.dtype and not plan.accumulate_dc:
             raise ValueError(f"c: a {c.dtype} weight beside {e.dtype} hidden states needs a "
                              f"plan that sums dC in fp32 (plan.fused_plan's dc_fp32)")
@@ -114,7 +116,22 @@ class _Sums:
 
     def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
         """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
-        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
+        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards). With a side
+        stream, dC's GEMMs run there beside dE's; the call's stream waits for them before the
+        next chunk overwrites g (every buffer is the call stream's, so that join orders their
+        reuse too)."""
+        if self.side is None:
+            self._add_de(g, de_rows, c, runs)
+            self._add_dc(g, e_rows, first, runs)
+            return
+        main = torch.cuda.current_stream(g.device)
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
+            self._add_dc(g, e_rows, first, runs)
+        self._add_de(g, de_rows, c, runs)
+        main.wait_stream(self.side)
+
+    def _add_de(self, g, de_rows, c, runs) -> None:
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
         rows = g.shape[0]
         if one_run and self.de32 is None:  # one GEMM: its fp32 sums rounded once, into dE
@@ -124,16 +141,18 @@ class _Sums:
             else:  # the correction first, added to the GEMM's fp32 sums before the rounding
                 finalize_de(None, self.row_round[:rows], self.c_mean, de_rows, self.weight)
                 mm_scaled(de_rows, g[:, a:b], c[a:b], self.weight, accumulate=True)
-        else:  # fp32 rows (or fp32 dE itself) summed over the runs
-            de32 = de_rows if self.de32 is None else self.de32[:rows]
-            if not one_run:
-                de32.zero_()
-            for a, b in runs:
-                addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
-            if self.row_round is not None:
-                de32.addr_(self.row_round[:rows], self.c_mean, alpha=self.weight)
-            if self.de32 is not None:
-                de_rows.copy_(de32)
+            return
+        de32 = de_rows if self.de32 is None else self.de32[:rows]  # fp32 sums over the runs
+        if not one_run:
+            de32.zero_()
+        for a, b in runs:
+            addmm_fp32(de32, g[:, a:b], c[a:b], alpha=self.weight, beta=float(not one_run))
+        if self.row_round is not None:
+            de32.addr_(self.row_round[:rows], self.c_mean, alpha=self.weight)
+        if self.de32 is not None:
+            de_rows.copy_(de32)
+
+    def _add_dc(self, g, e_rows, first: bool, runs) -> None:
         dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
         for a, b in runs:
             if self.dc32 is not None:
@@ -263,7 +282,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if route.filter is not None else None)
-    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None)
+    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None,
+                 side_stream=cfg.fused.dc_side_stream)
     # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
     # (the backward only scales, so nothing here keeps it past the forward).
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))

@@ -183,6 +183,10 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
+    # Each chunk's dC GEMM on a second CUDA stream, beside its dE GEMM on the call's: dC's
+    # accumulation re-reads and re-writes 4 V D bytes per chunk, dE's GEMM (K = V, a chunk's rows
+    # by D) may leave SMs idle; the two read the same gradient and write apart.
+    dc_side_stream: bool = False
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
