@@ -91,16 +91,13 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
 SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward tile's row max
 # Every case with the config's logits; the 16-bit ones with shifted logits too (fp32 inputs'
 # logits are fp32 whatever the config)
-# dC's GEMMs on a second CUDA stream (config.Fused.dc_side_stream): several chunks, so a join
-# missing before the next chunk overwrites the gradient would show
-SIDE_STREAM = pytest.mark.skipif(DEV.type != "cuda", reason="dc_side_stream is a CUDA stream: "
-                                 "on the CPU the option does nothing (CCE_TEST_DEVICE=cuda)")
+# 16-bit cases in several chunks, dC summed in its own 16-bit buffer (fused.dc_accumulator)
+IN_DC = {"dc_accumulator": "dc"}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
-                + [pytest.param(*case, {"dc_side_stream": True}, id=f"side-stream-{i}",
-                                marks=SIDE_STREAM)
-                   for i, case in enumerate(CASES) if case[-1]])
+                + [pytest.param(*case, IN_DC, id=f"dc-accumulator-{i}")
+                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
 
 
 @pytest.mark.parametrize(
@@ -111,14 +108,16 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
     spy_shifted = _spy_plans(monkeypatch)
-    with overridden({"fused": {"max_rows": max_rows, **logits}}):
+    # min_rows 1: the GPU configs send chunks under 1024 rows to the recompute path
+    with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
         # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
         want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
-    assert fused_calls == [(chunks, 0 < max_rows < t.numel(), False)]
+    in_dc = logits.get("dc_accumulator") == "dc"
+    assert fused_calls == [(chunks, 0 < max_rows < t.numel() and not in_dc, False)]
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert abs(float(loss) - float(ref)) <= tol * max(1.0, abs(float(ref)))
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
@@ -371,6 +370,25 @@ def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == expect and why == ""
     assert plan.extra_bytes <= mib * MIB
     assert plan.rows * (plan.chunks - 1) < n <= plan.rows * plan.chunks
+
+
+@pytest.mark.parametrize("n, v, d, expect", [
+    (8192, 256000, 2304, (2048, 4)),    # Gemma 2 (2B): no fp32 accumulator to hold, 4 chunks
+    (8192, 128256, 4096, (4096, 2)),    # Llama 3 (8B)
+    (8192, 151936, 1536, (2731, 3)),    # 5 chunks of 1639 beside an fp32 accumulator
+])
+def test_dc_summed_in_its_own_buffer_leaves_the_budget_to_the_chunk(n, v, d, expect):
+    # At 1 GiB the fp32 accumulator does not fit at the first two heads (recompute path)
+    cfg = with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "dc"}})
+    plan, why = fused_plan(n, v, d, 2, 1024 * MIB, cfg, shift_ok=True)
+    assert (plan.rows, plan.chunks, plan.accumulate_dc) == (*expect, False) and why == ""
+    assert plan.extra_bytes == plan.rows * (plan.row_stride * 2 + 4 * plan.shift_tiles)
+    assert plan.extra_bytes <= 1024 * MIB
+
+
+def test_dc_accumulator_is_validated():
+    with pytest.raises(ValueError, match="fused.dc_accumulator"):
+        with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "bf16"}})
 
 
 def test_the_budget_bounds_the_peak_beyond_the_gradients():

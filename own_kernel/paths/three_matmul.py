@@ -80,11 +80,9 @@ class _Sums:
     then and rounded there, so reading that gradient on the host (which would idle the GPU
     while the host catches up) costs nothing to avoid."""
 
-    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool, side_stream: bool = False):
+    def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):
         """c and bias as the caller gave them: their dtype is their gradients' (an fp32 weight
-        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks).
-        side_stream (config.Fused.dc_side_stream; CUDA only): dC's GEMMs on a pool stream."""
-        self.side = torch.cuda.Stream(e.device) if side_stream and e.is_cuda else None
+        under autocast beside 16-bit e: fp32, summed in dC's fp32 buffer whatever the chunks)."""
         if c.dtype != e.dtype and not plan.accumulate_dc:
             raise ValueError(f"c: a {c.dtype} weight beside {e.dtype} hidden states needs a "
                              f"plan that sums dC in fp32 (plan.fused_plan's dc_fp32)")
@@ -116,20 +114,9 @@ class _Sums:
 
     def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
         """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
-        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards). With a side
-        stream, dC's GEMMs run there beside dE's; the call's stream waits for them before the
-        next chunk overwrites g (every buffer is the call stream's, so that join orders their
-        reuse too)."""
-        if self.side is None:
-            self._add_de(g, de_rows, c, runs)
-            self._add_dc(g, e_rows, first, runs)
-            return
-        main = torch.cuda.current_stream(g.device)
-        self.side.wait_stream(main)
-        with torch.cuda.stream(self.side):
-            self._add_dc(g, e_rows, first, runs)
+        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
         self._add_de(g, de_rows, c, runs)
-        main.wait_stream(self.side)
+        self._add_dc(g, e_rows, first, runs)
 
     def _add_de(self, g, de_rows, c, runs) -> None:
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
@@ -153,13 +140,17 @@ class _Sums:
             de_rows.copy_(de32)
 
     def _add_dc(self, g, e_rows, first: bool, runs) -> None:
+        # The first chunk writes dC's sums (beta 0; into fp32 sums the filter zeroed, it adds:
+        # a skipped block's rows must read as zero). With dC's own 16-bit buffer as the
+        # accumulator (plan.accumulate_dc off, several chunks), the rest add theirs into it.
         dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
         for a, b in runs:
             if self.dc32 is not None:
                 addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
                            beta=dc_beta)
             else:
-                mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight)
+                mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight,
+                          accumulate=not first)
             if self.dbias32 is not None:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
 
@@ -282,8 +273,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if route.filter is not None else None)
-    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None,
-                 side_stream=cfg.fused.dc_side_stream)
+    sums = _Sums(e, c, bias, plan, filtered=route.filter is not None)
     # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
     # (the backward only scales, so nothing here keeps it past the forward).
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))

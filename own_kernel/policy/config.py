@@ -183,10 +183,11 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
-    # Each chunk's dC GEMM on a second CUDA stream, beside its dE GEMM on the call's: dC's
-    # accumulation re-reads and re-writes 4 V D bytes per chunk, dE's GEMM (K = V, a chunk's rows
-    # by D) may leave SMs idle; the two read the same gradient and write apart.
-    dc_side_stream: bool = False
+    # 16-bit inputs in several chunks: dC's sums over the chunks in an fp32 accumulator ("fp32":
+    # 4 V D bytes of workspace, one rounding), or in dC's own 16-bit buffer ("dc": each chunk's
+    # GEMM adds its fp32 sums into it, one rounding per chunk; no workspace beyond the chunk, so
+    # a budget holds more rows, and 2 V D bytes read and written per chunk instead of 4).
+    dc_accumulator: str = "fp32"
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
@@ -194,6 +195,9 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        if self.dc_accumulator not in ("fp32", "dc"):
+            raise ValueError(f"fused.dc_accumulator: expected 'fp32' or 'dc', got "
+                             f"{self.dc_accumulator!r}")
         for name in ("default_workspace_mib", "default_workspace_mib_fp32"):
             if getattr(self, name) < 0:
                 raise ValueError(f"fused.{name}: expected >= 0, got {getattr(self, name)}")

@@ -424,8 +424,9 @@ ALIGN = 8
 class FusedPlan:
     rows: int                # rows per chunk (the last may be shorter)
     chunks: int              # of n rows (fewer run when rows without a target are gathered)
-    # dC is summed in an fp32 buffer: 16-bit inputs in several chunks, or an fp32 weight under
-    # autocast (any chunks; that buffer is then C's gradient itself)
+    # dC is summed in an fp32 buffer: 16-bit inputs in several chunks (unless dC's own buffer
+    # sums them: config.Fused.dc_accumulator), or an fp32 weight under autocast (any chunks;
+    # that buffer is then C's gradient itself)
     accumulate_dc: bool
     de_rows_fp32: bool       # a chunk's dE rows are summed over several GEMMs in fp32 rows
     extra_bytes: int         # the call's peak beyond its gradients' own bytes (<= the budget)
@@ -454,7 +455,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     is then the GEMMs' 16-bit size): its gradient is fp32 anyway, so dC's fp32 sums, in one
     chunk or several, are that gradient and the budget holds the chunk alone (the weight's
     16-bit copy that the GEMMs read is autocast's, not the budget's: route.describe counts it).
-    Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
+    With config.Fused.dc_accumulator "dc", dC's own 16-bit buffer sums the chunks (one rounding
+    per chunk) and the budget holds the chunk alone too. Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
     few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
     the recompute path is faster then. shift_ok: the TMA forward can write shifted logits
     (config.Fused.logits_shifted: 16-bit logits and an fp32 max per row and forward tile,
@@ -472,8 +474,10 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles)
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
-    # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient
-    acc, dc = (0, 0) if fp32 or dc_fp32 else (v * d * 4, v * d * elt)
+    # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,
+    # or where dC's own 16-bit buffer sums them (config.Fused.dc_accumulator "dc")
+    in_dc = not (fp32 or dc_fp32) and cfg.fused.dc_accumulator == "dc"
+    acc, dc = (0, 0) if fp32 or dc_fp32 or in_dc else (v * d * 4, v * d * elt)
     mib = f"the workspace ({budget_bytes / 2**20:.0f} MiB)"
     if acc > budget_bytes:
         return None, f"{mib} cannot hold dC's fp32 accumulator ({acc / 2**20:.0f} MiB)"
@@ -486,4 +490,4 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                       f"recomputing")
     rows = min(cap, even_rows(n, fits))
     extra = max(rows * per_row + acc - dc, acc)
-    return FusedPlan(rows, cdiv(n, rows), True, de_rows_fp32, extra, **kind), ""
+    return FusedPlan(rows, cdiv(n, rows), not in_dc, de_rows_fp32, extra, **kind), ""
