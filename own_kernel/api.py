@@ -196,8 +196,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
     budget of the three-matmul training path (paths/three_matmul.py): loss and gradients
     computed at once in
-    row chunks, the call's memory beyond its gradients (a chunk's logits and, with several
-    chunks, dC's fp32 accumulator) within it;
+    row chunks, the call's memory beyond its gradients (a chunk's logits; with several
+    chunks dC's own buffer sums them, config.Fused.dc_accumulator) within it;
     (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget
     holds the logits chunk only);
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls

@@ -23,7 +23,7 @@ if not torch.cuda.is_available():  # before triton is imported
 import own_kernel  # noqa: E402
 from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.paths import three_matmul as fused  # noqa: E402
-from own_kernel.policy.config import HOPPER_16BIT, overridden  # noqa: E402
+from own_kernel.policy.config import HOPPER_16BIT, overridden, with_overrides  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
 
 if torch.cuda.is_available():
@@ -45,8 +45,11 @@ SHAPES = [(8192, 256000, 2304), (8192, 128256, 4096), (16384, 152064, 3584),
 def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, d):
     cfg = HOPPER_16BIT
     budget = cfg.fused.default_workspace_mib
-    # A 16-bit weight: dC's fp32 accumulator (4 V D) does not fit the default budget.
-    assert route(Call(n, v, d, BF16), cfg).path == "recompute"
+    # A 16-bit weight with dC's chunks summed in an fp32 accumulator (4 V D): it does not fit
+    # the default budget (dC's own buffer sums them by default, and the chunk fits)
+    fp32_acc = with_overrides(cfg, {"fused": {"dc_accumulator": "fp32"}})
+    assert route(Call(n, v, d, BF16), fp32_acc).path == "recompute"
+    assert not route(Call(n, v, d, BF16), cfg).fused.accumulate_dc
     call = Call(n, v, d, BF16, fp32_weight=True)
     r = route(call, cfg)
     assert (r.path, r.entry, r.budget_mib, r.note) == ("three-matmul", "fused", budget, "")
@@ -93,7 +96,9 @@ def test_plan_under_autocast_reports_the_fp32_weights_route():
     e = torch.empty((), dtype=F16).expand(n, d).requires_grad_()
     c = torch.empty(()).expand(v, d).requires_grad_()
     t = torch.zeros((), dtype=torch.int64).expand(n)
-    with overridden({"fused": {"default_workspace_mib": 1024, "min_rows": 1024}}), \
+    # dC's chunks in an fp32 accumulator: the 16-bit weight's call cannot hold it at 1 GiB
+    with overridden({"fused": {"default_workspace_mib": 1024, "min_rows": 1024,
+                               "dc_accumulator": "fp32"}}), \
             torch.autocast("cpu", dtype=F16):
         planned = own_kernel.plan(e, c, t)
         frozen = own_kernel.plan(e, c.detach(), t)  # no gradient for C: autocast's copy

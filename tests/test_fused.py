@@ -91,12 +91,13 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
 SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward tile's row max
 # Every case with the config's logits; the 16-bit ones with shifted logits too (fp32 inputs'
 # logits are fp32 whatever the config)
-# 16-bit cases in several chunks, dC summed in its own 16-bit buffer (fused.dc_accumulator)
-IN_DC = {"dc_accumulator": "dc"}
+# 16-bit cases in several chunks, dC summed in an fp32 accumulator (fused.dc_accumulator; by
+# default dC's own 16-bit buffer sums them)
+FP32_ACC = {"dc_accumulator": "fp32"}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
-                + [pytest.param(*case, IN_DC, id=f"dc-accumulator-{i}")
+                + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
 
 
@@ -114,10 +115,10 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
         # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
         want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
+        fp32_sums = dtype == torch.float32 or config_for(DEV, dtype).fused.dc_accumulator == "fp32"
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
-    in_dc = logits.get("dc_accumulator") == "dc"
-    assert fused_calls == [(chunks, 0 < max_rows < t.numel() and not in_dc, False)]
+    assert fused_calls == [(chunks, 0 < max_rows < t.numel() and fp32_sums, False)]
     tol = 1e-5 if dtype == torch.float32 else 3e-3
     assert abs(float(loss) - float(ref)) <= tol * max(1.0, abs(float(ref)))
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
@@ -305,11 +306,13 @@ def test_the_check_is_read_after_the_first_chunk_is_queued(fused_calls, monkeypa
     assert events[:2] == ["chunk", "read"] and events.count("chunk") == 2
 
 
-def test_the_backward_never_reads_the_upstream_gradient_on_the_host(fused_calls, monkeypatch):
+@pytest.mark.parametrize("accumulator", ["dc", "fp32"])
+def test_the_backward_never_reads_the_upstream_gradient_on_the_host(fused_calls, monkeypatch,
+                                                                    accumulator):
     e, c, t, bias = _inputs(torch.float16, (20,), 16, 40, True, ignore_every=6)
     ref, e2, c2, b2 = reference(e, c, t, bias)
     (0.5 * ref).backward()
-    with overridden({"fused": {"max_rows": 8}}):
+    with overridden({"fused": {"max_rows": 8, "dc_accumulator": accumulator}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, workspace_mib=16)
 
     def refuse(self, *args):
@@ -319,7 +322,8 @@ def test_the_backward_never_reads_the_upstream_gradient_on_the_host(fused_calls,
         monkeypatch.setattr(torch.Tensor, name, refuse)
     (0.5 * loss).backward()
     monkeypatch.undo()
-    assert fused_calls and fused_calls[0][1]  # several chunks: dC rounded in the backward
+    # several chunks: dC's sums scaled (fp32: and rounded) in the backward
+    assert len(fused_calls[0][0]) > 1 and fused_calls[0][1] == (accumulator == "fp32")
     assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
     assert rel(bias.grad, b2.grad) < 3e-3
 
@@ -347,7 +351,9 @@ def test_workspace_mib_is_validated():
 MIB = 2**20
 # The plan's arithmetic with 16-bit logits (fused.logits_fp32 off; fp32 logits, the default:
 # tests/test_numerics.py).
-HOPPER_LOGITS_16 = with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False}})
+# These tests' arithmetic is the fp32 accumulator's (dC's own buffer: the test after them).
+HOPPER_LOGITS_16 = with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False,
+                                                           "dc_accumulator": "fp32"}})
 
 
 @pytest.mark.parametrize("n, v, d, mib, expect", [

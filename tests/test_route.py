@@ -15,7 +15,7 @@ import own_kernel  # noqa: E402
 from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.paths import entries as ops, three_matmul as fused  # noqa: E402
 from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
-                               use_target)
+                               use_target, with_overrides)
 from own_kernel.policy.options import FilterOptions  # noqa: E402
 from own_kernel.policy.plan import fused_plan  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
@@ -24,6 +24,8 @@ BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 GEMMA = dict(n=8192, v=256000, d=2304)
 QWEN_SMALL = dict(n=8192, v=32000, d=2048)
+# dC's chunk sums in an fp32 accumulator (4 V D bytes of the budget), not in dC itself
+FP32_ACC = with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "fp32"}})
 
 
 # ---- pure decisions ----------------------------------------------------------------------------
@@ -31,7 +33,8 @@ QWEN_SMALL = dict(n=8192, v=32000, d=2048)
 @pytest.mark.parametrize("cfg, shape, dtype, path", [
     (PORTABLE, QWEN_SMALL, FP32, "three-matmul"),    # fp32: the default budget holds it
     (HOPPER_16BIT, QWEN_SMALL, BF16, "three-matmul"),
-    (HOPPER_16BIT, GEMMA, BF16, "recompute"),        # dC's fp32 buffer exceeds 1 GiB
+    (HOPPER_16BIT, GEMMA, BF16, "three-matmul"),     # dC sums in itself: the chunk alone
+    (FP32_ACC, GEMMA, BF16, "recompute"),            # dC's fp32 buffer exceeds 1 GiB
 ])
 def test_default_budget_decides_the_path(cfg, shape, dtype, path):
     r = route(Call(**shape, dtype=dtype), cfg)
@@ -89,8 +92,11 @@ def test_auto_filter_on_hopper_runs_exact_where_the_exact_call_takes_the_three_m
     assert (auto.path, auto.filter, auto.fused) == ("three-matmul", None, exact.fused)
     assert '"auto" runs exact' in auto.note
     # where the exact call must recompute (Gemma 2's fp32 dC exceeds 1 GiB) the filter runs
-    gemma = route(Call(**GEMMA, dtype=BF16, filtered=True), HOPPER_16BIT)
+    gemma = route(Call(**GEMMA, dtype=BF16, filtered=True), FP32_ACC)
     assert gemma.path == "recompute" and gemma.filter is not None and gemma.filter.auto
+    # with dC summed in itself (the default) the exact call fits there: "auto" runs exact
+    gemma = route(Call(**GEMMA, dtype=BF16, filtered=True), HOPPER_16BIT)
+    assert (gemma.path, gemma.filter) == ("three-matmul", None)
     # a budget the caller chose is theirs: no second guess
     given = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True, workspace_mib=0), HOPPER_16BIT)
     assert given.path == "recompute" and given.note == ""

@@ -10,15 +10,15 @@ scales, so the forward can do all the work once per chunk of rows R:
     with the rows' lse and losses, forward_tma.py; then one read of Z_R, G over it)
     dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
                                       the filter or V mod 8 splits the K = V reduction)
-    dC   += w G_R^T E_R               cuBLAS into an fp32 accumulator when there are several
-                                      chunks (16-bit accumulation loses the cancellations of
-                                      frequent tokens' columns on LM-like inputs)
+    dC   += w G_R^T E_R               cuBLAS, its fp32 sums added into dC's 16-bit buffer
+                                      (one rounding per chunk; config.Fused.dc_accumulator
+                                      "fp32": into an fp32 accumulator, one rounding)
 
 with w the reduction's weight (1 / count for the mean); with 16-bit G, dE's rows first hold the
 rounding correction w row_round x mean(C) (finalize_de.py), which dE's GEMM adds to. Three matmuls instead of the recompute
 path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
-is split, and, with several chunks, dC's fp32 accumulator (plan.fused_plan; fp32 inputs need
-only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
+is split, and, with several chunks and dc_accumulator "fp32", dC's fp32 accumulator
+(plan.fused_plan; fp32 inputs need only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
 flat row's), and dE and dC run over marked blocks only.
 
 Under autocast an fp32 weight (C, and its bias) arrives as it is: its gradient is fp32 anyway,
@@ -73,11 +73,11 @@ def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
 
 class _Sums:
     """The gradients being assembled: dE rows as they complete (summed in fp32 rows when the
-    plan splits their reduction), dC (fp32 over chunks, or the single chunk's own), dbias's
+    plan splits their reduction), dC (its own buffer, or fp32 sums over chunks), dbias's
     fp32 column sums. fp32 inputs need no fp32 copies: dE's rows and dC (the outputs
     themselves) are the GEMMs' outputs and dC's accumulator. The upstream gradient is applied
-    by :meth:`gradients` in the backward, on the device: dC's fp32 accumulator is kept until
-    then and rounded there, so reading that gradient on the host (which would idle the GPU
+    by :meth:`gradients` in the backward, on the device (an fp32 accumulator of dC is kept
+    until then and rounded there), so reading that gradient on the host (which would idle the GPU
     while the host catches up) costs nothing to avoid."""
 
     def __init__(self, e, c, bias, plan: FusedPlan, filtered: bool):

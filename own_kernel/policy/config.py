@@ -183,11 +183,14 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
-    # 16-bit inputs in several chunks: dC's sums over the chunks in an fp32 accumulator ("fp32":
-    # 4 V D bytes of workspace, one rounding), or in dC's own 16-bit buffer ("dc": each chunk's
-    # GEMM adds its fp32 sums into it, one rounding per chunk; no workspace beyond the chunk, so
-    # a budget holds more rows, and 2 V D bytes read and written per chunk instead of 4).
-    dc_accumulator: str = "fp32"
+    # 16-bit inputs in several chunks: dC's sums over the chunks in dC's own 16-bit buffer
+    # ("dc": each chunk's GEMM adds its fp32 sums into it, one rounding per chunk; the budget
+    # holds the chunk alone, and each chunk reads and writes 2 V D bytes of dC), or in an fp32
+    # accumulator ("fp32": 4 V D bytes of workspace and of traffic per chunk, one rounding).
+    # "dc" took Llama 3 (8B) and Gemma 2 (2B) at 1 GiB from the recompute path to 2 and 4
+    # chunks, level with torch.compile, dC's error under half of torch.compile's (H200,
+    # dc-accumulator.md).
+    dc_accumulator: str = "dc"
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
