@@ -392,6 +392,12 @@ def test_dc_summed_in_its_own_buffer_leaves_the_budget_to_the_chunk(n, v, d, exp
     assert plan.extra_bytes <= 1024 * MIB
 
 
+def test_too_few_rows_beside_no_accumulator_say_so():
+    cfg = with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "dc"}})
+    plan, why = fused_plan(8192, 600_000, 2304, 2, 1024 * MIB, cfg, shift_ok=True)
+    assert plan is None and "fewer than 1024" in why and "accumulator" not in why
+
+
 def test_dc_accumulator_is_validated():
     with pytest.raises(ValueError, match="fused.dc_accumulator"):
         with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "bf16"}})

@@ -162,7 +162,7 @@ class LowMemory:
 class Fused:
     """The three-matmul training path (paths/three_matmul.py): row chunks whose logits fit a
     workspace."""
-    min_rows: int = 1024           # fewer rows per chunk: dC's fp32 accumulation is memory-bound
+    min_rows: int = 1024           # fewer rows per chunk: dC's accumulation is memory-bound
     block: int = 2048              # columns per step of the logits-to-gradient pass (and per
     num_warps: int = 8             # filter block: the dE / dC GEMMs skip whole blocks)
     default_workspace_mib: int = 1024

@@ -485,9 +485,9 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     if fits < 1:
         return None, f"{mib} holds no row of logits ({per_row} bytes)"
     if min(fits, cap) < cfg.fused.min_rows:
-        return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk beside dC's fp32 "
-                      f"accumulator; fewer than {cfg.fused.min_rows} make the path slower than "
-                      f"recomputing")
+        beside = " beside dC's fp32 accumulator" if acc else ""
+        return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
+                      f"than {cfg.fused.min_rows} make the path slower than recomputing")
     rows = min(cap, even_rows(n, fits))
     extra = max(rows * per_row + acc - dc, acc)
     return FusedPlan(rows, cdiv(n, rows), not in_dc, de_rows_fp32, extra, **kind), ""
