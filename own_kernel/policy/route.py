@@ -210,19 +210,23 @@ def route(call: Call, cfg: Config) -> "Route":
 
 def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":
     """filter_eps="auto" on a target that filters on the recompute path only: the exact call's
-    route where it takes the three-matmul path at the default budget, else None (filter).
-    Measured (results/notes/filter-auto.md; before the rule on an H100, after it on an H200):
-    the filtered recompute path was slower than the exact three-matmul path or level with it,
-    at every head tried; the filter pays where the exact call must recompute (its gradients
-    do not fit the budget)."""
+    route where its three-matmul path fits the default budget with dC's sums in fp32, else
+    None (filter). Measured (results/notes/filter-auto.md; before the rule on an H100, after
+    it on an H200): where those fit, the filtered recompute path was slower than the exact
+    three-matmul path or level with it, at every head tried; where they do not (V D large:
+    Llama 3 (8B), Gemma 2 (2B)) the filter was faster than the exact three-matmul path at
+    3 GiB (the H100 frontier runs). dC summed in its own buffer (the default) fits there too,
+    unmeasured against the filter, so the fp32 sums' fit still draws the line."""
     f = call.filter
     if f is None or not f.auto or call.workspace_mib is not None or cfg.fused.filtered:
         return None
-    exact = route(dataclasses.replace(call, filtered=False, filter=None), cfg)
-    if exact.path != "three-matmul":
+    exact_call = dataclasses.replace(call, filtered=False, filter=None)
+    fp32_sums = dataclasses.replace(cfg, fused=dataclasses.replace(cfg.fused,
+                                                                   dc_accumulator="fp32"))
+    if route(exact_call, fp32_sums).path != "three-matmul":
         return None
-    return dataclasses.replace(exact, note='filter_eps="auto" runs exact: the exact '
-                               "three-matmul path fits the default budget")
+    return dataclasses.replace(route(exact_call, cfg), note='filter_eps="auto" runs exact: '
+                               "the exact three-matmul path fits the default budget")
 
 
 @dataclass(frozen=True, repr=False)
