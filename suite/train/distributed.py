@@ -448,8 +448,8 @@ def _rank_main(rank: int, cfg: RunConfig, s: Settings, port: int, out_dir: str,
         raise
     # Done: leave without the group's C++ teardown. Tearing down a gloo world of two ranks
     # (destroy_process_group, then the interpreter's exit) aborted a rank now and then
-    # ("terminate called without an active exception", SIGABRT), even after a barrier: 2 of 25
-    # tiny CPU runs. The parent would read that abort as a failed world.
+    # ("terminate called without an active exception", SIGABRT), even after a barrier: the
+    # max-batch test's flake. The parent would read that abort as a failed world.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
