@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The time-memory frontier (suite/frontier.py) at its five shapes, in one or two device calls:
+# every exact peer and the own kernel's points, one process per cell, into one run folder per
+# shape; then the forward alone (the loss phase) of own and torch.compile at the same shapes.
+#   CCE_BENCH_COMMIT=<commit> SHAPES="llama3-8b gemma2-2b qwen25-7b" \
+#       bash suite/kernel/frontier_gpu.sh
+# Peers: Liger and Apple's exact CCE from PEER_SITE (default .gpu/site: `pip install --no-deps
+# --target .gpu/site` of liger-kernel and of Apple's repository at a commit, made where there is
+# a network), torch's F.linear_cross_entropy from .torch-lce (suite/providers/torch_native.py);
+# carry both. A peer that is missing is recorded as unavailable; the run goes on.
+# SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152. REPS (default 10).
+# FORWARD=0 skips the forward step. Steps run under what is left of FRONTIER_DEADLINE_S (default
+# 540 s from the start), so one slow step cannot take the others' rows with it. Writes RUN
+# (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
+# step, $OUT/frontier.tar of it and $OUT/frontier.log; prints the frontier tables last.
+set -uo pipefail
+: "${OUT:?OUT: the folder whose files come back}"
+START=$SECONDS
+DEADLINE=${FRONTIER_DEADLINE_S:-540}
+SHAPES=${SHAPES:-"llama3-8b gemma2-2b qwen25-7b d5120 d1152"}
+REPS=${REPS:-10}
+PYTHON=${PYTHON:-python3}
+PEER_SITE=${PEER_SITE:-.gpu/site}
+export PYTHONUNBUFFERED=1
+[ -d "$PEER_SITE" ] && export PYTHONPATH="$PWD/$PEER_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ -d .torch-lce ] && export CCE_BENCH_TORCH_LCE="$PWD/.torch-lce"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+GPU=${GPU#nvidia-}
+GPU=${GPU%%-*}  # h200, h100, a100
+RUN=${RUN:-/tmp/run/frontier-$GPU}
+LOG=$OUT/frontier.log
+mkdir -p "$RUN"
+[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_native_accurate
+OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
+
+left() { echo $(( DEADLINE - (SECONDS - START) )); }
+
+step() {  # step NAME CMD...: as heads_gpu.sh's, packing $RUN into $OUT/frontier.tar after it
+  local name=$1; shift
+  local limit; limit=$(left)
+  if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
+  echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
+  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
+  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
+  tar -C "$(dirname "$RUN")" -cf "$OUT/frontier.tar" "$(basename "$RUN")"
+}
+
+cell_args() {  # the shape's cell, as frontier.md's command names it
+  case $1 in
+    llama3-8b|gemma2-2b|qwen25-7b) echo "--preset $1" ;;
+    d5120) echo "--preset llama3-8b --n 8192 --d 5120 --v 131072" ;;
+    d1152) echo "--preset llama3-8b --n 16384 --d 1152 --v 262144 --lm-entropy 3" ;;
+    *) echo "unknown shape $1" >&2; return 1 ;;
+  esac
+}
+
+"$PYTHON" -c "import liger_kernel, cut_cross_entropy; print('peers import')" >> "$LOG" 2>&1 || \
+  echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
+for shape in $SHAPES; do
+  args=$(cell_args "$shape") || continue
+  providers=$PEERS,$OWN
+  [ "$shape" = gemma2-2b ] && providers=${providers/torch_native,torch_native_accurate,/}  # no softcap there
+  # shellcheck disable=SC2086
+  step "frontier $shape" "$PYTHON" -m suite bench --plugin suite.frontier --dist lm \
+    --phases loss+grad --isolate --reps "$REPS" --providers "$providers" $args \
+    --out "$RUN/frontier-$shape-$GPU" --resume --quiet
+done
+if [ "${FORWARD:-1}" = 1 ]; then
+  for shape in $SHAPES; do
+    args=$(cell_args "$shape") || continue
+    # shellcheck disable=SC2086
+    step "forward $shape" "$PYTHON" -m suite bench --dist lm --phases loss --isolate \
+      --reps "$REPS" --providers own,torch_compile $args --out "$RUN/forward-$GPU" --resume --quiet
+  done
+fi
+for folder in "$RUN"/frontier-*; do
+  [ -d "$folder" ] && "$PYTHON" -m suite frontier "$folder" 2>&1 | tail -n 40 | tee -a "$LOG"
+done
