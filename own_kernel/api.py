@@ -202,7 +202,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     holds the logits chunk only);
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (a filter_eps number on Hopper keeps the recompute path unless given a budget; "auto"
-    runs exact where the exact three-matmul path fits with fp32 dC sums), 0 = off. When
+    runs exact below D 2048 or where the exact three-matmul path fits with fp32 dC sums),
+    0 = off. When
     the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
     that path, the recompute path runs and the budget goes unused: ``plan(...)`` says which
     path a call takes and why a budget goes unused.

@@ -3,6 +3,7 @@ config (no launch), own_kernel.plan against the path a call actually runs, optio
 refused or reported, and the providers calling the API as a user does."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -102,6 +103,23 @@ def test_auto_filter_on_hopper_runs_exact_where_the_exact_call_takes_the_three_m
     # a budget the caller chose is theirs: no second guess
     given = route(Call(**QWEN_SMALL, dtype=BF16, filtered=True, workspace_mib=0), HOPPER_16BIT)
     assert given.path == "recompute" and given.note == ""
+
+
+def test_auto_filter_on_hopper_runs_exact_below_its_hidden_size():
+    """filter-auto.md (H200): at D 1152, V 262144 the filter was slower than the exact default
+    at entropy 2.2 and 3, though dC's fp32 sums do not fit there; at D 2048, V 256000 faster."""
+    narrow = dict(n=16384, v=262144, d=1152)
+    assert HOPPER_16BIT.filter.auto_min_d > narrow["d"]
+    auto = route(Call(**narrow, dtype=BF16, filtered=True), HOPPER_16BIT)
+    exact = route(Call(**narrow, dtype=BF16), HOPPER_16BIT)
+    assert (auto.path, auto.filter, auto.fused) == ("three-matmul", None, exact.fused)
+    assert "D 1152" in auto.note and '"auto" runs exact' in auto.note
+    wide = route(Call(n=8192, v=256000, d=2048, dtype=BF16, filtered=True), HOPPER_16BIT)
+    assert wide.path == "recompute" and wide.filter is not None and wide.filter.auto
+    # no bound (the field's default): the fp32 sums' fit alone decides, as before
+    unbound = dataclasses.replace(HOPPER_16BIT, filter=dataclasses.replace(HOPPER_16BIT.filter,
+                                                                           auto_min_d=0))
+    assert route(Call(**narrow, dtype=BF16, filtered=True), unbound).filter is not None
 
 
 def test_a_vocab_parallel_shard_filters_only_where_its_own_shape_pays():

@@ -140,6 +140,11 @@ class Filter:
     lookahead_max_n: int     # queue chunk k+1's kernel before chunk k's GEMMs up to this N
     # A vocab-parallel shard's call filters from this many flops (None: min_total_flops)
     vocab_parallel_min_total_flops: float | None = None
+    # filter_eps="auto" runs exact below this hidden size (0: no bound; policy/route.py,
+    # auto_filter_runs_exact): the filter saves GEMM flops, N V D times the share of skipped
+    # columns, at a cost per logit (the recompute kernel's marks and sums), so it pays only
+    # where D is wide enough
+    auto_min_d: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,9 +286,11 @@ HOPPER_16BIT = Config(
     # paying past N 16384 (filter-lookahead.md).
     # A vocab-parallel shard filters only from 4e12 flops: at K = 4 the shards of Gemma 2 (2B)
     # (2.3e12) ran slower filtered than exact, Qwen 2.5 (7B)'s (5.9e12) faster (filter-sharded.md).
+    # "auto" filters from D 2048: at V 256000 it was faster than the exact default there, and
+    # slower at D 1152, V 262144, at both entropies tried (H200, filter-auto.md).
     filter=Filter(max_width=16384, max_entries=2**28, min_flops=3e11, min_total_flops=1e12,
                   max_kept=0.5, kept_align=256, max_flat=0.25, lookahead_max_n=16384,
-                  vocab_parallel_min_total_flops=4e12),
+                  vocab_parallel_min_total_flops=4e12, auto_min_d=2048),
     # The count's read before the forward idles the GPU: only calls long enough to hide it
     # (ignored-targets.md).
     compaction=Compaction(fwd_min_flops=4e12),

@@ -209,24 +209,28 @@ def route(call: Call, cfg: Config) -> "Route":
 
 
 def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":
-    """filter_eps="auto" on a target that filters on the recompute path only: the exact call's
-    route where its three-matmul path fits the default budget with dC's sums in fp32, else
-    None (filter). Measured (results/notes/filter-auto.md; before the rule on an H100, after
-    it on an H200): where those fit, the filtered recompute path was slower than the exact
-    three-matmul path or level with it, at every head tried; where they do not (V D large:
-    Llama 3 (8B), Gemma 2 (2B)) the filter was faster than the exact three-matmul path at
-    3 GiB (the H100 frontier runs). dC summed in its own buffer (the default) fits there too,
-    unmeasured against the filter, so the fp32 sums' fit still draws the line."""
+    """filter_eps="auto" on a target that filters on the recompute path only (Hopper): the exact
+    call's route unless the filter pays, else None (filter). The filter saves GEMM flops (N V D
+    times the share of skipped columns) and costs the recompute path's fourth matmul and its
+    per-logit marks and sums, so it pays at large V D and wide D. The exact call runs where
+    - D < cfg.filter.auto_min_d: at D 1152, V 262144 the filter was slower than the exact
+      default, at D 2048 and wider (V 128256 to 256000) faster (H200, filter-auto.md);
+    - or the exact three-matmul path fits the default budget with dC's sums in fp32 (V D
+      small): there the filter was slower or level at every head tried (H100 and H200)."""
     f = call.filter
     if f is None or not f.auto or call.workspace_mib is not None or cfg.fused.filtered:
         return None
     exact_call = dataclasses.replace(call, filtered=False, filter=None)
-    fp32_sums = dataclasses.replace(cfg, fused=dataclasses.replace(cfg.fused,
-                                                                   dc_accumulator="fp32"))
-    if route(exact_call, fp32_sums).path != "three-matmul":
-        return None
-    return dataclasses.replace(route(exact_call, cfg), note='filter_eps="auto" runs exact: '
-                               "the exact three-matmul path fits the default budget")
+    if call.d < cfg.filter.auto_min_d:
+        why = f"D {call.d} < {cfg.filter.auto_min_d}, where the filter does not pay"
+    else:
+        fp32_sums = dataclasses.replace(cfg, fused=dataclasses.replace(cfg.fused,
+                                                                       dc_accumulator="fp32"))
+        if route(exact_call, fp32_sums).path != "three-matmul":
+            return None
+        why = "the exact three-matmul path fits the default budget"
+    return dataclasses.replace(route(exact_call, cfg),
+                               note=f'filter_eps="auto" runs exact: {why}')
 
 
 @dataclass(frozen=True, repr=False)
