@@ -57,13 +57,13 @@ SESSION_HOURS = 2.0
 CURATED: tuple[CuratedRun, ...] = (
     CuratedRun("headline-h200", "every provider at the Gemma 2 (2B) shape, one run, H200 (one "
                "of four single-GPU lanes on one host)"),
-    CuratedRun("frontier-llama3-8b-h100", "time-memory frontier, Llama 3 (8B), lm inputs, H100"),
-    CuratedRun("frontier-gemma2-2b-h100", "time-memory frontier, Gemma 2 (2B), lm inputs, H100"),
-    CuratedRun("frontier-qwen25-7b-h100", "time-memory frontier, Qwen 2.5 (7B), lm inputs, H100"),
-    CuratedRun("frontier-d5120-h100", "time-memory frontier, N 8192 D 5120 V 131072, lm inputs, "
-               "H100"),
-    CuratedRun("frontier-d1152-h100", "time-memory frontier, N 16384 D 1152 V 262144, lm inputs "
-               "of entropy 3 nats, H100"),
+    CuratedRun("frontier-llama3-8b-h200", "time-memory frontier, Llama 3 (8B), lm inputs, H200"),
+    CuratedRun("frontier-gemma2-2b-h200", "time-memory frontier, Gemma 2 (2B), lm inputs, H200"),
+    CuratedRun("frontier-qwen25-7b-h200", "time-memory frontier, Qwen 2.5 (7B), lm inputs, H200"),
+    CuratedRun("frontier-d5120-h200", "time-memory frontier, N 8192 D 5120 V 131072, lm inputs, "
+               "H200"),
+    CuratedRun("frontier-d1152-h200", "time-memory frontier, N 16384 D 1152 V 262144, lm inputs "
+               "of entropy 3 nats, H200"),
     CuratedRun("multigpu-2xh100", "vocab-parallel loss and an FSDP2 training step, two H100s"),
     CuratedRun("multigpu-2xh200", "the FSDP2 training step with host syncs, and the largest "
                "batch per rank, two H200s"),

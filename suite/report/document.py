@@ -66,9 +66,9 @@ SECTIONS = (
         "`own_fused` holds at most its budget beyond them (3 GiB by default); `own_low_memory` "
         "holds close to the gradients alone, against the exact recompute path "
         "`own_recompute` and the default call `own`.",
-        ("results/frontier-llama3-8b-h100 results/frontier-gemma2-2b-h100 "
-         "results/frontier-qwen25-7b-h100 results/frontier-d5120-h100 "
-         "results/frontier-d1152-h100 --frontier",
+        ("results/frontier-llama3-8b-h200 results/frontier-gemma2-2b-h200 "
+         "results/frontier-qwen25-7b-h200 results/frontier-d5120-h200 "
+         "results/frontier-d1152-h200 --frontier",
          "results/fused-3gib-h100 --versus own_fused --peers torch_compile,naive",
          "results/headline-h200 --versus own_low_memory --peers own_recompute,own")),
     Section(
