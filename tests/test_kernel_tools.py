@@ -233,3 +233,40 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
         verdicts = [line for line in res.stdout.splitlines()
                     if line.startswith(f"- {own} against naive (loss+grad")]
         assert len(verdicts) == 2 and all(v.endswith("of 1 cells") for v in verdicts), verdicts
+
+
+def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_frontier(tmp_path):
+    """suite/kernel/frontier_gpu.sh end to end on the CPU (a stand-in nvidia-smi, a tiny NxDxV
+    shape, fp32): a frontier run folder per shape and one forward folder of phase fwd (the
+    forward under no_grad, not the loss phase: on the three-matmul path that phase holds the
+    gradients' work too), packed into $OUT/frontier.tar, and the frontier table printed last."""
+    import csv
+    import io
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out, run = tmp_path / "out", tmp_path / "run" / "frontier-test"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OUT=str(out), RUN=str(run), SHAPES="32x16x97", REPS="2", DTYPE="fp32",
+               PROVIDERS="naive,own,own_ws256", FORWARD_PROVIDERS="own,naive",
+               PEER_SITE=str(tmp_path / "none"), CCE_BENCH_COMMIT="test", PYTHON=sys.executable,
+               PATH=f"{fake}{os.pathsep}{env['PATH']}")
+    res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "frontier_gpu.sh")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(out / "frontier.tar") as tar:
+        names = tar.getnames()
+        forward = tar.extractfile("frontier-test/forward-test/results.csv").read().decode()
+    assert "frontier-test/frontier-32x16x97-test/results.csv" in names
+    rows = list(csv.DictReader(io.StringIO(forward)))
+    assert {r["provider"] for r in rows} == {"own", "naive"}
+    assert {r["phase"] for r in rows} == {"fwd"}
+    # the table of the shape's cell (its rows need a GPU's peak memory: none on the CPU)
+    assert "**N 32, D 16, V 97, fp32, lm inputs**" in res.stdout and "| verdict |" in res.stdout

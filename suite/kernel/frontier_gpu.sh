@@ -8,8 +8,10 @@
 # --target .gpu/site` of liger-kernel and of Apple's repository at a commit, made where there is
 # a network), torch's F.linear_cross_entropy from .torch-lce (suite/providers/torch_native.py);
 # carry both. A peer that is missing is recorded as unavailable; the run goes on.
-# SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152. REPS (default 10).
-# FORWARD=0 skips the forward step. Steps run under what is left of FRONTIER_DEADLINE_S (default
+# SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152, or NxDxV (no softcap).
+# PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
+# own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
+# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step. Steps run under what is left of FRONTIER_DEADLINE_S (default
 # 540 s from the start), so one slow step cannot take the others' rows with it. Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
 # step, $OUT/frontier.tar of it and $OUT/frontier.log; prints the frontier tables last.
@@ -19,6 +21,8 @@ START=$SECONDS
 DEADLINE=${FRONTIER_DEADLINE_S:-540}
 SHAPES=${SHAPES:-"llama3-8b gemma2-2b qwen25-7b d5120 d1152"}
 REPS=${REPS:-10}
+DTYPE=${DTYPE:-bf16}
+FORWARD_PROVIDERS=${FORWARD_PROVIDERS:-own,own_portable,torch_compile}
 PYTHON=${PYTHON:-python3}
 PEER_SITE=${PEER_SITE:-.gpu/site}
 export PYTHONUNBUFFERED=1
@@ -33,6 +37,7 @@ mkdir -p "$RUN"
 [ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
 PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_native_accurate
 OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
+PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
 
@@ -51,6 +56,7 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
     llama3-8b|gemma2-2b|qwen25-7b) echo "--preset $1" ;;
     d5120) echo "--preset llama3-8b --n 8192 --d 5120 --v 131072" ;;
     d1152) echo "--preset llama3-8b --n 16384 --d 1152 --v 262144 --lm-entropy 3" ;;
+    *x*x*) IFS=x read -r n d v <<< "$1"; echo "--n $n --d $d --v $v --softcap none" ;;
     *) echo "unknown shape $1" >&2; return 1 ;;
   esac
 }
@@ -59,19 +65,20 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
   echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
 for shape in $SHAPES; do
   args=$(cell_args "$shape") || continue
-  providers=$PEERS,$OWN
+  providers=$PROVIDERS
   [ "$shape" = gemma2-2b ] && providers=${providers/torch_native,torch_native_accurate,/}  # no softcap there
   # shellcheck disable=SC2086
   step "frontier $shape" "$PYTHON" -m suite bench --plugin suite.frontier --dist lm \
-    --phases loss+grad --isolate --reps "$REPS" --providers "$providers" $args \
+    --phases loss+grad --isolate --reps "$REPS" --dtype "$DTYPE" --providers "$providers" $args \
     --out "$RUN/frontier-$shape-$GPU" --resume --quiet
 done
 if [ "${FORWARD:-1}" = 1 ]; then
   for shape in $SHAPES; do
     args=$(cell_args "$shape") || continue
     # shellcheck disable=SC2086
-    step "forward $shape" "$PYTHON" -m suite bench --dist lm --phases loss --isolate \
-      --reps "$REPS" --providers own,torch_compile $args --out "$RUN/forward-$GPU" --resume --quiet
+    step "forward $shape" "$PYTHON" -m suite bench --dist lm --phases fwd --isolate \
+      --reps "$REPS" --dtype "$DTYPE" --providers "$FORWARD_PROVIDERS" $args \
+      --out "$RUN/forward-$GPU" --resume --quiet
   done
 fi
 for folder in "$RUN"/frontier-*; do
