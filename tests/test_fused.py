@@ -94,8 +94,12 @@ SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward ti
 # 16-bit cases in several chunks, dC summed in an fp32 accumulator (fused.dc_accumulator; by
 # default dC's own 16-bit buffer sums them)
 FP32_ACC = {"dc_accumulator": "fp32"}
+# Shifted logits whose tile maxima live in the chunk's own dE rows until dE's GEMM writes them
+IN_DE = {**SHIFTED, "tile_max_in_de": True}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
+                   for i, case in enumerate(CASES) if case[0] != torch.float32]
+                + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
@@ -108,7 +112,7 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7, device=DEV)
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
-    spy_shifted = _spy_plans(monkeypatch)
+    plans = _spy_plans(monkeypatch)
     # min_rows 1: the GPU configs send chunks under 1024 rows to the recompute path
     with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
@@ -125,16 +129,19 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     assert e.grad.dtype == dtype and c.grad.dtype == dtype
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
-    assert spy_shifted == [want_shifted]  # the plan took the kind asked for
+    # the plan took the kind asked for: shifted logits, their maxima in dE's rows where asked
+    # (IN_DE's shapes fit them there)
+    in_de = want_shifted and bool(logits.get("tile_max_in_de"))
+    assert plans == [(want_shifted, in_de)]
     assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
 
 
 def _spy_plans(monkeypatch) -> list:
-    """plan.shifted of each fused call of the test."""
+    """(plan.shifted, plan.tile_max_in_de) of each fused call of the test."""
     seen, inner = [], fused.fused_loss_and_grads
 
     def spy(e, c, targets, bias, opts, route, check, mean):
-        seen.append(route.fused.shifted)
+        seen.append((route.fused.shifted, route.fused.tile_max_in_de))
         return inner(e, c, targets, bias, opts, route, check, mean)
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)

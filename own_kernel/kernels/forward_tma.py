@@ -117,7 +117,7 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
     """Each split's (running max, sum[, sum of logits][, entropy's t]) per row into part, TMA
     loads. grid: plan.ForwardGrid; cfg: the Config; sums: lse_combine.PartialSums. shifted:
     None, or (Y, M) to write the shifted logits into (module docstring; Y: n x V in e's dtype,
-    16-byte aligned rows; M: n x cdiv(V, block_v) fp32, contiguous)."""
+    16-byte aligned rows; M: n x cdiv(V, block_v) fp32, unit stride along a row)."""
     (n, d), v = e.shape, c.shape[0]
     k = cfg.forward.tiles
     e_desc = TensorDescriptor.from_tensor(e, [k.block_n, k.block_d])

@@ -267,9 +267,10 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
     ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
-    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits
+    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
+    # or in the chunk's own dE rows (plan.tile_max_in_de: written after the gradient pass)
     tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
-                if plan.shifted else None)
+                if plan.shifted and not plan.tile_max_in_de else None)
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if route.filter is not None else None)
@@ -289,7 +290,9 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
                 losses[loss_at + r0:loss_at + r1], opts, route, kept)
         row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
         if plan.shifted:
-            _shifted_logits_and_grad(g, tile_max[:r1 - r0], *args, row_round)
+            m = (rows.de[r0:r1].view(torch.float32)[:, :plan.shift_tiles]
+                 if plan.tile_max_in_de else tile_max[:r1 - r0])
+            _shifted_logits_and_grad(g, m, *args, row_round)
         else:
             _logits_and_grad(ws[:r1 - r0], g, *args, every_column, row_round)
         return g

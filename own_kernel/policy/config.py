@@ -188,6 +188,12 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
+    # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
+    # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
+    # are written only after the gradient pass, the maxima's last reader. The budget then holds
+    # the logits alone, which is a chunk fewer where the maxima tipped the count (N 8192,
+    # D 5120, V 131072 at 1 GiB: 3 chunks become 2). Off until measured on a GPU.
+    tile_max_in_de: bool = False
     # 16-bit inputs in several chunks: dC's sums over the chunks in dC's own 16-bit buffer
     # ("dc": each chunk's GEMM adds its fp32 sums into it, one rounding per chunk; the budget
     # holds the chunk alone, and each chunk reads and writes 2 V D bytes of dC), or in an fp32

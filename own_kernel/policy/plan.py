@@ -433,9 +433,11 @@ class FusedPlan:
     row_stride: int          # elements between the logits rows: V rounded up to 16 bytes
     logits_fp32: bool = False  # 16-bit inputs whose logits are kept in fp32 (row_stride: fp32)
     # 16-bit logits relative to their forward tile's row max (config.Fused.logits_shifted),
-    # with that max per row and tile (shift_tiles fp32 values a row)
+    # with that max per row and tile (shift_tiles fp32 values a row), beside the logits or, in
+    # the chunk's own dE rows (tile_max_in_de: config.Fused.tile_max_in_de, where they fit)
     shifted: bool = False
     shift_tiles: int = 0
+    tile_max_in_de: bool = False
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
@@ -460,7 +462,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
     the recompute path is faster then. shift_ok: the TMA forward can write shifted logits
     (config.Fused.logits_shifted: 16-bit logits and an fp32 max per row and forward tile,
-    instead of fp32 logits)."""
+    instead of fp32 logits; the maxima in the chunk's dE rows with config.Fused.tile_max_in_de,
+    where they fit there, else beside the logits in the budget)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
@@ -468,10 +471,14 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     logit_elt = 4 if logits_fp32 else elt
     stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
     tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
+    # a chunk's dE rows (d elt bytes a row, 4-byte aligned) are written after its gradient
+    # pass, the tile maxima's last reader
+    in_de = shifted and cfg.fused.tile_max_in_de and (d * elt) % 4 == 0 and 4 * tiles <= d * elt
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    per_row = stride * logit_elt + 4 * tiles + (d * 4 if de_rows_fp32 else 0)
+    per_row = stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
-    kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles)
+    kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
+                tile_max_in_de=in_de)
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,
