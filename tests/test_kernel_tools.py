@@ -206,24 +206,13 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
     """suite/kernel/heads_gpu.sh end to end on the CPU (a stand-in nvidia-smi names the GPU, a
     tiny head, naive as the peer): a folder per head with a folder per round, packed into
     $OUT/heads.tar, and the per-round verdicts of each own provider printed last."""
-    import os
-    import subprocess
-    import sys
     import tarfile
 
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
-    (fake / "nvidia-smi").chmod(0o755)
     out, run = tmp_path / "out", tmp_path / "run" / "heads-test"
-    out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # fp32: the interpreter refuses the own kernel's bf16
-    env.update(OUT=str(out), RUN=str(run), HEADS="32x16x97", ROUNDS="2", REPS="2", PEER="naive", DTYPE="fp32",
-               PROVIDERS="own,own_ws3072,naive", CCE_BENCH_COMMIT="test", PYTHON=sys.executable,
-               PATH=f"{fake}{os.pathsep}{env['PATH']}")
-    res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "heads_gpu.sh")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=900)
+    res = _run_device_script("heads_gpu.sh", tmp_path, out, run, HEADS="32x16x97", ROUNDS="2",
+                             REPS="2", PEER="naive", DTYPE="fp32",
+                             PROVIDERS="own,own_ws3072,naive")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     with tarfile.open(out / "heads.tar") as tar:
         names = tar.getnames()
@@ -242,24 +231,12 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     gradients' work too), packed into $OUT/frontier.tar, and the frontier table printed last."""
     import csv
     import io
-    import os
-    import subprocess
-    import sys
     import tarfile
 
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
-    (fake / "nvidia-smi").chmod(0o755)
     out, run = tmp_path / "out", tmp_path / "run" / "frontier-test"
-    out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(OUT=str(out), RUN=str(run), SHAPES="32x16x97", REPS="2", DTYPE="fp32",
-               PROVIDERS="naive,own,own_ws256", FORWARD_PROVIDERS="own,naive",
-               PEER_SITE=str(tmp_path / "none"), CCE_BENCH_COMMIT="test", PYTHON=sys.executable,
-               PATH=f"{fake}{os.pathsep}{env['PATH']}")
-    res = subprocess.run(["bash", str(ROOT / "suite" / "kernel" / "frontier_gpu.sh")], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=900)
+    res = _run_device_script("frontier_gpu.sh", tmp_path, out, run, SHAPES="32x16x97", REPS="2",
+                             DTYPE="fp32", PROVIDERS="naive,own,own_ws256",
+                             FORWARD_PROVIDERS="own,naive", PEER_SITE=str(tmp_path / "none"))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     with tarfile.open(out / "frontier.tar") as tar:
         names = tar.getnames()
@@ -270,3 +247,22 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     assert {r["phase"] for r in rows} == {"fwd"}
     # the table of the shape's cell (its rows need a GPU's peak memory: none on the CPU)
     assert "**N 32, D 16, V 97, fp32, lm inputs**" in res.stdout and "| verdict |" in res.stdout
+
+
+def _run_device_script(name, tmp_path, out, run, **knobs):
+    """suite/kernel/NAME run on the CPU as on the GPU machine: a stand-in nvidia-smi names the
+    GPU ('NVIDIA Test GPU'), OUT and RUN as given, the knobs as its environment."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(OUT=str(out), RUN=str(run), CCE_BENCH_COMMIT="test", PYTHON=sys.executable,
+               PATH=f"{fake}{os.pathsep}{env['PATH']}", **knobs)
+    return subprocess.run(["bash", str(ROOT / "suite" / "kernel" / name)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)

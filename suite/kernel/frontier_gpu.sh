@@ -39,17 +39,9 @@ PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_
 OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
 PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
 
-left() { echo $(( DEADLINE - (SECONDS - START) )); }
-
-step() {  # step NAME CMD...: as heads_gpu.sh's, packing $RUN into $OUT/frontier.tar after it
-  local name=$1; shift
-  local limit; limit=$(left)
-  if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
-  echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
-  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
-  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
-  tar -C "$(dirname "$RUN")" -cf "$OUT/frontier.tar" "$(basename "$RUN")"
-}
+PACK=$OUT/frontier.tar
+# shellcheck source=suite/kernel/deadline_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 
 cell_args() {  # the shape's cell, as frontier.md's command names it
   case $1 in

@@ -35,19 +35,9 @@ LOG=$OUT/heads.log
 mkdir -p "$RUN"
 [ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
 
-left() { echo $(( DEADLINE - (SECONDS - START) )); }
-
-# step NAME CMD...: CMD under what is left, its output in the log; the run folder is packed
-# into $OUT after it, whatever it did
-step() {
-  local name=$1; shift
-  local limit; limit=$(left)
-  if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
-  echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
-  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
-  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
-  tar -C "$(dirname "$RUN")" -cf "$OUT/heads.tar" "$(basename "$RUN")"
-}
+PACK=$OUT/heads.tar
+# shellcheck source=suite/kernel/deadline_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 
 if [ "${TESTS:-0}" = 1 ]; then
   step gpu-tests env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -x tests/test_fused.py
