@@ -194,19 +194,16 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     is the gathered problem's, dE is all-reduced, dC this shard's (eagerly: a graph break under
     torch.compile; paths/vocab_parallel.py).
     ``workspace_mib``: for a mean or sum with gradients (eager, no lse, not low_memory), the
-    budget of the three-matmul training path (paths/three_matmul.py): loss and gradients
-    computed at once in
-    row chunks, the call's memory beyond its gradients (a chunk's logits; with several
-    chunks dC's own buffer sums them, config.Fused.dc_accumulator) within it;
-    (under 16-bit autocast, an fp32 c's gradient is those fp32 sums themselves: the budget
-    holds the logits chunk only);
+    budget of the three-matmul training path (paths/three_matmul.py): loss and gradients at
+    once in row chunks, the call's memory beyond its gradients (a chunk's logits; with several
+    chunks dC's own buffer sums them, config.Fused.dc_accumulator; an fp32 c under 16-bit
+    autocast: its gradient is those fp32 sums, and the budget holds the chunk only).
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (a filter_eps number on Hopper keeps the recompute path unless given a budget; "auto"
     runs exact below D 2048 or where the exact three-matmul path fits with fp32 dC sums),
-    0 = off. When
-    the chunks would not fit or be too small to pay (plan.fused_plan), or the call cannot take
-    that path, the recompute path runs and the budget goes unused: ``plan(...)`` says which
-    path a call takes and why a budget goes unused.
+    0 = off. When the chunks would not fit or be too small to pay (plan.fused_plan), or the
+    call cannot take that path, the recompute path runs and the budget goes unused:
+    ``plan(...)`` says which path a call takes and why.
     ``temperature=T`` (> 0) divides the (softcapped) logits: z = softcap(e @ c.T + bias) / T,
     as RL trainers sample. ``return_entropy=True`` also returns each token's softmax entropy
     H = lse - sum_v p_v z_v (0 for ignored tokens), reduced as the loss is and differentiable:
@@ -239,10 +236,7 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     lead = targets.shape
     targets = _shifted(targets, shift, ignore_index)
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
-    if r.needs_tma_copies:  # aligned copies: the pinned kernels read every batch
-        e2, c = (t if tma_ready(t) else t.clone() for t in (e2, c))
-        r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
+    e2, c, r = _routed(e2, c, bias, opts, user)
     check, count = queued_or_new_check(targets_check, t2, v_total, ignore_index,
                                        split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
@@ -260,6 +254,16 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     raise_on_bad_targets(check, targets, v_total, ignore_index)
     return _outputs(loss_rows, lse if return_lse else None, ent_rows if return_entropy else None,
                     lead, shift, reduction, count)
+
+
+def _routed(e2: Tensor, c: Tensor, bias, opts, user: CallOptions):
+    """(e2, c, route) of the call, e2 and c replaced by aligned copies where the route's pinned
+    kernels read them through TMA descriptors (they then read every batch)."""
+    r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
+    if r.needs_tma_copies:
+        e2, c = (t if tma_ready(t) else t.clone() for t in (e2, c))
+        r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
+    return e2, c, r
 
 
 def _shifted(targets: Tensor, shift: int, ignore_index: int) -> Tensor:
