@@ -16,7 +16,7 @@ from own_kernel.paths.vocab_parallel import (VocabParallel, check_vocab_parallel
                                              vocab_parallel_rows)
 from own_kernel.policy.config import config_for, config_key, forced_target
 from own_kernel.policy.options import CallOptions, Options
-from own_kernel.policy.route import Route, call_of, route, tma_ready
+from own_kernel.policy.route import Route, call_of, route, route_with_copies, tma_ready
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -236,7 +236,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     lead = targets.shape
     targets = _shifted(targets, shift, ignore_index)
     e2, c, t2, bias = _kernel_layouts(e, c, targets, bias)
-    e2, c, r = _routed(e2, c, bias, opts, user)
+    e2, c, r = route_with_copies(e2, c, lambda e2, c: _route_of(
+        e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c)))
     check, count = queued_or_new_check(targets_check, t2, v_total, ignore_index,
                                        split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
@@ -254,16 +255,6 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     raise_on_bad_targets(check, targets, v_total, ignore_index)
     return _outputs(loss_rows, lse if return_lse else None, ent_rows if return_entropy else None,
                     lead, shift, reduction, count)
-
-
-def _routed(e2: Tensor, c: Tensor, bias, opts, user: CallOptions):
-    """(e2, c, route) of the call, e2 and c replaced by aligned copies where the route's pinned
-    kernels read them through TMA descriptors (they then read every batch)."""
-    r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
-    if r.needs_tma_copies:
-        e2, c = (t if tma_ready(t) else t.clone() for t in (e2, c))
-        r = _route_of(e2, c, bias, opts, user, _needs_grad(e2, c, bias), _layouts(e2, c))
-    return e2, c, r
 
 
 def _shifted(targets: Tensor, shift: int, ignore_index: int) -> Tensor:
@@ -345,8 +336,13 @@ def plan(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                        return_entropy, batch_invariant).check(e.shape)
     if vocab_parallel is not None:
         check_vocab_parallel(vocab_parallel, c)
-    return _route_of(e.reshape(-1, e.shape[-1]), c, bias, user.kernel_options(e.dtype), user,
-                     needs_grad, layouts)
+    e2, opts = e.reshape(-1, e.shape[-1]), user.kernel_options(e.dtype)
+    r = _route_of(e2, c, bias, opts, user, needs_grad, layouts)
+    if r.needs_tma_copies:  # the call reads fresh copies of these (route_with_copies)
+        fresh = (e2.shape[1] * e2.element_size()) % 16 == 0
+        r = _route_of(e2, c, bias, opts, user, needs_grad,
+                      tuple(fresh if ready is False else ready for ready in layouts))
+    return r
 
 
 def _planned_layouts(e: Tensor, c: Tensor, bias) -> tuple:

@@ -26,7 +26,7 @@ from own_kernel.paths.recompute import backward
 from own_kernel.paths.shared import refuse_create_graph, used_rows, zeros_or_none
 from own_kernel.policy.config import config_of_key
 from own_kernel.policy.options import Options
-from own_kernel.policy.route import Route, call_of, route, tma_ready
+from own_kernel.policy.route import Route, call_of, route, route_with_copies, tma_ready
 
 
 # ---- the passes, on plain tensors -------------------------------------------------------------
@@ -113,11 +113,7 @@ def _op_route(e, c, bias, opts: Options, config: str) -> Route:
 def _op_inputs(e, c, bias, opts: Options, config: str):
     """(e, c, route) of a custom op: batch_invariant's pinned kernels read aligned copies of
     views TMA cannot read (Route.needs_tma_copies), as the eager call does (api.py)."""
-    r = _op_route(e, c, bias, opts, config)
-    if r.needs_tma_copies:
-        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
-        r = _op_route(e, c, bias, opts, config)
-    return e, c, r
+    return route_with_copies(e, c, lambda e, c: _op_route(e, c, bias, opts, config))
 
 
 # ---- custom ops (torch.compile) -------------------------------------------------------------

@@ -208,6 +208,17 @@ def route(call: Call, cfg: Config) -> "Route":
     return Route(call, cfg, path, entry, None, 0, note)
 
 
+def route_with_copies(e, c, route_of):
+    """(e, c, route_of(e, c)), e and c replaced by aligned copies where that route needs them
+    (Route.needs_tma_copies: batch_invariant's pinned kernels read them through TMA, every
+    batch); route_of: the caller's route of two tensors (the eager call's, a custom op's)."""
+    r = route_of(e, c)
+    if r.needs_tma_copies:
+        e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
+        r = route_of(e, c)
+    return e, c, r
+
+
 def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":
     """filter_eps="auto" on a target that filters on the recompute path only (Hopper): the exact
     call's route unless the filter pays, else None (filter). The filter saves GEMM flops (N V D
