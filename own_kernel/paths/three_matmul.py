@@ -15,11 +15,12 @@ scales, so the forward can do all the work once per chunk of rows R:
                                       "fp32": into an fp32 accumulator, one rounding)
 
 with w the reduction's weight (1 / count for the mean); with 16-bit G, dE's rows first hold the
-rounding correction w row_round x mean(C) (finalize_de.py), which dE's GEMM adds to. Three matmuls instead of the recompute
-path's four; the price is the workspace: the chunk's logits, fp32 dE rows where dE's reduction
-is split, and, with several chunks and dc_accumulator "fp32", dC's fp32 accumulator
-(plan.fused_plan; fp32 inputs need only the logits). With the filter, the kernel marks column blocks holding an entry >= eps (or a
-flat row's), and dE and dC run over marked blocks only.
+rounding correction w row_round x mean(C) (finalize_de.py), which dE's GEMM adds to. Three
+matmuls instead of the recompute path's four; the price is the workspace: the chunk's logits,
+fp32 dE rows where dE's reduction is split, and, with several chunks and dc_accumulator
+"fp32", dC's fp32 accumulator (plan.fused_plan; fp32 inputs need only the logits). With the
+filter, the kernel marks column blocks holding an entry >= eps (or a flat row's), and dE and
+dC run over marked blocks only.
 
 Under autocast an fp32 weight (C, and its bias) arrives as it is: its gradient is fp32 anyway,
 so dC's fp32 sums, in one chunk or several, are returned as that gradient (scaled in place) and

@@ -448,22 +448,23 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
 
     Per chunk row the path holds its V logits (fp32, or the input dtype: config.Fused) and, for
     16-bit inputs whose dE rows are summed over several GEMMs (the filter's kept column runs, or
-    V's last V mod 8 columns apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding its fp32 sums once. With
-    several chunks and 16-bit inputs, dC is summed in an fp32 accumulator (4 V D bytes) that
-    the backward rounds into dC (2 V D bytes) once the chunk is freed: the forward holds chunk
-    and accumulator but not yet dC, the backward accumulator and dC, so the peak beyond the
-    gradients is max(chunk + 2 V D, 4 V D). fp32 inputs accumulate in dE and dC themselves
-    (gradients, not workspace). So does an fp32 weight under 16-bit autocast (``dc_fp32``: elt
-    is then the GEMMs' 16-bit size): its gradient is fp32 anyway, so dC's fp32 sums, in one
-    chunk or several, are that gradient and the budget holds the chunk alone (the weight's
-    16-bit copy that the GEMMs read is autocast's, not the budget's: route.describe counts it).
-    With config.Fused.dc_accumulator "dc", dC's own 16-bit buffer sums the chunks (one rounding
-    per chunk) and the budget holds the chunk alone too. Chunks are of equal size (a short last chunk would cost a pass over dC's accumulator for a
-    few rows). Fewer than fused.min_rows rows per chunk make dC's accumulation memory-bound:
-    the recompute path is faster then. shift_ok: the TMA forward can write shifted logits
-    (config.Fused.logits_shifted: 16-bit logits and an fp32 max per row and forward tile,
-    instead of fp32 logits; the maxima in the chunk's dE rows with config.Fused.tile_max_in_de,
-    where they fit there, else beside the logits in the budget)."""
+    V's last V mod 8 columns apart), an fp32 dE row; one GEMM writes dE's rows itself, rounding
+    its fp32 sums once. With several chunks and 16-bit inputs, dC is summed in an fp32
+    accumulator (4 V D bytes) that the backward rounds into dC (2 V D bytes) once the chunk is
+    freed: the forward holds chunk and accumulator but not yet dC, the backward accumulator and
+    dC, so the peak beyond the gradients is max(chunk + 2 V D, 4 V D). fp32 inputs accumulate in
+    dE and dC themselves (gradients, not workspace). So does an fp32 weight under 16-bit
+    autocast (``dc_fp32``: elt is then the GEMMs' 16-bit size): its gradient is fp32 anyway, so
+    dC's fp32 sums, in one chunk or several, are that gradient and the budget holds the chunk
+    alone (the weight's 16-bit copy that the GEMMs read is autocast's, not the budget's:
+    route.describe counts it). With config.Fused.dc_accumulator "dc", dC's own 16-bit buffer
+    sums the chunks (one rounding per chunk) and the budget holds the chunk alone too. Chunks
+    are of equal size (a short last chunk would cost a pass over dC for a few rows). Fewer than
+    fused.min_rows rows per chunk make dC's accumulation memory-bound: the recompute path is
+    faster then. shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
+    16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
+    in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
+    the logits in the budget)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     shifted = not fp32 and shift_ok and cfg.fused.logits_shifted

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The time-memory frontier (suite/frontier.py) at its five shapes, in one or two device calls:
 # every exact peer and the own kernel's points, one process per cell, into one run folder per
-# shape; then the forward alone (the loss phase) of own and torch.compile at the same shapes.
+# shape; then the forward alone (phase fwd, under no_grad) at the same shapes.
 #   CCE_BENCH_COMMIT=<commit> SHAPES="llama3-8b gemma2-2b qwen25-7b" \
 #       bash suite/kernel/frontier_gpu.sh
 # Peers: Liger and Apple's exact CCE from PEER_SITE (default .gpu/site: `pip install --no-deps
@@ -11,8 +11,9 @@
 # SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152, or NxDxV (no softcap).
 # PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
-# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step. Steps run under what is left of FRONTIER_DEADLINE_S (default
-# 540 s from the start), so one slow step cannot take the others' rows with it. Writes RUN
+# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step. Steps
+# run under what is left of FRONTIER_DEADLINE_S (default 540 s from the start), so one slow
+# step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
 # step, $OUT/frontier.tar of it and $OUT/frontier.log; prints the frontier tables last.
 set -uo pipefail
