@@ -170,6 +170,27 @@ def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
     assert json.loads((tmp_path / "env.json").read_text())["torch"]  # the run's environment
 
 
+def test_a_profile_row_names_the_kernel_config_it_ran_under(tmp_path, monkeypatch):
+    # env.json is written once per CSV: a row profiled under another CCE_OWN_CONFIG would
+    # otherwise read as the default's
+    import argparse
+    import csv
+
+    from suite.kernel import profile
+
+    args = argparse.Namespace(n=8, d=4, v=16, softcap=0.0, lm_entropy=3.0, dist="lm",
+                              provider=None, filter=False, low_memory=False, workspace_mib=1024)
+    measured = dict(host_ms=1.0, wall_ms=9.0, floor_ms=2.0, floors={})
+    path = tmp_path / "p.csv"
+    monkeypatch.delenv("CCE_OWN_CONFIG", raising=False)
+    profile.append_profile_row(str(path), args, measured)
+    monkeypatch.setenv("CCE_OWN_CONFIG", '{"fused":{"tile_max_in_de":true}}')
+    profile.append_profile_row(str(path), args, measured)
+    assert [r["call"] for r in csv.DictReader(open(path))] == [
+        "own workspace_mib=1024",
+        'own workspace_mib=1024 config={"fused":{"tile_max_in_de":true}}']
+
+
 def test_the_step_bench_names_the_path_from_the_kernels_that_ran():
     # The kernels' names as torch.profiler reports them on an H100 (three-matmul: cuBLAS
     # logits, the Triton pass, cuBLAS dE/dC; recompute: forward, recompute, cuBLAS).

@@ -17,6 +17,7 @@ the own kernel's (its options then come from the provider).
 import cProfile
 import csv
 import json
+import os
 import pstats
 import statistics
 import time
@@ -154,6 +155,9 @@ def append_profile_row(path: str, args, measured: dict) -> None:
         f" {flag}" for flag, on in (("filter", args.filter), ("low_memory", args.low_memory),
                                     (f"workspace_mib={args.workspace_mib}", args.workspace_mib))
         if on)
+    # rows of one CSV may come from processes with different kernel configs (env.json is once)
+    if os.environ.get("CCE_OWN_CONFIG"):
+        call += f" config={os.environ['CCE_OWN_CONFIG']}"
     floors = measured["floors"]
     row = dict(n=args.n, d=args.d, v=args.v, softcap=args.softcap or "",
                lm_entropy=args.lm_entropy if args.dist == "lm" else "", call=call,
