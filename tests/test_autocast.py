@@ -57,9 +57,12 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
     # dC summed in fp32; shifted logits (2 bytes each, an fp32 max per row and forward tile)
     assert p.accumulate_dc and p.shifted and not p.logits_fp32
     assert p.shift_tiles == -(-v // cfg.forward.tiles.block_v)
-    # The budget holds the chunk alone: its logits and tile maxima (and fp32 dE rows where V
-    # mod 8 splits dE's reduction), never the accumulator, which is the gradient.
-    chunk = p.rows * (p.row_stride * 2 + 4 * p.shift_tiles + (d * 4 if p.de_rows_fp32 else 0))
+    # The budget holds the chunk alone: its logits, the tile maxima where a dE row cannot hold
+    # them (fused.tile_max_in_de: D 1152, V 262144), fp32 dE rows where V mod 8 splits dE's
+    # reduction; never the accumulator, which is the gradient.
+    assert p.tile_max_in_de == (d > 1152)
+    maxima = 0 if p.tile_max_in_de else 4 * p.shift_tiles
+    chunk = p.rows * (p.row_stride * 2 + maxima + (d * 4 if p.de_rows_fp32 else 0))
     assert p.extra_bytes == chunk <= budget * MIB
     assert p.rows >= cfg.fused.min_rows and p.rows * p.chunks >= n
     # What plan() reports: dE, fp32 dC, autocast's 16-bit copy of C, the chunk, the losses.

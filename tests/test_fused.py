@@ -15,6 +15,16 @@ from own_kernel.policy.plan import even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
+# The cases that run on DEV; the others build CPU tensors for the interpreter's route
+ON_DEV = ("test_matches_reference",
+          "test_shifted_logits_keep_fp32_logits_accuracy_where_16_bit_logits_lose_it")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_cases_only_on_the_cpu(request):
+    if DEV.type != "cpu" and request.function.__name__ not in ON_DEV:
+        pytest.skip(f"CCE_TEST_DEVICE={DEV.type} runs the reference cases ({', '.join(ON_DEV)}); "
+                    "this one reads the CPU's route under TRITON_INTERPRET=1")
 
 
 @pytest.fixture
@@ -88,14 +98,15 @@ CASES = [  # dtype, lead dims, D, V, softcap, reduction, label smoothing, bias, 
 ]
 
 
-SHIFTED = {"logits_shifted": True}  # 16-bit logits relative to their forward tile's row max
+# 16-bit logits relative to their forward tile's row max, the maxima beside them
+SHIFTED = {"logits_shifted": True, "tile_max_in_de": False}
 # Every case with the config's logits; the 16-bit ones with shifted logits too (fp32 inputs'
 # logits are fp32 whatever the config)
 # 16-bit cases in several chunks, dC summed in an fp32 accumulator (fused.dc_accumulator; by
 # default dC's own 16-bit buffer sums them)
 FP32_ACC = {"dc_accumulator": "fp32"}
 # Shifted logits whose tile maxima live in the chunk's own dE rows until dE's GEMM writes them
-IN_DE = {**SHIFTED, "tile_max_in_de": True}
+IN_DE = {"logits_shifted": True, "tile_max_in_de": True}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
@@ -119,6 +130,8 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
         # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
         want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
+        # (IN_DE's and the defaults' shapes fit the maxima in a dE row)
+        in_de = want_shifted and config_for(DEV, dtype).fused.tile_max_in_de
         fp32_sums = dtype == torch.float32 or config_for(DEV, dtype).fused.dc_accumulator == "fp32"
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
@@ -130,8 +143,6 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
     # the plan took the kind asked for: shifted logits, their maxima in dE's rows where asked
-    # (IN_DE's shapes fit them there)
-    in_de = want_shifted and bool(logits.get("tile_max_in_de"))
     assert plans == [(want_shifted, in_de)]
     assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
 
@@ -395,7 +406,8 @@ def test_dc_summed_in_its_own_buffer_leaves_the_budget_to_the_chunk(n, v, d, exp
     cfg = with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "dc"}})
     plan, why = fused_plan(n, v, d, 2, 1024 * MIB, cfg, shift_ok=True)
     assert (plan.rows, plan.chunks, plan.accumulate_dc) == (*expect, False) and why == ""
-    assert plan.extra_bytes == plan.rows * (plan.row_stride * 2 + 4 * plan.shift_tiles)
+    # the logits alone: the tile maxima live in the chunk's dE rows (fused.tile_max_in_de)
+    assert plan.tile_max_in_de and plan.extra_bytes == plan.rows * plan.row_stride * 2
     assert plan.extra_bytes <= 1024 * MIB
 
 

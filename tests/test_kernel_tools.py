@@ -2,6 +2,9 @@
 rule that the kernel package does not depend on the suite."""
 import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -273,10 +276,6 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
 def _run_device_script(name, tmp_path, out, run, **knobs):
     """suite/kernel/NAME run on the CPU as on the GPU machine: a stand-in nvidia-smi names the
     GPU ('NVIDIA Test GPU'), OUT and RUN as given, the knobs as its environment."""
-    import os
-    import subprocess
-    import sys
-
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA Test GPU'\n")
@@ -287,3 +286,17 @@ def _run_device_script(name, tmp_path, out, run, **knobs):
                PATH=f"{fake}{os.pathsep}{env['PATH']}", **knobs)
     return subprocess.run(["bash", str(ROOT / "suite" / "kernel" / name)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
+
+
+def test_the_gpu_run_of_test_fused_skips_its_cpu_cases_with_a_reason():
+    # CCE_TEST_DEVICE=cuda without the interpreter (as on the GPU machine): a case that builds
+    # CPU tensors for the interpreter's route must skip, saying why, not fail in the kernel's
+    # device check
+    env = {k: x for k, x in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CCE_TEST_DEVICE"] = "cuda"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+         "tests/test_fused.py", "-k", "filter_skips_column_blocks or kept_runs_join"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "5 skipped" in done.stdout and "reads the CPU's route" in done.stdout, done.stdout

@@ -275,12 +275,15 @@ def test_interpreter_config_is_the_cpu_route():
 
 
 def test_tile_maxima_in_de_rows_take_no_budget_where_they_fit_there():
-    """config.Fused.tile_max_in_de: at N 8192, D 5120, V 131072 the maxima (4 bytes a row and
-    256 columns) tip 1 GiB of shifted logits into a third chunk; in the chunk's dE rows (D 2
-    bytes a row) they cost no budget. At D 1152, V 262144 they do not fit a dE row: beside."""
-    in_de = with_overrides(HOPPER_16BIT, {"fused": {"tile_max_in_de": True}})
+    """config.Fused.tile_max_in_de (on in the Hopper config): at N 8192, D 5120, V 131072 the
+    maxima (4 bytes a row and 256 columns) tip 1 GiB of shifted logits into a third chunk; in
+    the chunk's dE rows (D 2 bytes a row) they cost no budget. At D 1152, V 262144 they do not
+    fit a dE row: beside."""
+    in_de = HOPPER_16BIT
+    assert in_de.fused.tile_max_in_de
     args = (8192, 131072, 5120, 2, 2**30)
-    beside, _ = fused_plan(*args, HOPPER_16BIT, shift_ok=True)
+    beside, _ = fused_plan(*args, with_overrides(in_de, {"fused": {"tile_max_in_de": False}}),
+                           shift_ok=True)
     inside, _ = fused_plan(*args, in_de, shift_ok=True)
     assert (beside.chunks, beside.tile_max_in_de) == (3, False)
     assert (inside.chunks, inside.tile_max_in_de) == (2, True) and inside.shifted
