@@ -300,3 +300,23 @@ def test_the_gpu_run_of_test_fused_skips_its_cpu_cases_with_a_reason():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "5 skipped" in done.stdout and "reads the CPU's route" in done.stdout, done.stdout
+
+
+def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_it(tmp_path):
+    """suite/kernel/headline_gpu.sh on the CPU (a stand-in nvidia-smi, a tiny fp32 cell, no
+    packed peers: the unpack step says so and the bench goes on): the run folder packed into
+    $OUT/headline.tar, the headline printed last."""
+    import tarfile
+
+    out, run = tmp_path / "out", tmp_path / "run" / "headline-test"
+    res = _run_device_script("headline_gpu.sh", tmp_path, out, run, PEER_SITE=str(tmp_path / "x"),
+                             BENCH_ARGS="--n 32 --d 16 --v 97 --dtype fp32 --softcap none "
+                                        "--dist lm --providers naive,own --reps 2",
+                             REPORT_ARGS="")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    log = (out / "headline.log").read_text()
+    assert "unpack the packed peers: exit 3" in log or Path("/tmp/cute/peers.tar.xz.aa").exists()
+    with tarfile.open(out / "headline.tar") as tar:
+        rows = tar.extractfile("headline-test/results.csv").read().decode()
+    assert {"naive", "own"} <= {line.split(",")[12] for line in rows.splitlines()[1:]}
+    assert "| own |" in res.stdout or "`own`" in res.stdout, res.stdout

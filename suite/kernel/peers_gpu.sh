@@ -31,11 +31,13 @@ set -uo pipefail
 START=$SECONDS
 DEADLINE=${PEERS_DEADLINE_S:-510}
 RUN=${RUN:-/tmp/run/peers-2026-h100}
-S=/tmp/peers/site-packages
+# shellcheck source=suite/kernel/peers_site.sh
+source "$(dirname "${BASH_SOURCE[0]}")/peers_site.sh"
+S=$PEERS_SITE
 LOG=$OUT/peers.log
 PROVIDERS=own,own_filter,liger_flce,liger_flce_cute,liger_scaled_ce,liger_scaled_ce_tp,verl_lce
 RL_METHODS=own_loss_grad,own_logp_entropy,naive,compiled,liger_flce_logp,liger_scaled_ce,verl_lce,liger_scaled_ce_tp
-mkdir -p "$RUN" /tmp/peers
+mkdir -p "$RUN"
 [ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
@@ -50,13 +52,6 @@ step() {
   timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1  # a shell function runs as `bash -c NAME`
   echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
   tar -C "$(dirname "$RUN")" -cf "$OUT/peers-2026-h100.tar" "$(basename "$RUN")"
-}
-
-unpack() {
-  [ -f /tmp/cute/peers.tar.xz.aa ] || { echo "no /tmp/cute/peers.tar.xz.aa: run call 1 first"; return 3; }
-  cat /tmp/cute/peers.tar.xz.aa .cute-b/peers.tar.xz.a[b-z] > /tmp/cute/peers.tar.xz
-  echo "$(cat .cute-b/SHA256)  /tmp/cute/peers.tar.xz" | sha256sum -c || return 4
-  xz -d < /tmp/cute/peers.tar.xz | tar -x -C /tmp/peers
 }
 
 preflight() {
@@ -92,10 +87,10 @@ PY
 }
 
 export RUN S
-export -f unpack preflight
-step unpack 90 bash -c unpack
-# a --target install skips the DSL's .pth file: its dsl_packages folder goes on the path
-export PYTHONPATH=$S:$S/nvidia_cutlass_dsl/dsl_packages:$PWD
+export PEERS_SITE
+export -f unpack_peers preflight
+step unpack 90 bash -c unpack_peers
+export PYTHONPATH=$(peers_pythonpath):$PWD
 step preflight 120 bash -c preflight
 step "bench gemma2-2b" 150 python3 -m suite bench --preset gemma2-2b --dist lm --phases loss+grad \
   --reps 7 --warmup 2 --isolate --providers "$PROVIDERS" --out "$RUN" --quiet
