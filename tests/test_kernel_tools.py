@@ -316,6 +316,7 @@ def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     log = (out / "headline.log").read_text()
     assert "unpack the packed peers: exit 3" in log or Path("/tmp/cute/peers.tar.xz.aa").exists()
+    assert "bench (1): exit 0" in log and "bench (2)" not in log  # resumed only where cut short
     with tarfile.open(out / "headline.tar") as tar:
         rows = tar.extractfile("headline-test/results.csv").read().decode()
     assert {"naive", "own"} <= {line.split(",")[12] for line in rows.splitlines()[1:]}

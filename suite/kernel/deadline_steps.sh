@@ -1,18 +1,20 @@
-# Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh): steps that run under what is
+# Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh): steps that run under what is
 # left of one deadline, so one slow step cannot take the others' rows with it. The caller sets
 # START (its $SECONDS at the start), DEADLINE (seconds from START), LOG (the log file), RUN (the
 # run folder) and PACK (the tar under $OUT that RUN is packed into after every step).
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
 
-# step NAME CMD...: CMD under what is left, its output in the log; RUN is packed into PACK
-# after it, whatever it did
+# step NAME CMD...: CMD under what is left, its output in the log, its exit status in STEP_RC
+# (124: out of time; unset: skipped); RUN is packed into PACK after it, whatever it did
 step() {
   local name=$1; shift
   local limit; limit=$(left)
+  STEP_RC=
   if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
   echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
   timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
-  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
+  STEP_RC=$?
+  echo "   $name: exit $STEP_RC at $(( SECONDS - START )) s" | tee -a "$LOG"
   tar -C "$(dirname "$RUN")" -cf "$PACK" "$(basename "$RUN")"
 }

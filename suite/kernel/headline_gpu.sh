@@ -11,8 +11,8 @@
 # .torch-lce. A peer that is missing is recorded as unavailable and the run goes on.
 # BENCH_ARGS: more bench arguments, split at spaces; REPORT_ARGS (default --headline): the
 # closing report's (a CPU check: a tiny cell, REPORT_ARGS= for its plain table). Steps run under
-# what is left of HEADLINE_DEADLINE_S (default 540 s); a bench step cut short is resumed by the
-# next (--resume). Writes RUN (default /tmp/run/headline-<gpu>) and, after every step,
+# what is left of HEADLINE_DEADLINE_S (default 540 s); a bench step that fails or is cut short
+# is resumed once (--resume). Writes RUN (default /tmp/run/headline-<gpu>) and, after every step,
 # $OUT/headline.tar of it and $OUT/headline.log; prints the headline last.
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
@@ -52,6 +52,7 @@ fi
 for attempt in 1 2; do  # the second resumes a run cut short (a crashed process)
   # shellcheck disable=SC2086
   step "bench ($attempt)" "$PYTHON" -m suite bench --out "$RUN" --resume --quiet ${BENCH_ARGS:-}
+  [ "$STEP_RC" = 0 ] && break
 done
 # shellcheck disable=SC2086
 "$PYTHON" -m suite report "$RUN" ${REPORT_ARGS---headline} 2>&1 | tail -n 40 | tee -a "$LOG"
