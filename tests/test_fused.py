@@ -458,6 +458,44 @@ def test_logits_rows_are_16_byte_aligned(v, elt, stride):
     assert plan.row_stride == stride and (plan.row_stride * elt) % 16 == 0
 
 
+def test_aligned_rows_keep_the_chunk_count_and_shorten_the_last():
+    # config.Fused.row_align: Qwen 2.5 (7B) at 1 GiB, five chunks of 3277 rows (a partial
+    # 128-row tile each) become four of 3328 and one of 3072
+    n, v, d = 16384, 152064, 3584
+    plain, _ = fused_plan(n, v, d, 2, 1024 * MIB, HOPPER_16BIT, shift_ok=True)
+    aligned_cfg = with_overrides(HOPPER_16BIT, {"fused": {"row_align": 128}})
+    aligned, _ = fused_plan(n, v, d, 2, 1024 * MIB, aligned_cfg, shift_ok=True)
+    assert (plain.rows, plain.chunks) == (3277, 5) and (aligned.rows, aligned.chunks) == (3328, 5)
+    assert aligned.row_align == 128 and aligned.extra_bytes <= 1024 * MIB
+    # where the aligned rows would not fit, the even split stays
+    assert even_rows(10, 4, 4) == 4 and even_rows(9, 5, 4) == 5 and even_rows(9, 5, 8) == 5
+    assert even_rows(26, 16, 8) == 16 and even_rows(26, 16, 1) == 13
+    with pytest.raises(ValueError, match="fused.row_align"):
+        with_overrides(HOPPER_16BIT, {"fused": {"row_align": 0}})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_aligned_chunks_of_the_gathered_rest_match_the_reference(fused_calls, dtype):
+    # The rest's gathered rows in chunks of a multiple of row_align, the last shorter, as many
+    # chunks as the even split (dC summed over each)
+    e, c, t, _ = _inputs(dtype, (61,), 24, 101, False, ignore_every=7)
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    runs = {}
+    for align in (1, 8):
+        e.grad = c.grad = None
+        with overridden({"fused": {"max_rows": 16, "min_rows": 1, "row_align": align}}):
+            loss = linear_cross_entropy(e, c, t, workspace_mib=16)
+        loss.backward()
+        runs[align] = fused_calls[-1][0]
+        tol = 1e-5 if dtype == torch.float32 else 3e-3
+        assert abs(float(loss) - float(ref)) <= tol * max(1.0, abs(float(ref)))
+        assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+    plain, aligned = runs[1], runs[8]
+    assert len(plain) == len(aligned) >= 3 and sum(plain) == sum(aligned)
+    assert plain != aligned and all(r % 8 == 0 for r in aligned[:-1]), (plain, aligned)
+
+
 def test_a_budget_below_one_row_falls_back_with_the_reason():
     plan, why = fused_plan(10, 1000, 16, 4, 1000, INTERPRETER)
     assert plan is None and "holds no row of logits" in why

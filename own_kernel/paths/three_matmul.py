@@ -310,7 +310,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
     rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
     m = rest.e.shape[0]
-    step = even_rows(m, plan.rows)  # the rest's gathered rows are fewer than the plan's
+    step = even_rows(m, plan.rows, plan.row_align)  # the rest's gathered rows: fewer
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
         z = chunk(rest, r0, r1, first)

@@ -195,6 +195,12 @@ class Fused:
     # D 5120, V 131072 at 1 GiB: 3 chunks become 2, faster than 3 in both rounds and level with
     # torch.compile; level with the maxima beside at Llama 3 (8B): H200, frontier.md).
     tile_max_in_de: bool = True
+    # Rows per chunk rounded up to a multiple of this where the chunks still fit and do not grow
+    # in number (the last one then shorter): N 16384 at Qwen 2.5 (7B) and 1 GiB makes five
+    # chunks of 3277 rows, each with a partial 128-row tile in the forward and dE's GEMM and a
+    # partial step of dC's reduction; 128 makes them 3328 (the last 3072). 1: off, until
+    # measured on a GPU.
+    row_align: int = 1
     # 16-bit inputs in several chunks: dC's sums over the chunks in dC's own 16-bit buffer
     # ("dc": each chunk's GEMM adds its fp32 sums into it, one rounding per chunk; the budget
     # holds the chunk alone, and each chunk reads and writes 2 V D bytes of dC), or in an fp32
@@ -210,6 +216,8 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        if self.row_align < 1:
+            raise ValueError(f"fused.row_align: expected >= 1, got {self.row_align}")
         if self.dc_accumulator not in ("fp32", "dc"):
             raise ValueError(f"fused.dc_accumulator: expected 'fp32' or 'dc', got "
                              f"{self.dc_accumulator!r}")

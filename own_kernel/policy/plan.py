@@ -409,10 +409,14 @@ def pass2_chunks(n: int, v: int, d: int, elt: int, width_2: int, rows_2: int,
 
 # ---- the three-matmul path (paths/three_matmul.py) ---------------------------------------------
 
-def even_rows(n: int, most: int) -> int:
+def even_rows(n: int, most: int, align: int = 1) -> int:
     """Rows per chunk of n rows in as few chunks of at most ``most`` rows as hold them, evenly
-    (a short last chunk would cost a pass over dC's accumulator for a few rows)."""
-    return cdiv(n, cdiv(n, most)) if n else most
+    (a short last chunk would cost a pass over dC's accumulator for a few rows), rounded up to
+    a multiple of ``align`` where that stays within ``most``: as many chunks, the last one
+    shorter, none with a partial tile of rows (config.Fused.row_align)."""
+    rows = cdiv(n, cdiv(n, most)) if n else most
+    up = cdiv(rows, align) * align
+    return up if up <= most else rows
 
 
 # Columns: cuBLAS's fast 16-bit kernels need K and leading dimensions multiples of 8, so the
@@ -438,6 +442,7 @@ class FusedPlan:
     shifted: bool = False
     shift_tiles: int = 0
     tile_max_in_de: bool = False
+    row_align: int = 1       # rows per chunk a multiple of it where that keeps the chunks
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
@@ -459,7 +464,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     alone (the weight's 16-bit copy that the GEMMs read is autocast's, not the budget's:
     route.describe counts it). With config.Fused.dc_accumulator "dc", dC's own 16-bit buffer
     sums the chunks (one rounding per chunk) and the budget holds the chunk alone too. Chunks
-    are of equal size (a short last chunk would cost a pass over dC for a few rows). Fewer than
+    are of equal size (a short last chunk would cost a pass over dC for a few rows), or of a
+    multiple of config.Fused.row_align rows where that keeps their number. Fewer than
     fused.min_rows rows per chunk make dC's accumulation memory-bound: the recompute path is
     faster then. shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
     16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
@@ -479,7 +485,7 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     per_row = stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
     kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
-                tile_max_in_de=in_de)
+                tile_max_in_de=in_de, row_align=cfg.fused.row_align)
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,
@@ -496,6 +502,6 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
         beside = " beside dC's fp32 accumulator" if acc else ""
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
                       f"than {cfg.fused.min_rows} make the path slower than recomputing")
-    rows = min(cap, even_rows(n, fits))
+    rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
     extra = max(rows * per_row + acc - dc, acc)
     return FusedPlan(rows, cdiv(n, rows), not in_dc, de_rows_fp32, extra, **kind), ""
