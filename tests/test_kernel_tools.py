@@ -321,3 +321,18 @@ def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_
         rows = tar.extractfile("headline-test/results.csv").read().decode()
     assert {"naive", "own"} <= {line.split(",")[12] for line in rows.splitlines()[1:]}
     assert "| own |" in res.stdout or "`own`" in res.stdout, res.stdout
+
+
+def test_a_capped_step_stops_at_its_cap_and_a_short_deadline_skips_it(tmp_path):
+    # deadline_steps.sh's capped_step (peers_gpu.sh): at most CAP seconds, exit 124 when cut;
+    # skipped, STEP_RC empty, where less than STEP_MIN_S is left
+    script = f"""
+START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
+mkdir -p "$RUN"; STEP_MIN_S=1
+source {ROOT}/suite/kernel/deadline_steps.sh
+capped_step cut 1 sleep 5; echo "cut=$STEP_RC"
+STEP_MIN_S=200 capped_step late 50 true; echo "late=[$STEP_RC]"
+"""
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert "cut=124" in done.stdout and "late=[]" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "p.tar").exists() and "late: skipped" in (tmp_path / "log").read_text()

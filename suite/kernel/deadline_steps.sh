@@ -1,17 +1,23 @@
-# Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh): steps that run under what is
-# left of one deadline, so one slow step cannot take the others' rows with it. The caller sets
-# START (its $SECONDS at the start), DEADLINE (seconds from START), LOG (the log file), RUN (the
-# run folder) and PACK (the tar under $OUT that RUN is packed into after every step).
+# Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh, peers_gpu.sh):
+# steps that run under what is left of one deadline, so one slow step cannot take the others'
+# rows with it. The caller sets START (its $SECONDS at the start), DEADLINE (seconds from START),
+# LOG (the log file), RUN (the run folder), PACK (the tar under $OUT that RUN is packed into
+# after every step) and, optionally, STEP_MIN_S (default 30: a step with less left is skipped).
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
 
 # step NAME CMD...: CMD under what is left, its output in the log, its exit status in STEP_RC
 # (124: out of time; unset: skipped); RUN is packed into PACK after it, whatever it did
-step() {
-  local name=$1; shift
-  local limit; limit=$(left)
+step() { local name=$1; shift; capped_step "$name" "$(left)" "$@"; }
+
+# capped_step NAME CAP CMD...: step, under at most CAP seconds
+capped_step() {
+  local name=$1 limit=$2; shift 2
+  local rest; rest=$(left); [ "$limit" -gt "$rest" ] && limit=$rest
   STEP_RC=
-  if [ "$limit" -lt 30 ]; then echo "== $name: skipped, $limit s left" | tee -a "$LOG"; return; fi
+  if [ "$limit" -lt "${STEP_MIN_S:-30}" ]; then
+    echo "== $name: skipped, $rest s left" | tee -a "$LOG"; return
+  fi
   echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
   timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
   STEP_RC=$?

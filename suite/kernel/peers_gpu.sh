@@ -40,19 +40,10 @@ RL_METHODS=own_loss_grad,own_logp_entropy,naive,compiled,liger_flce_logp,liger_s
 mkdir -p "$RUN"
 [ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
 
-left() { echo $(( DEADLINE - (SECONDS - START) )); }
-
-# step NAME CAP CMD...: CMD under min(CAP, what is left) seconds, its output in the log; the run
-# folder is packed into $OUT after it, whatever it did
-step() {
-  local name=$1 cap=$2; shift 2
-  local limit; limit=$(left); [ "$limit" -gt "$cap" ] && limit=$cap
-  if [ "$limit" -lt 20 ]; then echo "== $name: skipped, $(left) s left" | tee -a "$LOG"; return; fi
-  echo "== $name (limit ${limit} s, $(( SECONDS - START )) s in)" | tee -a "$LOG"
-  timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1  # a shell function runs as `bash -c NAME`
-  echo "   $name: exit $? at $(( SECONDS - START )) s" | tee -a "$LOG"
-  tar -C "$(dirname "$RUN")" -cf "$OUT/peers-2026-h100.tar" "$(basename "$RUN")"
-}
+PACK=$OUT/peers-2026-h100.tar
+STEP_MIN_S=20
+# shellcheck source=suite/kernel/deadline_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 
 preflight() {
   python3 - <<'PY' > "$RUN/versions.txt" 2>&1
@@ -89,14 +80,14 @@ PY
 export RUN S
 export PEERS_SITE
 export -f unpack_peers preflight
-step unpack 90 bash -c unpack_peers
+capped_step unpack 90 bash -c unpack_peers  # a function runs as `bash -c NAME`
 export PYTHONPATH=$(peers_pythonpath):$PWD
-step preflight 120 bash -c preflight
-step "bench gemma2-2b" 150 python3 -m suite bench --preset gemma2-2b --dist lm --phases loss+grad \
+capped_step preflight 120 bash -c preflight
+capped_step "bench gemma2-2b" 150 python3 -m suite bench --preset gemma2-2b --dist lm --phases loss+grad \
   --reps 7 --warmup 2 --isolate --providers "$PROVIDERS" --out "$RUN" --quiet
-step "rl" 240 python3 -m suite kernel rl --out "$RUN/rl" --models liger-readme,llama3-8b --n 8192 \
+capped_step "rl" 240 python3 -m suite kernel rl --out "$RUN/rl" --models liger-readme,llama3-8b --n 8192 \
   --methods "$RL_METHODS" --reps 7
-step "bench liger-readme" 200 python3 -m suite bench --preset llama3-8b --n 16384 --v 131072 \
+capped_step "bench liger-readme" 200 python3 -m suite bench --preset llama3-8b --n 16384 --v 131072 \
   --dist lm --phases loss+grad --reps 7 --warmup 2 --isolate --providers "$PROVIDERS" \
   --out "$RUN" --resume --quiet
 echo "== done in $(( SECONDS - START )) s"
