@@ -378,12 +378,12 @@ HOPPER_LOGITS_16 = with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False,
     # Gemma 2 (2B): dC's fp32 accumulator alone (2250 MiB) is more than 1 GiB
     (8192, 256000, 2304, 1024, "cannot hold dC's fp32 accumulator"),
     # 3 GiB: the chunk may take what dC (1125 MiB, allocated only in the backward) leaves
-    (8192, 256000, 2304, 3072, (2731, 3, True)),
+    (8192, 256000, 2304, 3072, (2816, 3, True)),       # 2731 rounded up (fused.row_align)
     (8192, 256000, 2304, 4096, (8192, 1, False)),      # all the logits (4000 MiB): one chunk
     # room for fewer than min_rows rows beside the accumulator: recomputing is faster
     (65536, 50257, 512, 100, "fewer than 1024"),
     (8192, 128256, 4096, 3072, (8192, 1, False)),      # Llama 3 (8B): one chunk
-    (16384, 152064, 3584, 3072, (5462, 3, True)),      # Qwen 2.5 (7B)
+    (16384, 152064, 3584, 3072, (5504, 3, True)),      # Qwen 2.5 (7B): 5462 rounded up
     (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
 ])
 def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
@@ -399,7 +399,7 @@ def test_fused_plan_at_real_shapes(n, v, d, mib, expect):
 @pytest.mark.parametrize("n, v, d, expect", [
     (8192, 256000, 2304, (2048, 4)),    # Gemma 2 (2B): no fp32 accumulator to hold, 4 chunks
     (8192, 128256, 4096, (4096, 2)),    # Llama 3 (8B)
-    (8192, 151936, 1536, (2731, 3)),    # 5 chunks of 1639 beside an fp32 accumulator
+    (8192, 151936, 1536, (2816, 3)),    # 5 chunks of 1639 beside an fp32 accumulator
 ])
 def test_dc_summed_in_its_own_buffer_leaves_the_budget_to_the_chunk(n, v, d, expect):
     # At 1 GiB the fp32 accumulator does not fit at the first two heads (recompute path)
@@ -446,9 +446,13 @@ def test_fp32_de_rows_only_where_des_reduction_is_split(v, filtered, fp32_rows):
 
 
 def test_chunks_are_of_equal_size():
-    # 7007 rows fit at Qwen 2.5 (7B): three chunks of 5462 rows, not two of 7007 and one of 2370
-    plan, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_LOGITS_16)
-    assert plan.rows * plan.chunks - 16384 < plan.chunks
+    # 7007 rows fit at Qwen 2.5 (7B): three chunks of 5462 rows, not two of 7007 and one of
+    # 2370; with fused.row_align 128, two of 5504 and one of 5376
+    plain_cfg = with_overrides(HOPPER_LOGITS_16, {"fused": {"row_align": 1}})
+    plain, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, plain_cfg)
+    assert (plain.rows, plain.chunks) == (5462, 3)
+    aligned, _ = fused_plan(16384, 152064, 3584, 2, 3072 * MIB, HOPPER_LOGITS_16)
+    assert (aligned.rows, aligned.chunks) == (5504, 3)
     assert even_rows(5 * 3423 - 100, 3423) == 3403 and even_rows(10, 4) == 4
 
 
@@ -462,9 +466,9 @@ def test_aligned_rows_keep_the_chunk_count_and_shorten_the_last():
     # config.Fused.row_align: Qwen 2.5 (7B) at 1 GiB, five chunks of 3277 rows (a partial
     # 128-row tile each) become four of 3328 and one of 3072
     n, v, d = 16384, 152064, 3584
-    plain, _ = fused_plan(n, v, d, 2, 1024 * MIB, HOPPER_16BIT, shift_ok=True)
-    aligned_cfg = with_overrides(HOPPER_16BIT, {"fused": {"row_align": 128}})
-    aligned, _ = fused_plan(n, v, d, 2, 1024 * MIB, aligned_cfg, shift_ok=True)
+    plain_cfg = with_overrides(HOPPER_16BIT, {"fused": {"row_align": 1}})
+    plain, _ = fused_plan(n, v, d, 2, 1024 * MIB, plain_cfg, shift_ok=True)
+    aligned, _ = fused_plan(n, v, d, 2, 1024 * MIB, HOPPER_16BIT, shift_ok=True)
     assert (plain.rows, plain.chunks) == (3277, 5) and (aligned.rows, aligned.chunks) == (3328, 5)
     assert aligned.row_align == 128 and aligned.extra_bytes <= 1024 * MIB
     # where the aligned rows would not fit, the even split stays

@@ -198,9 +198,10 @@ class Fused:
     # Rows per chunk rounded up to a multiple of this where the chunks still fit and do not grow
     # in number (the last one then shorter): N 16384 at Qwen 2.5 (7B) and 1 GiB makes five
     # chunks of 3277 rows, each with a partial 128-row tile in the forward and dE's GEMM and a
-    # partial step of dC's reduction; 128 makes them 3328 (the last 3072). 1: off, until
-    # measured on a GPU.
-    row_align: int = 1
+    # partial step of dC's reduction; 128 makes them 3328 (the last 3072): faster than 3277 in
+    # both rounds, and so at 8192x1536x151936 in one of two, level in the other (H200,
+    # row-align.md). 1: off.
+    row_align: int = 128
     # 16-bit inputs in several chunks: dC's sums over the chunks in dC's own 16-bit buffer
     # ("dc": each chunk's GEMM adds its fp32 sums into it, one rounding per chunk; the budget
     # holds the chunk alone, and each chunk reads and writes 2 V D bytes of dC), or in an fp32
