@@ -198,10 +198,9 @@ class Fused:
     # Rows per chunk rounded up to a multiple of this where the chunks still fit and do not grow
     # in number (the last one then shorter): N 16384 at Qwen 2.5 (7B) and 1 GiB makes five
     # chunks of 3277 rows, each with a partial 128-row tile in the forward and dE's GEMM and a
-    # partial step of dC's reduction; 128 makes them 3328 (the last 3072): faster than 3277 in
-    # both rounds, and so at 8192x1536x151936 in one of two, level in the other (H200,
-    # row-align.md). 1: off.
-    row_align: int = 128
+    # partial step of dC's reduction; 128 makes them 3328 (the last 3072). 1: off (HOPPER_16BIT
+    # sets 128).
+    row_align: int = 1
     # 16-bit inputs in several chunks: dC's sums over the chunks in dC's own 16-bit buffer
     # ("dc": each chunk's GEMM adds its fp32 sums into it, one rounding per chunk; the budget
     # holds the chunk alone, and each chunk reads and writes 2 V D bytes of dC), or in an fp32
@@ -311,8 +310,10 @@ HOPPER_16BIT = Config(
     # (ignored-targets.md).
     compaction=Compaction(fwd_min_flops=4e12),
     # Shifted 16-bit logits: fp32 logits' accuracy at half their bytes, so half the chunks
-    # (shifted-logits.md).
-    fused=Fused(logits_shifted=True),
+    # (shifted-logits.md). Rows per chunk a multiple of the forward's 128-row tile: Qwen 2.5
+    # (7B)'s 3277 at 1 GiB made 3328 was faster in both rounds, 8192x1536x151936's 2731 made
+    # 2816 in one, level in the other, D 1152 level (row-align.md).
+    fused=Fused(logits_shifted=True, row_align=128),
     # TMA, 128 x 256: 1.14-1.17x cuBLAS's fp32-output GEMM at the Llama 3 / Qwen 2.5 chunks,
     # where the pointer 128 x 128 took 1.53-1.57x (H100, batch-invariant.md).
     rows_gemm=RowsGemm(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, group_m=16),
@@ -382,7 +383,8 @@ PORTABLE = Config(
     compaction=Compaction(fwd_min_flops=4e12),
     # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
     # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
-    # budget and keep the recompute route's filter.
+    # budget and keep the recompute route's filter. Hopper's row_align 128 was level and
+    # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off.
     fused=Fused(filtered=True),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
