@@ -23,8 +23,8 @@ RESULTS = ROOT / "results"
 # Folders under results/ that are not run folders: measurement notes, the gate's baselines and
 # its proof, the kernel tools' CSVs (accuracy, autocast, rl; their notes show them) and the GPU
 # test logs (read by no table or figure).
-NOT_RUNS = ("notes", "baselines", "gate-proof-h100", "accuracy-h100", "autocast-h100", "rl-h100",
-            "rl-h200", "gpu-tests-h200", "gpu-tests-h100")
+NOT_RUNS = ("notes", "baselines", "gate-proof-h100", "accuracy-h100", "autocast-h100",
+            "autocast-h200", "rl-h100", "rl-h200", "gpu-tests-h200", "gpu-tests-h100")
 
 # `own` named the exact recompute path (workspace 0) until the API's default call took the name:
 # rows recorded before then are own_recompute's.
