@@ -323,6 +323,25 @@ def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_
     assert "| own |" in res.stdout or "`own`" in res.stdout, res.stdout
 
 
+@pytest.mark.parametrize("name, label", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                         ("NVIDIA A100-SXM4-80GB", "a100")])
+def test_the_device_scripts_label_folders_with_the_gpus_short_name(tmp_path, name, label):
+    # deadline_steps.sh's gpu_label, which every device script names its folders with: results
+    # are labelled -h100, -h200, not with the full product name
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\necho '{name}'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    script = f"source {ROOT}/suite/kernel/deadline_steps.sh; gpu_label"
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == label, done.stdout + done.stderr
+    for script_name in ("heads_gpu.sh", "frontier_gpu.sh", "headline_gpu.sh"):
+        text = (ROOT / "suite" / "kernel" / script_name).read_text()
+        assert "GPU=$(gpu_label)" in text and "nvidia-smi" not in text, script_name
+
+
 def test_a_capped_step_stops_at_its_cap_and_a_short_deadline_skips_it(tmp_path):
     # deadline_steps.sh's capped_step (peers_gpu.sh): at most CAP seconds, exit 124 when cut;
     # skipped, STEP_RC empty, where less than STEP_MIN_S is left

@@ -1,10 +1,19 @@
 # Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh, peers_gpu.sh):
 # steps that run under what is left of one deadline, so one slow step cannot take the others'
-# rows with it. The caller sets START (its $SECONDS at the start), DEADLINE (seconds from START),
-# LOG (the log file), RUN (the run folder), PACK (the tar under $OUT that RUN is packed into
-# after every step) and, optionally, STEP_MIN_S (default 30: a step with less left is skipped).
+# rows with it, and the GPU's label for folder names (gpu_label). Before a step, the caller sets
+# START (its $SECONDS at the start), DEADLINE (seconds from START), LOG (the log file), RUN (the
+# run folder), PACK (the tar under $OUT that RUN is packed into after every step) and,
+# optionally, STEP_MIN_S (default 30: a step with less left is skipped).
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
+
+# gpu_label: the first GPU's short name, as result folders are labelled (h200, h100, a100)
+gpu_label() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+  name=${name#nvidia-}
+  echo "${name%%-*}"
+}
 
 # step NAME CMD...: CMD under what is left, its output in the log, its exit status in STEP_RC
 # (124: out of time; unset: skipped); RUN is packed into PACK after it, whatever it did

@@ -29,9 +29,9 @@ PEER_SITE=${PEER_SITE:-.gpu/site}
 export PYTHONUNBUFFERED=1
 [ -d "$PEER_SITE" ] && export PYTHONPATH="$PWD/$PEER_SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .torch-lce ] && export CCE_BENCH_TORCH_LCE="$PWD/.torch-lce"
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
-GPU=${GPU#nvidia-}
-GPU=${GPU%%-*}  # h200, h100, a100
+# shellcheck source=suite/kernel/deadline_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
+GPU=$(gpu_label)
 RUN=${RUN:-/tmp/run/frontier-$GPU}
 LOG=$OUT/frontier.log
 mkdir -p "$RUN"
@@ -41,8 +41,6 @@ OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,o
 PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
 
 PACK=$OUT/frontier.tar
-# shellcheck source=suite/kernel/deadline_steps.sh
-source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 
 cell_args() {  # the shape's cell, as frontier.md's command names it
   case $1 in
