@@ -326,8 +326,8 @@ def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_
 @pytest.mark.parametrize("name, label", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
                                          ("NVIDIA A100-SXM4-80GB", "a100")])
 def test_the_device_scripts_label_folders_with_the_gpus_short_name(tmp_path, name, label):
-    # deadline_steps.sh's gpu_label, which every device script names its folders with: results
-    # are labelled -h100, -h200, not with the full product name
+    # deadline_steps.sh's gpu_label, which every device script names its folders with (through
+    # start_run): results are labelled -h100, -h200, not with the full product name
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text(f"#!/bin/sh\necho '{name}'\n")
@@ -337,9 +337,20 @@ def test_the_device_scripts_label_folders_with_the_gpus_short_name(tmp_path, nam
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.strip() == label, done.stdout + done.stderr
+    # start_run: the run's files named after it, its folder made, and a warning where the
+    # commit is not given (RUN given here: its default is /tmp/run/NAME-<label>)
+    out, run = tmp_path / "out", tmp_path / "run"
+    env.pop("CCE_BENCH_COMMIT", None)
+    script = (f"OUT={out}; RUN={run}; source {ROOT}/suite/kernel/deadline_steps.sh; "
+              f'start_run heads; echo "$GPU $LOG $PACK"')
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split()[-3:] == [label, f"{out}/heads.log", f"{out}/heads.tar"], \
+        done.stdout + done.stderr
+    assert run.is_dir() and "CCE_BENCH_COMMIT unset" in (out / "heads.log").read_text()
     for script_name in ("heads_gpu.sh", "frontier_gpu.sh", "headline_gpu.sh"):
         text = (ROOT / "suite" / "kernel" / script_name).read_text()
-        assert "GPU=$(gpu_label)" in text and "nvidia-smi" not in text, script_name
+        assert "start_run " in text and "nvidia-smi" not in text, script_name
 
 
 def test_a_capped_step_stops_at_its_cap_and_a_short_deadline_skips_it(tmp_path):

@@ -1,11 +1,28 @@
 # Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh, peers_gpu.sh):
 # steps that run under what is left of one deadline, so one slow step cannot take the others'
-# rows with it, and the GPU's label for folder names (gpu_label). Before a step, the caller sets
+# rows with it, and the run's folders (start_run, gpu_label). Before a step, the caller sets
 # START (its $SECONDS at the start), DEADLINE (seconds from START), LOG (the log file), RUN (the
-# run folder), PACK (the tar under $OUT that RUN is packed into after every step) and,
-# optionally, STEP_MIN_S (default 30: a step with less left is skipped).
+# run folder), PACK (the tar under $OUT that RUN is packed into after every step; start_run
+# sets these three) and, optionally, STEP_MIN_S (default 30: a step with less left is skipped).
 
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
+
+# start_run NAME: GPU (gpu_label), RUN (default /tmp/run/NAME-GPU), LOG ($OUT/NAME.log) and
+# PACK ($OUT/NAME.tar); makes OUT and RUN, and warns in LOG where CCE_BENCH_COMMIT is unset
+start_run() {
+  GPU=$(gpu_label)
+  RUN=${RUN:-/tmp/run/$1-$GPU}
+  LOG=$OUT/$1.log
+  PACK=$OUT/$1.tar
+  mkdir -p "$OUT" "$RUN"
+  warn_commit_unset
+}
+
+# warn_commit_unset: the run's env.json names CCE_BENCH_COMMIT, the commit the call was made from
+warn_commit_unset() {
+  [ -n "${CCE_BENCH_COMMIT:-}" ] || \
+    echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+}
 
 # gpu_label: the first GPU's short name, as result folders are labelled (h200, h100, a100)
 gpu_label() {

@@ -31,16 +31,10 @@ export PYTHONUNBUFFERED=1
 [ -d .torch-lce ] && export CCE_BENCH_TORCH_LCE="$PWD/.torch-lce"
 # shellcheck source=suite/kernel/deadline_steps.sh
 source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
-GPU=$(gpu_label)
-RUN=${RUN:-/tmp/run/frontier-$GPU}
-LOG=$OUT/frontier.log
-mkdir -p "$RUN"
-[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+start_run frontier
 PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_native_accurate
 OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
 PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
-
-PACK=$OUT/frontier.tar
 
 cell_args() {  # the shape's cell, as frontier.md's command names it
   case $1 in

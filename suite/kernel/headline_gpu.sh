@@ -23,12 +23,7 @@ PEER_SITE=${PEER_SITE:-.gpu/site}
 export PYTHONUNBUFFERED=1
 # shellcheck source=suite/kernel/deadline_steps.sh
 source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
-GPU=$(gpu_label)
-RUN=${RUN:-/tmp/run/headline-$GPU}
-LOG=$OUT/headline.log
-PACK=$OUT/headline.tar
-mkdir -p "$OUT" "$RUN"
-[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+start_run headline
 # shellcheck source=suite/kernel/peers_site.sh
 source "$(dirname "${BASH_SOURCE[0]}")/peers_site.sh"
 

@@ -30,13 +30,7 @@ PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 # shellcheck source=suite/kernel/deadline_steps.sh
 source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
-GPU=$(gpu_label)
-RUN=${RUN:-/tmp/run/heads-$GPU}
-LOG=$OUT/heads.log
-mkdir -p "$RUN"
-[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
-
-PACK=$OUT/heads.tar
+start_run heads
 
 if [ "${TESTS:-0}" = 1 ]; then
   step gpu-tests env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -x tests/test_fused.py

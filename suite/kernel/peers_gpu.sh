@@ -38,12 +38,11 @@ LOG=$OUT/peers.log
 PROVIDERS=own,own_filter,liger_flce,liger_flce_cute,liger_scaled_ce,liger_scaled_ce_tp,verl_lce
 RL_METHODS=own_loss_grad,own_logp_entropy,naive,compiled,liger_flce_logp,liger_scaled_ce,verl_lce,liger_scaled_ce_tp
 mkdir -p "$RUN"
-[ -n "${CCE_BENCH_COMMIT:-}" ] || echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
-
 PACK=$OUT/peers-2026-h100.tar
 STEP_MIN_S=20
 # shellcheck source=suite/kernel/deadline_steps.sh
 source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
+warn_commit_unset
 
 preflight() {
   python3 - <<'PY' > "$RUN/versions.txt" 2>&1
