@@ -33,7 +33,6 @@ DEADLINE=${PEERS_DEADLINE_S:-510}
 RUN=${RUN:-/tmp/run/peers-2026-h100}
 # shellcheck source=suite/kernel/peers_site.sh
 source "$(dirname "${BASH_SOURCE[0]}")/peers_site.sh"
-S=$PEERS_SITE
 LOG=$OUT/peers.log
 PROVIDERS=own,own_filter,liger_flce,liger_flce_cute,liger_scaled_ce,liger_scaled_ce_tp,verl_lce
 RL_METHODS=own_loss_grad,own_logp_entropy,naive,compiled,liger_flce_logp,liger_scaled_ce,verl_lce,liger_scaled_ce_tp
@@ -76,8 +75,7 @@ print(json.dumps(out, indent=1))
 PY
 }
 
-export RUN S
-export PEERS_SITE
+export RUN PEERS_SITE
 export -f unpack_peers preflight
 capped_step unpack 90 bash -c unpack_peers  # a function runs as `bash -c NAME`
 export PYTHONPATH=$(peers_pythonpath):$PWD
