@@ -299,3 +299,41 @@ def test_pretune_portable_runs_the_backward_and_prints_every_entry(monkeypatch, 
     assert "forward|gpu|fp32|b: Tiles(block_d 32, block_n 64, block_v 128" in out
     assert "softmax_grad|gpu|fp32|b: SoftmaxGrad(block_n 16, block_v 128, num_warps 8" in out
     assert "tma False" in out
+
+
+def test_the_shifted_forward_tunes_only_tiles_as_wide_as_the_planned_maxima(monkeypatch,
+                                                                            tune_here):
+    # The pointer forward writing shifted logits (the three-matmul path without TMA): the route
+    # planned one maximum per row and config tile width, so only candidates of that width are
+    # timed (into the real logits, which the real launch overwrites), under a key of their own;
+    # the gradients are those of an untuned call with the winning tile.
+    from own_kernel import linear_cross_entropy
+    from own_kernel.paths import forward as forward_path
+    from own_kernel.policy.route import Route
+
+    monkeypatch.setattr(forward_path, "time_launch", autotune.time_launch)  # tune_here's
+    monkeypatch.setattr(Route, "forward_tuned",
+                        property(lambda r: r.forward == "pointer" and r.cfg.autotune))
+    fixed, taller, wider = (Tiles(16, 16, 16, 1, 1), Tiles(32, 16, 16, 1, 1),
+                            Tiles(16, 32, 16, 1, 1))
+    base = with_overrides(INTERPRETER, {
+        "forward": {"tma": False}, "forward_candidates": (fixed, wider, taller),
+        "fused": {"logits_shifted": True, "tile_max_in_de": False, "default_workspace_mib": 16}})
+    g = torch.Generator().manual_seed(5)
+    n, d, v = 40, 16, 70
+    e, c = ((0.5 * torch.randn(rows, d, generator=g)).half() for rows in (n, v))
+    t = torch.randint(0, v, (n,), generator=g)
+    tune_here.times = iter([2.0, 1.0])
+
+    def grads(cfg):
+        monkeypatch.setattr(config, "_resolved", lambda target: cfg)
+        leaves = [x.clone().requires_grad_() for x in (e, c)]
+        linear_cross_entropy(*leaves, t, softcap=20.0).backward()
+        return [x.grad for x in leaves]
+
+    tuned = grads(dataclasses.replace(base, autotune=True))
+    assert len(tune_here.timed) == 2  # fixed and taller; wider's maxima would not fit the plan
+    key = "forward-shifted-v16|cpu|float16|n64-v128-d256"
+    assert list(autotune.read_cache(tune_here.cache)) == [key]
+    untuned = grads(with_overrides(base, {"forward": {"tiles": taller}}))
+    assert all(torch.equal(a, b) for a, b in zip(tuned, untuned))
