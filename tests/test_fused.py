@@ -107,44 +107,32 @@ SHIFTED = {"logits_shifted": True, "tile_max_in_de": False}
 FP32_ACC = {"dc_accumulator": "fp32"}
 # Shifted logits whose tile maxima live in the chunk's own dE rows until dE's GEMM writes them
 IN_DE = {"logits_shifted": True, "tile_max_in_de": True}
-# Shifted logits from the pointer forward (a config without TMA: the portable target's), the
-# maxima beside them or in dE's rows; one case's rows (D 20 fp16, 40 bytes) TMA could not read
-POINTER = {"tma": False}
-POINTER_CASES = [case for case in CASES if case[0] != torch.float32] + [
-    (torch.float16, (21,), 20, 45, 15.0, "mean", 0.0, True, 0, 6)]
-LOGITS_CASES = ([pytest.param(*case, {}, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
-                + [pytest.param(*case, SHIFTED, {}, id=f"shifted-{i}")
+LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
+                + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
-                + [pytest.param(*case, IN_DE, {}, id=f"tile-max-in-de-{i}")
+                + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
-                + [pytest.param(*case, FP32_ACC, {}, id=f"fp32-accumulator-{i}")
-                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]]
-                + [pytest.param(*case, logits, POINTER, id=f"pointer-{name}-{i}")
-                   for i, case in enumerate(POINTER_CASES)
-                   for name, logits in (("shifted", SHIFTED), ("in-de", IN_DE))])
+                + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
+                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
 
 
 @pytest.mark.parametrize(
-    "dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows, logits, forward",
-    LOGITS_CASES)
+    "dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows, logits", LOGITS_CASES)
 def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap, reduction, ls,
-                           has_bias, shift, max_rows, logits, forward):
+                           has_bias, shift, max_rows, logits):
     e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7, device=DEV)
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap, reduction, ls, shift=shift)
     ref.backward()
     plans = _spy_plans(monkeypatch)
     # min_rows 1: the GPU configs send chunks under 1024 rows to the recompute path
-    with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, **logits},
-                     "forward": forward}):
+    with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
-        cfg = config_for(DEV, dtype)
         # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
-        want_shifted = dtype != torch.float32 and cfg.fused.logits_shifted
+        want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
         # (IN_DE's and the defaults' shapes fit the maxima in a dE row)
-        in_de = want_shifted and cfg.fused.tile_max_in_de
-        fp32_sums = dtype == torch.float32 or cfg.fused.dc_accumulator == "fp32"
-        writer = ("tma" if cfg.forward.tma else "pointer") if want_shifted else "cublas"
+        in_de = want_shifted and config_for(DEV, dtype).fused.tile_max_in_de
+        fp32_sums = dtype == torch.float32 or config_for(DEV, dtype).fused.dc_accumulator == "fp32"
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
     assert fused_calls == [(chunks, 0 < max_rows < t.numel() and fp32_sums, False)]
@@ -154,18 +142,17 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     assert e.grad.dtype == dtype and c.grad.dtype == dtype
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
-    # the plan took the kind asked for: shifted logits (from the forward kernel the config
-    # names), their maxima in dE's rows where asked
-    assert plans == [(want_shifted, in_de, writer)]
+    # the plan took the kind asked for: shifted logits, their maxima in dE's rows where asked
+    assert plans == [(want_shifted, in_de)]
     assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
 
 
 def _spy_plans(monkeypatch) -> list:
-    """(plan.shifted, plan.tile_max_in_de, route.forward) of each fused call of the test."""
+    """(plan.shifted, plan.tile_max_in_de) of each fused call of the test."""
     seen, inner = [], fused.fused_loss_and_grads
 
     def spy(e, c, targets, bias, opts, route, check, mean):
-        seen.append((route.fused.shifted, route.fused.tile_max_in_de, route.forward))
+        seen.append((route.fused.shifted, route.fused.tile_max_in_de))
         return inner(e, c, targets, bias, opts, route, check, mean)
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)

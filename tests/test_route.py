@@ -42,8 +42,7 @@ def test_default_budget_decides_the_path(cfg, shape, dtype, path):
     assert r.path == path and r.cfg is cfg
     fused = cfg.fused
     budget = fused.default_workspace_mib_fp32 if dtype == FP32 else fused.default_workspace_mib
-    # the TMA forward's rows are 16-byte aligned; the pointer one (no TMA) writes any
-    shift_ok = not cfg.forward.tma or shape["d"] * dtype.itemsize % 16 == 0
+    shift_ok = cfg.forward.tma and shape["d"] * dtype.itemsize % 16 == 0  # the TMA forward's rows
     plan, why = fused_plan(shape["n"], shape["v"], shape["d"], dtype.itemsize, budget * 2**20, cfg,
                            shift_ok=shift_ok)
     assert (r.fused == plan) and (plan is None) == (path == "recompute")

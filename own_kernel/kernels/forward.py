@@ -9,31 +9,25 @@ time read the same C tiles and share them through L2. FLATTEN lets the compiler 
 first loads overlap this tile's epilogue). The splits' partial (m, s) are combined in O(splits*N),
 with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
 each row's loss (lse_combine.py).
-
-STORE_Y: the three-matmul path's shifted logits, as forward_tma.py writes them (its docstring:
-Y = x - M[n, tile] in the input dtype, M the row's largest raw logit in the tile), through
-pointer stores, so GPUs without TMA keep 16-bit logits at about fp32 logits' accuracy too.
 """
 import triton
 import triton.language as tl
 
-from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_fold_raw_max,
-                                     lse_ent_tile_update, lse_init, row_block_and_split,
-                                     skip_if_all_ignored, softcap_scalars, store_block_partials,
-                                     store_split_partials, store_tile_max)
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update, lse_init,
+                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
+                                     store_block_partials, store_split_partials)
 from own_kernel.policy.plan import cdiv
 
 
 @triton.jit
-def cce_fwd_kernel(E, C, Bias, Targets, Part, Y, M, stride_yn, m_stride,
+def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    N, V, D, v_per_split, plane, splits, group_rows, ignore_index,
                    stride_en, stride_ed, stride_cv, stride_cd,
                    tanh_scale, cap,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                    NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_Y: tl.constexpr,
-                   PARTS: tl.constexpr):
+                   FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTS: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
@@ -45,7 +39,6 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part, Y, M, stride_yn, m_stride,
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
 
     if PARTS > 1:  # batch_invariant: one tile per split, its blocks' partials (tile.py)
-        tl.static_assert(not STORE_Y, "batch_invariant writes no shifted logits")
         offs_v = v_start + tl.arange(0, BLOCK_V)
         x = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
         if v_end > v_start:  # else every row is ignored: no logits, empty partials
@@ -62,36 +55,23 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part, Y, M, stride_yn, m_stride,
             x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                            stride_en, stride_ed, stride_cv, stride_cd,
                            HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-            if STORE_Y:  # v_per_split is whole tiles, so v0 // BLOCK_V is the tile's index
-                x_max = store_tile_max(x, M, m_stride, v0, offs_n, n_mask, v_mask, BLOCK_V)
-                y_ptrs = Y + offs_n[:, None].to(tl.int64) * stride_yn + offs_v[None, :]
-                tl.store(y_ptrs, (x - x_max[:, None]).to(Y.dtype.element_ty),
-                         mask=n_mask[:, None] & v_mask[None, :])
-                m, s, z_sum, t = lse_ent_fold_raw_max(x, x_max, m, s, z_sum, t, v_mask,
-                                                      tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
-                                                      NEED_ENT)
-            else:
-                m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale,
-                                                     cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+            m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
+                                                 HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
         store_split_partials(Part, split, N, plane, offs_n, n_mask, m, s, z_sum, t, NEED_ZSUM,
                              NEED_ENT)
 
 
 def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg, skip_ignored,
-                     sums, shifted=None):
+                     sums):
     """Each split's (running max, sum[, sum of logits][, entropy's t]) per row into part,
-    pointer loads (any strides). grid: plan.ForwardGrid; cfg: the Config; sums: PartialSums.
-    shifted: None, or (Y, M) to write the shifted logits into (forward_tma.py's docstring; Y:
-    n x V in e's dtype, unit stride along a row; M: n x cdiv(V, block_v) fp32, likewise)."""
+    pointer loads (any strides). grid: plan.ForwardGrid; cfg: the Config; sums: PartialSums."""
     (n, d), v = e.shape, c.shape[0]
     k = cfg.forward.tiles
-    y, m = shifted if shifted is not None else (part, part)  # stand-ins without STORE_Y
     cce_fwd_kernel[(cdiv(n, k.block_n) * grid.splits,)](
-        e, c, bias if bias is not None else part, targets, part, y, m, y.stride(0), m.stride(0),
+        e, c, bias if bias is not None else part, targets, part,
         n, v, d, grid.v_per_split, grid.parts(v) * n, grid.splits, grid.group_rows,
         int(ignore_index), e.stride(0), e.stride(1), c.stride(0), c.stride(1),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
-        DOT_PRECISION=dot_precision(e.dtype), STORE_Y=shifted is not None,
-        PARTS=grid.parts_per_split, **k.launch())
+        DOT_PRECISION=dot_precision(e.dtype), PARTS=grid.parts_per_split, **k.launch())

@@ -27,10 +27,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
-from own_kernel.kernels.tile import (dot_precision, halves, lse_ent_fold_raw_max,
-                                     lse_ent_tile_update, lse_init, row_block_and_split,
-                                     skip_if_all_ignored, softcap_scalars, store_block_partials,
-                                     store_split_partials, store_tile_max)
+from own_kernel.kernels.tile import (dot_precision, halves, logits, lse_ent_fold,
+                                     lse_ent_tile_update, lse_init, masked_logits,
+                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
+                                     store_block_partials, store_split_partials)
 
 
 @triton.jit
@@ -38,8 +38,10 @@ def _store_shifted(x, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, SLICES: tl.constexpr):
     # M[rows, tile] = the tile's largest raw logit per row; Y[rows, cols] = x - that, rounded
     # (TMA clips the stores at the rows and columns of Y). SLICES: stores of BLOCK_V / SLICES
-    # columns (their staging buffer beside the pipeline's in shared memory). Returns the maxima.
-    x_max = store_tile_max(x, M, m_stride, v0, offs_n, n_mask, v_mask, BLOCK_V)
+    # columns (their staging buffer beside the pipeline's in shared memory). Returns the
+    # maxima, which the online log-sum-exp reuses instead of reducing the tile again.
+    x_max = tl.max(tl.where(v_mask[None, :], x, -1e30), axis=1)
+    tl.store(M + offs_n.to(tl.int64) * m_stride + v0 // BLOCK_V, x_max, mask=n_mask)
     y = (x - x_max[:, None]).to(Y.dtype)
     if SLICES == 1:
         Y.store([n0, v0], y)
@@ -100,9 +102,9 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
             if STORE_Y:
                 x_max = _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
                                        BLOCK_N, BLOCK_V, Y_SLICES)
-                m, s, z_sum, t = lse_ent_fold_raw_max(acc, x_max, m, s, z_sum, t, v_mask,
-                                                      tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
-                                                      NEED_ENT)
+                z = masked_logits(acc, v_mask, tanh_scale, cap, HAS_SOFTCAP)
+                m, s, z_sum, t = lse_ent_fold(z, logits(x_max, tanh_scale, cap, HAS_SOFTCAP),
+                                              m, s, z_sum, t, v_mask, NEED_ZSUM, NEED_ENT)
             else:
                 m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale,
                                                      cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)

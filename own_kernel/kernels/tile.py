@@ -89,27 +89,6 @@ def lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
 
 
 @triton.jit
-def store_tile_max(x, M, m_stride, v0, offs_n, n_mask, v_mask, BLOCK_V: tl.constexpr):
-    # Shifted logits (forward_tma.py's docstring): M[rows, tile] = each row's largest raw logit
-    # in the tile of columns from v0 (those in v_mask); returns the maxima, which
-    # lse_ent_fold_raw_max reuses instead of reducing the tile again.
-    x_max = tl.max(tl.where(v_mask[None, :], x, -1e30), axis=1)
-    tl.store(M + offs_n.to(tl.int64) * m_stride + v0 // BLOCK_V, x_max, mask=n_mask)
-    return x_max
-
-
-@triton.jit
-def lse_ent_fold_raw_max(x, x_max, m, s, z_sum, t, v_mask, tanh_scale, cap,
-                         HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
-                         NEED_ENT: tl.constexpr):
-    # lse_ent_tile_update given the tile's raw row maxima x_max: softcap and 1 / T keep the
-    # order, so logits(x_max) is the row maxima of z.
-    z = masked_logits(x, v_mask, tanh_scale, cap, HAS_SOFTCAP)
-    return lse_ent_fold(z, logits(x_max, tanh_scale, cap, HAS_SOFTCAP), m, s, z_sum, t, v_mask,
-                        NEED_ZSUM, NEED_ENT)
-
-
-@triton.jit
 def masked_logits(x, v_mask, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
     # Outside v_mask a finite stand-in far below any logit: its exp2 is 0 and, unlike -inf,
     # so is its product with that 0 (the entropy's sum needs no select).

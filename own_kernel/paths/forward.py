@@ -38,8 +38,8 @@ def forward(e, c, bias, targets, opts: Options, route: Route, *, skip_ignored=Fa
     outside [0, V) and not ignore_index get a loss without the target term (the caller raises
     on them). skip_ignored: rows whose target is ignore_index get lse +inf and p_max 0 (no
     gradient flows through them: the backward's softmax exp(z - lse) is 0 there), and row
-    blocks with only such rows compute no logits. shifted: None, or (Y, M) for the route's
-    forward kernel to write the shifted logits into (forward_tma.py; the three-matmul path's)."""
+    blocks with only such rows compute no logits. shifted: None, or (Y, M) for the TMA kernel
+    to write the shifted logits into (forward_tma.py; the three-matmul path's)."""
     if e.shape[0] == 0:  # distinct tensors: a custom op's outputs may not alias each other
         return tuple(torch.empty(0, device=e.device, dtype=torch.float32) for _ in range(6))
     part, z_target, sums = forward_parts(e, c, bias, targets, opts, route,
@@ -58,10 +58,12 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
     softcap, ignore_index = opts.softcap, opts.ignore_index
     sums = PartialSums(opts.label_smoothing > 0, opts.entropy, float(opts.temperature))
     tma = route.forward == "tma"
+    if shifted is not None and not tma:
+        raise ValueError("shifted logits are written by the TMA forward only: needs "
+                         "config.forward.tma and 16-byte aligned rows of e and c")
     cfg = route.cfg
     if route.forward_tuned:
-        cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored,
-                     shifted)
+        cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
     if route.call.batch_invariant:  # fixed vocabulary blocks (Route.forward_grid)
         grid = route.forward_grid(num_sms(e.device), v)
     else:
@@ -72,33 +74,25 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
                              skip_ignored, sums, shifted)
     else:
         forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
-                         skip_ignored, sums, shifted)
+                         skip_ignored, sums)
     return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
 
 
-def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored, shifted):
+def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored):
     """cfg with the pointer forward's tiles tuned on this GPU for this shape bucket
     (policy/autotune.py): each candidate times the partials pass into a scratch buffer (the
-    result is not used), once per bucket and machine. With shifted logits only the candidates
-    as wide as the config's tile, whose maxima the route planned (plan.fused_plan), each timed
-    writing into the real (Y, M), which the real launch then overwrites."""
+    result is not used), once per bucket and machine."""
     (n, d), v = e.shape, c.shape[0]
-    candidates, kernel = cfg.forward_candidates, "forward"
-    if shifted is not None:
-        width = cfg.forward.tiles.block_v
-        candidates = tuple(t for t in candidates if t.block_v == width) or (cfg.forward.tiles,)
-        kernel = f"forward-shifted-v{width}"
-    key = tune_key(kernel, e.device, e.dtype, shape_bucket(n, v, d))
+    key = tune_key("forward", e.device, e.dtype, shape_bucket(n, v, d))
 
     def time_ms(tiles):
         trial = _with_forward_tiles(cfg, tiles)
         grid = split_plan(n, v, d, e.element_size(), trial, num_sms(e.device))
         part = torch.empty((sums.planes, grid.splits, n), device=e.device, dtype=torch.float32)
         return time_launch(lambda: forward_partials(e, c, bias, targets, part, grid, softcap,
-                                                    ignore_index, trial, skip_ignored, sums,
-                                                    shifted))
+                                                    ignore_index, trial, skip_ignored, sums))
 
-    return _with_forward_tiles(cfg, tuned_tiles(key, candidates, time_ms))
+    return _with_forward_tiles(cfg, tuned_tiles(key, cfg.forward_candidates, time_ms))
 
 
 @functools.lru_cache(maxsize=64)

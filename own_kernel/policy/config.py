@@ -181,11 +181,11 @@ class Fused:
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
     # give naive 16-bit accuracy on confident rows (own_kernel/README.md, "Accuracy").
     logits_fp32: bool = True
-    # 16-bit inputs: each logit in the input dtype relative to its row's largest in its forward
-    # tile (forward_tma.py; forward.py without TMA), written by the forward beside its lse:
+    # 16-bit inputs on the TMA forward: each logit in the input dtype relative to its row's
+    # largest in its forward tile (forward_tma.py), written by the forward beside its lse:
     # half fp32's bytes at about its accuracy; the loss and lse come from the forward's sums.
-    # Takes precedence over logits_fp32 (on a TMA config, where the rows are TMA-aligned).
-    # y_slices: the TMA tile's stores in 1 or 2 column slices (their shared-memory staging).
+    # Takes precedence over logits_fp32 where the TMA forward runs. y_slices: the tile's
+    # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
@@ -384,7 +384,9 @@ PORTABLE = Config(
     # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
     # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
     # budget and keep the recompute route's filter. Hopper's row_align 128 was level and
-    # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off.
+    # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off. fp32 logits:
+    # shifted ones written by the pointer forward halved the chunks and were slower or level
+    # at two heads (portable-shifted-logits.md).
     fused=Fused(filtered=True),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,

@@ -467,7 +467,7 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     are of equal size (a short last chunk would cost a pass over dC for a few rows), or of a
     multiple of config.Fused.row_align rows where that keeps their number. Fewer than
     fused.min_rows rows per chunk make dC's accumulation memory-bound: the recompute path is
-    faster then. shift_ok: the forward can write shifted logits (config.Fused.logits_shifted:
+    faster then. shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
     16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
     in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
     the logits in the budget)."""

@@ -27,8 +27,7 @@ The kernels (properties of the Route, each derived once from the call and the co
 - ``forward``: ``"tma"`` (kernels/forward_tma.py: the config asks for it and e and c are
   16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
-  forward writes them: the TMA one on a TMA config, else the pointer one); ``logits``: the
-  three-matmul path's logits format;
+  TMA forward writes them); ``logits``: the three-matmul path's logits format;
 - ``writer`` / ``tail_writer``: who writes the softmax gradient W of the chunks in dC's free
   rows and of the tail's chunks (``W_WRITERS``: paths/writers.py);
 - ``filter``: the gradient filter that runs (its threshold), or None: asked for, able to skip
@@ -191,10 +190,9 @@ def route(call: Call, cfg: Config) -> "Route":
     mib, why_not = budget_mib(call, cfg)
     excluded = _three_matmul_excluded(call)
     if not excluded and mib:
-        # Shifted logits come from the forward: the TMA one reads rows of D elements at 16-byte
-        # aligned strides (the path copies an e or c whose base is not aligned:
-        # Route.fused_copies); the pointer one, on a config without TMA, reads any.
-        shift_ok = not cfg.forward.tma or (call.d * call.elt) % 16 == 0
+        # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies
+        # an e or c whose base is not aligned: Route.fused_copies)
+        shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
         plan, why_not = fused_plan(call.n, call.v, call.d, call.elt, mib * 2**20, cfg,
                                    filtered=call.filtered, dc_fp32=call.fp32_weight,
                                    shift_ok=shift_ok)
@@ -275,9 +273,7 @@ class Route:
     def forward(self) -> str:
         """The forward's kernel: "tma", "pointer", or "cublas" (three-matmul, unshifted)."""
         if self.fused is not None:
-            if not self.fused.shifted:
-                return "cublas"
-            return "tma" if self.cfg.forward.tma else "pointer"
+            return "tma" if self.fused.shifted else "cublas"
         if self.call.batch_invariant:  # by the target and D only (api.py copies unaligned views)
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
@@ -327,7 +323,7 @@ class Route:
     def fused_copies(self) -> tuple[bool, bool]:
         """(copy e, copy c): the three-matmul path's TMA forward reads copies of inputs whose
         base is not 16-byte aligned (an offset view; rare)."""
-        if self.forward != "tma" or self.fused is None:
+        if self.fused is None or not self.fused.shifted:
             return False, False
         return self.call.e_tma_ready is False, self.call.c_tma_ready is False
 
