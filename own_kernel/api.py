@@ -242,19 +242,23 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
                                        split=r.fused.rows if r.fused else 0)
     if r.path == "three-matmul":  # an fp32 weight as it is: its gradient is the path's sums
         return FusedLce.apply(e2, c, t2, bias, opts, r, check, reduction == "mean")
-    c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))  # autocast's copies
-    ent_rows = None
-    if r.entry == "vocab-parallel":
-        loss_rows, lse, ent_rows = vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel,
-                                                       check, r)
-    elif r.entry == "compiled":
-        loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
-                                                     config_key(e2.device, e2.dtype))
-    else:
-        loss_rows, lse, ent_rows = _eager_rows(e2, c, t2, bias, opts, r, check)
+    loss_rows, lse, ent_rows = _rows(e2, c, t2, bias, opts, r, check, vocab_parallel)
     raise_on_bad_targets(check, targets, v_total, ignore_index)
     return _outputs(loss_rows, lse if return_lse else None, ent_rows if return_entropy else None,
                     lead, shift, reduction, count)
+
+
+def _rows(e2, c, t2, bias, opts: Options, r: Route, check, vocab_parallel):
+    """(loss, lse, entropy rows) of a call that is not on the three-matmul path, by its entry
+    (Route.entry). An fp32 weight under autocast is read as its 16-bit copy, made here."""
+    c, bias = (None if t is None else t.to(e2.dtype) for t in (c, bias))
+    if r.entry == "vocab-parallel":
+        return vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r)
+    if r.entry == "compiled":
+        loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
+                                                     config_key(e2.device, e2.dtype))
+        return loss_rows, lse, ent_rows
+    return _eager_rows(e2, c, t2, bias, opts, r, check)
 
 
 def _shifted(targets: Tensor, shift: int, ignore_index: int) -> Tensor:
