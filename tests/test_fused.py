@@ -113,7 +113,11 @@ LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumer
                 + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
-                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
+                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]]
+                # the pass's loads issued blocks ahead (fused.pass_stages), either kind of
+                # logits: the interpreter runs the loop as written, a GPU its pipelined form
+                + [pytest.param(*CASES[i], {**kind, "pass_stages": 3}, id=f"pass-stages-{i}")
+                   for i, kind in ((1, {}), (4, {}), (6, SHIFTED))])
 
 
 @pytest.mark.parametrize(
@@ -251,6 +255,23 @@ def test_scale_into_scales_casts_and_checks_its_arguments():
     assert scale_into(y, y, scale) is y and torch.equal(y, x * -0.375)
     with pytest.raises(ValueError, match="scale_into"):
         scale_into(x[::2], torch.empty(2500), scale)
+
+
+@pytest.mark.parametrize("programs", [1, 2, 3, 8])
+def test_scale_into_strides_few_programs_over_every_block(programs):
+    # A few programs per SM stride over the blocks (not one program per block): each block,
+    # the ragged last one included, is scaled once, whatever the programs' count.
+    from own_kernel.kernels.scale import BLOCK, scale_into
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5 * BLOCK + 17, generator=g)
+    out = scale_into(x, torch.empty(x.shape, dtype=torch.float16), torch.tensor(-0.375),
+                     max_programs=programs)
+    assert torch.equal(out, (x * -0.375).half())
+    y = x.clone()
+    assert torch.equal(scale_into(y, y, torch.tensor(3.0), max_programs=programs), x * 3.0)
+    assert torch.equal(scale_into(y, y, torch.tensor(1.0), max_programs=programs), x * 3.0)
+    with pytest.raises(ValueError, match="max_programs"):
+        scale_into(x, y, torch.tensor(1.0), max_programs=0)
 
 
 def test_aligned_runs_split_off_the_last_v_mod_8_columns():
@@ -559,6 +580,12 @@ def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypat
     # the queued check alone (with its prefix), no count of the first chunk's targets
     assert launched == [("check_count_and_prefix", 20), ("check_and_count_targets", 20)]
     assert all(torch.equal(a, b) for a, b in zip(plain, queued))
+
+
+def test_pass_stages_are_validated_by_name():
+    assert with_overrides(HOPPER_16BIT, {"fused": {"pass_stages": 3}}).fused.pass_stages == 3
+    with pytest.raises(ValueError, match=r"fused.pass_stages: expected >= 1, got 0"):
+        with_overrides(HOPPER_16BIT, {"fused": {"pass_stages": 0}})
 
 
 def test_a_pass_block_that_splits_a_forward_tile_is_refused_by_name():

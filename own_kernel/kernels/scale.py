@@ -7,7 +7,13 @@ the usual upstream gradient of a loss, moves no bytes: at an fp32 dC of a large 
 is a pass of 8 bytes per entry saved, read on the device, no host read). torch's own mul with
 a 0-d tensor of another dtype than the matrix takes its dynamically casting elementwise kernel,
 which ran at half this pass's bandwidth on an H100 (results/notes/fused-path.md).
+
+A few programs per SM stride over the blocks: with one program per block, the in-place times 1
+still launched one program per 4096 entries that loaded the scale and exited, 0.1 ms for one
+dC of 10^9 entries on an H200 (results/notes/scale-pass.md).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -15,27 +21,43 @@ import triton.language as tl
 from own_kernel.policy.plan import cdiv
 
 BLOCK = 4096
+PROGRAMS_PER_SM = 8  # 8 warps each: a full SM's threads, enough bytes in flight to stream
+CPU_PROGRAMS = 4     # the interpreter's (tests): several blocks per program
 
 
 @triton.jit
 def _scale_kernel(Src, Dst, Scale, numel, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     scale = tl.load(Scale).to(tl.float32)
     limit = numel
     if IN_PLACE:  # times 1 in place is the identity: no load, no store (the usual backward)
         limit = numel * (scale != 1.0).to(tl.int64)
-    mask = offs < limit
-    x = tl.load(Src + offs, mask=mask).to(tl.float32)
-    tl.store(Dst + offs, (x * scale).to(Dst.dtype.element_ty), mask=mask)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    for start in range(tl.program_id(0).to(tl.int64) * BLOCK, limit, step):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < limit
+        x = tl.load(Src + offs, mask=mask).to(tl.float32)
+        tl.store(Dst + offs, (x * scale).to(Dst.dtype.element_ty), mask=mask)
 
 
-def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """dst = src * scale (scale: one element, on src's device); returns dst."""
+@functools.lru_cache(maxsize=None)
+def _max_programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_PROGRAMS
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor,
+               max_programs: int | None = None) -> torch.Tensor:
+    """dst = src * scale (scale: one element, on src's device); returns dst. max_programs: how
+    many programs stride over the blocks (None: a few per SM of src's device)."""
     if not (src.is_contiguous() and dst.is_contiguous() and src.shape == dst.shape):
         raise ValueError(f"scale_into: src {tuple(src.shape)} and dst {tuple(dst.shape)} must be "
                          f"contiguous and of one shape")
+    if max_programs is not None and max_programs < 1:
+        raise ValueError(f"scale_into: max_programs must be at least 1, got {max_programs}")
     if src.numel():
         in_place = src.data_ptr() == dst.data_ptr() and src.dtype == dst.dtype
-        _scale_kernel[(cdiv(src.numel(), BLOCK),)](src, dst, scale, src.numel(), BLOCK=BLOCK,
-                                                   IN_PLACE=in_place, num_warps=8)
+        programs = min(cdiv(src.numel(), BLOCK), max_programs or _max_programs(src.device))
+        _scale_kernel[(programs,)](src, dst, scale, src.numel(), BLOCK=BLOCK,
+                                   IN_PLACE=in_place, num_warps=8)
     return dst
