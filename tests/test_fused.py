@@ -113,11 +113,7 @@ LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumer
                 + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
-                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]]
-                # the pass's loads issued blocks ahead (fused.pass_stages), either kind of
-                # logits: the interpreter runs the loop as written, a GPU its pipelined form
-                + [pytest.param(*CASES[i], {**kind, "pass_stages": 3}, id=f"pass-stages-{i}")
-                   for i, kind in ((1, {}), (4, {}), (6, SHIFTED))])
+                   for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])
 
 
 @pytest.mark.parametrize(
@@ -580,12 +576,6 @@ def test_a_check_queued_with_the_defaults_serves_the_three_matmul_path(monkeypat
     # the queued check alone (with its prefix), no count of the first chunk's targets
     assert launched == [("check_count_and_prefix", 20), ("check_and_count_targets", 20)]
     assert all(torch.equal(a, b) for a, b in zip(plain, queued))
-
-
-def test_pass_stages_are_validated_by_name():
-    assert with_overrides(HOPPER_16BIT, {"fused": {"pass_stages": 3}}).fused.pass_stages == 3
-    with pytest.raises(ValueError, match=r"fused.pass_stages: expected >= 1, got 0"):
-        with_overrides(HOPPER_16BIT, {"fused": {"pass_stages": 0}})
 
 
 def test_a_pass_block_that_splits_a_forward_tile_is_refused_by_name():

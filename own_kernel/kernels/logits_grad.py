@@ -38,8 +38,7 @@ from own_kernel.kernels.tile import (LOG2E, expm1, logits, lse_tile_update, soft
 def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRound, V,
                            ignore_index, smooth, tanh_scale, cap, eps, flat_p_max,
                            HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, FILTER: tl.constexpr,
-                           BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr,
-                           STAGES: tl.constexpr):
+                           BARRIER: tl.constexpr, ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     z_row = Z + row.to(tl.int64) * stride_z
     g_row = G + row.to(tl.int64) * stride_g
@@ -49,7 +48,7 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRou
     z_sum = tl.zeros((1,), tl.float32)
     t64 = tl.load(Targets + row)
     valid = (t64 != ignore_index) & (t64 >= 0) & (t64 < V)
-    for v0 in tl.range(0, tl.where(valid, V, 0), BLOCK, num_stages=STAGES):
+    for v0 in range(0, tl.where(valid, V, 0), BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
         m, s, z_sum = lse_tile_update(x, m, s, z_sum, v_mask, tanh_scale, cap, HAS_SOFTCAP,
@@ -68,7 +67,7 @@ def _logits_to_grad_kernel(Z, stride_z, G, stride_g, Targets, Loss, Kept, RowRou
     pt_m1 = expm1(-nll)
     flat = tl.exp2(-log2_s) < flat_p_max
     row_round = tl.zeros((1,), tl.float32)
-    for v0 in tl.range(0, V, BLOCK, num_stages=STAGES):
+    for v0 in range(0, V, BLOCK):
         v_mask = cols < V - v0
         x = tl.load(z_row + v0 + cols[None, :], mask=v_mask[None, :], other=0.0).to(tl.float32)
         row_round += _grad_block(x, g_row, v0 + cols[None, :], v_mask[None, :], Kept, v0,
@@ -113,7 +112,7 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
                             RowRound, V, ignore_index, smooth, tanh_scale, cap, eps, flat_p_max,
                             HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                             ROW_ROUND: tl.constexpr, BLOCK: tl.constexpr,
-                            TILE_V: tl.constexpr, STAGES: tl.constexpr):
+                            TILE_V: tl.constexpr):
     # The shifted logits' row (forward_tma.py: y = x - M[tile]) -> its gradient in place, one
     # pass: the row's lse, nll and largest probability come from the forward.
     row = tl.program_id(0)
@@ -132,7 +131,7 @@ def _shifted_to_grad_kernel(Y, stride_y, M, stride_m, Lse, LseLo, Nll, PMax, Tar
     sub = tl.arange(0, BLOCK // TILE_V)
     lane = tl.arange(0, TILE_V)
     row_round = tl.zeros((1,), tl.float32)
-    for v0 in tl.range(0, V, BLOCK, num_stages=STAGES):
+    for v0 in range(0, V, BLOCK):
         offs = v0 + sub[:, None] * TILE_V + lane[None, :]
         mask = offs < V
         x = tl.load(y_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -149,15 +148,14 @@ def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *
                    ignore_index: int, softcap: float | None, label_smoothing: float,
                    kept: torch.Tensor | None, eps: float, flat_p_max: float, block: int,
                    num_warps: int, g: torch.Tensor | None = None,
-                   row_round: torch.Tensor | None = None, stages: int = 1) -> None:
+                   row_round: torch.Tensor | None = None) -> None:
     """Write the unweighted logit gradient of z (rows x V, unit stride along V) into g (None:
     over z itself; else g may share z's bytes, each row of g starting where z's does and
     taking at most as many bytes per column: fp32 logits, 16-bit gradient) and each row's loss
     into loss (fp32); row_round (fp32, one per row, or None): what rounding each row's gradient
     to g's dtype removed, summed. kept: None, or one int8 per ``block`` columns, zeroed by
     the caller, set where the filter keeps the block. Rows whose target is ignore_index or not
-    a column of z get loss 0 and gradient 0. stages: how many column blocks ahead a row's loads
-    are issued (config.Fused.pass_stages)."""
+    a column of z get loss 0 and gradient 0."""
     rows, v = z.shape
     if rows == 0:
         return
@@ -169,14 +167,13 @@ def logits_to_grad(z: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, *
         float(label_smoothing), tanh_scale, cap, float(eps), float(flat_p_max),
         HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0,
         FILTER=kept is not None, BARRIER=g.dtype != z.dtype, ROW_ROUND=row_round is not None,
-        BLOCK=block, STAGES=stages, num_warps=num_warps)
+        BLOCK=block, num_warps=num_warps)
 
 
 def shifted_to_grad(y: torch.Tensor, m: torch.Tensor, tile_v: int, fwd, targets: torch.Tensor, *,
                     ignore_index: int, softcap: float | None, label_smoothing: float,
                     kept: torch.Tensor | None, eps: float, flat_p_max: float, block: int,
-                    num_warps: int, row_round: torch.Tensor | None = None,
-                    stages: int = 1) -> None:
+                    num_warps: int, row_round: torch.Tensor | None = None) -> None:
     """Write, over the shifted logits y (rows x V, the forward's: y = x - m[:, v // tile_v],
     forward_tma.py), their unweighted gradient; fwd: the forward's (lse, p_max, nll, lse_lo)
     of these rows. kept, row_round and the rows without a target as logits_to_grad's."""
@@ -190,5 +187,4 @@ def shifted_to_grad(y: torch.Tensor, m: torch.Tensor, tile_v: int, fwd, targets:
         kept if kept is not None else lse, row_round if row_round is not None else lse, v,
         int(ignore_index), float(label_smoothing), tanh_scale, cap, float(eps),
         float(flat_p_max), HAS_SOFTCAP=softcap is not None, FILTER=kept is not None,
-        ROW_ROUND=row_round is not None, BLOCK=block, TILE_V=tile_v, STAGES=stages,
-        num_warps=num_warps)
+        ROW_ROUND=row_round is not None, BLOCK=block, TILE_V=tile_v, num_warps=num_warps)

@@ -229,7 +229,7 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, rout
                    label_smoothing=opts.label_smoothing, kept=kept,
                    eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
                    block=cfg.fused.block, num_warps=cfg.fused.num_warps, g=g,
-                   row_round=row_round, stages=cfg.fused.pass_stages)
+                   row_round=row_round)
 
 
 def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts: Options,
@@ -248,8 +248,7 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
                     ignore_index=opts.ignore_index, softcap=opts.softcap,
                     label_smoothing=opts.label_smoothing, kept=kept,
                     eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,
-                    block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round,
-                    stages=cfg.fused.pass_stages)
+                    block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round)
 
 
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check: HostScalar,

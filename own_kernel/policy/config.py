@@ -209,14 +209,9 @@ class Fused:
     # chunks, level with torch.compile, dC's error under half of torch.compile's (H200,
     # dc-accumulator.md).
     dc_accumulator: str = "dc"
-    # The logits-to-gradient pass's loads of a row's next column blocks issued this many steps
-    # ahead (tl.range's num_stages; 1: each block's load waits for the step before it).
-    pass_stages: int = 1
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
-        if self.pass_stages < 1:
-            raise ValueError(f"fused.pass_stages: expected >= 1, got {self.pass_stages}")
         if self.y_slices not in (1, 2):
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
