@@ -8,9 +8,11 @@ is a pass of 8 bytes per entry saved, read on the device, no host read). torch's
 a 0-d tensor of another dtype than the matrix takes its dynamically casting elementwise kernel,
 which ran at half this pass's bandwidth on an H100 (results/notes/fused-path.md).
 
-A few programs per SM stride over the blocks: with one program per block, the in-place times 1
-still launched one program per 4096 entries that loaded the scale and exited, 0.1 ms for one
-dC of 10^9 entries on an H200 (results/notes/scale-pass.md).
+In place, a few programs per SM stride over the blocks: with one program per block, the
+in-place times 1 launched one program per 4096 entries that loaded the scale and exited, 0.1 ms
+for Llama 3 (8B)'s dC on an H200, against 0.01 ms strided. Where bytes move, one program per
+block streams fastest (strided took 3-8 % longer), so a pass into another tensor (which always
+moves them) keeps it (results/notes/scale-pass.md).
 """
 import functools
 
@@ -21,8 +23,8 @@ import triton.language as tl
 from own_kernel.policy.plan import cdiv
 
 BLOCK = 4096
-PROGRAMS_PER_SM = 8  # 8 warps each: a full SM's threads, enough bytes in flight to stream
-CPU_PROGRAMS = 4     # the interpreter's (tests): several blocks per program
+PROGRAMS_PER_SM = 64  # in place; the most tried: closest to one per block where bytes move
+CPU_PROGRAMS = 4      # the interpreter's (tests): several blocks per program
 
 
 @triton.jit
@@ -49,7 +51,8 @@ def _max_programs(device: torch.device) -> int:
 def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor,
                max_programs: int | None = None) -> torch.Tensor:
     """dst = src * scale (scale: one element, on src's device); returns dst. max_programs: how
-    many programs stride over the blocks (None: a few per SM of src's device)."""
+    many programs stride over the blocks (None: in place, a few per SM of src's device; else
+    one per block)."""
     if not (src.is_contiguous() and dst.is_contiguous() and src.shape == dst.shape):
         raise ValueError(f"scale_into: src {tuple(src.shape)} and dst {tuple(dst.shape)} must be "
                          f"contiguous and of one shape")
@@ -57,7 +60,10 @@ def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"scale_into: max_programs must be at least 1, got {max_programs}")
     if src.numel():
         in_place = src.data_ptr() == dst.data_ptr() and src.dtype == dst.dtype
-        programs = min(cdiv(src.numel(), BLOCK), max_programs or _max_programs(src.device))
+        blocks = cdiv(src.numel(), BLOCK)
+        if max_programs is None:
+            max_programs = _max_programs(src.device) if in_place else blocks
+        programs = min(blocks, max_programs)
         _scale_kernel[(programs,)](src, dst, scale, src.numel(), BLOCK=BLOCK,
                                    IN_PLACE=in_place, num_warps=8)
     return dst
