@@ -14,17 +14,15 @@ for Llama 3 (8B)'s dC on an H200, against 0.01 ms strided. Where bytes move, one
 block streams fastest (strided took 3-8 % longer), so a pass into another tensor (which always
 moves them) keeps it (results/notes/scale-pass.md).
 """
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from own_kernel.kernels.tile import num_sms
 from own_kernel.policy.plan import cdiv
 
 BLOCK = 4096
-PROGRAMS_PER_SM = 64  # in place; the most tried: closest to one per block where bytes move
-CPU_PROGRAMS = 4      # the interpreter's (tests): several blocks per program
+PROGRAMS_PER_SM = 64  # in place; the most tried, closest to one per block where bytes move
 
 
 @triton.jit
@@ -41,13 +39,6 @@ def _scale_kernel(Src, Dst, Scale, numel, BLOCK: tl.constexpr, IN_PLACE: tl.cons
         tl.store(Dst + offs, (x * scale).to(Dst.dtype.element_ty), mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
-def _max_programs(device: torch.device) -> int:
-    if device.type != "cuda":
-        return CPU_PROGRAMS
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor,
                max_programs: int | None = None) -> torch.Tensor:
     """dst = src * scale (scale: one element, on src's device); returns dst. max_programs: how
@@ -62,7 +53,7 @@ def scale_into(src: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor,
         in_place = src.data_ptr() == dst.data_ptr() and src.dtype == dst.dtype
         blocks = cdiv(src.numel(), BLOCK)
         if max_programs is None:
-            max_programs = _max_programs(src.device) if in_place else blocks
+            max_programs = PROGRAMS_PER_SM * num_sms(src.device) if in_place else blocks
         programs = min(blocks, max_programs)
         _scale_kernel[(programs,)](src, dst, scale, src.numel(), BLOCK=BLOCK,
                                    IN_PLACE=in_place, num_warps=8)
