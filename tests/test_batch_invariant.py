@@ -152,7 +152,7 @@ def test_the_de_gemm_gives_each_row_its_bits_whatever_the_rows(tma):
     Within a dtype's rounding of an fp64 product (K terms, each fp32)."""
     from own_kernel.kernels.gemm_rows import addmm_rows
     from own_kernel.policy.config import config_for, with_overrides
-    from own_kernel.policy.plan import tma_ready
+    from own_kernel.policy.route import rows_gemm_reads_tma
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     cfg = with_overrides(config_for(torch.device(DEVICE), dtype), {"rows_gemm": {"tma": tma}})
@@ -161,11 +161,11 @@ def test_the_de_gemm_gives_each_row_its_bits_whatever_the_rows(tma):
     a = torch.randn(m, k, generator=g).to(DEVICE, dtype)
     b = (torch.randn(k, d, generator=g) * k ** -0.5).to(DEVICE, dtype)
     start = torch.randn(m, d, generator=g).to(DEVICE)
-    assert tma_ready(a) and tma_ready(b)  # else the tma case would run the pointer loader
+    assert rows_gemm_reads_tma(cfg.rows_gemm, a, b) == tma  # the route's choice is the case's
 
     def run(rows):
         out = start[rows].clone()
-        addmm_rows(out, a[rows], b, cfg.rows_gemm)
+        addmm_rows(out, a[rows], b, cfg.rows_gemm, tma)
         return out
 
     full = run(slice(None))

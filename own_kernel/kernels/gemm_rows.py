@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.kernels.tile import dot_precision
-from own_kernel.policy.plan import cdiv, tma_ready
+from own_kernel.policy.plan import cdiv
 
 
 @triton.jit
@@ -82,12 +82,10 @@ def cce_rows_gemm_tma_kernel(Acc, a_desc, b_desc, M, D, K, stride_acc,
     tl.store(at, acc, mask=mask)
 
 
-def addmm_rows(acc, a, b, rows_gemm) -> None:
+def addmm_rows(acc, a, b, rows_gemm, tma: bool) -> None:
     """acc (fp32, unit stride along D) += a @ b, each row's sums independent of the other rows
     (rows_gemm: the pinned config.RowsGemm; its tiles: block_n rows, block_v columns of D,
-    block_d of K). The TMA loader where the config asks for it and a and b allow it
-    (plan.tma_ready: in batch_invariant's calls that follows D and V, never N, since the
-    chunks start at multiples of 8 columns)."""
+    block_d of K). tma: the TMA loader (route.rows_gemm_reads_tma decides), else pointers."""
     m, k = a.shape
     d = b.shape[1]
     if m == 0 or k == 0:
@@ -97,7 +95,7 @@ def addmm_rows(acc, a, b, rows_gemm) -> None:
     common = dict(BLOCK_M=t.block_n, BLOCK_D=t.block_v, BLOCK_K=t.block_d,
                   GROUP_M=rows_gemm.group_m, DOT_PRECISION=dot_precision(a.dtype),
                   num_warps=t.num_warps, num_stages=t.num_stages)
-    if rows_gemm.tma and tma_ready(a) and tma_ready(b):
+    if tma:
         cce_rows_gemm_tma_kernel[grid](
             acc, TensorDescriptor.from_tensor(a, [t.block_n, t.block_d]),
             TensorDescriptor.from_tensor(b, [t.block_d, t.block_v]), m, d, k, acc.stride(0),

@@ -52,7 +52,7 @@ from own_kernel.paths.writers import writers_of
 from own_kernel.policy.config import Config
 from own_kernel.policy.options import FilterOptions, Options
 from own_kernel.policy.plan import Chunk, w_slots, x_and_w_slots
-from own_kernel.policy.route import Route
+from own_kernel.policy.route import Route, rows_gemm_reads_tma
 
 
 @dataclass
@@ -212,10 +212,12 @@ class ChunkWriter:
 
     def dense_gemms(self, ch: Chunk, w: torch.Tensor, scale) -> None:
         g = self.g
+        c_rows = self.c[ch.v_start:ch.v_start + ch.width]
         if self.route.call.batch_invariant:  # each row's sums independent of the other rows
-            addmm_rows(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width], self.cfg.rows_gemm)
+            rows_gemm = self.cfg.rows_gemm
+            addmm_rows(g.de32, w, c_rows, rows_gemm, rows_gemm_reads_tma(rows_gemm, w, c_rows))
         else:
-            addmm_fp32(g.de32, w, self.c[ch.v_start:ch.v_start + ch.width])
+            addmm_fp32(g.de32, w, c_rows)
         if g.row_scale is not None:
             rescale_rows(g, w, ch.v_start)
         mm_scaled(g.dc[ch.v_start:ch.v_start + ch.width], w.t(), self.e, float(scale))

@@ -56,7 +56,7 @@ from functools import cached_property
 import torch
 
 from own_kernel.policy import autotune
-from own_kernel.policy.config import Config
+from own_kernel.policy.config import Config, RowsGemm
 from own_kernel.policy.options import FilterOptions, Options, auto_filter
 from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan, TailPlan,
                                     chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
@@ -217,6 +217,14 @@ def route_with_copies(e, c, route_of):
         e, c = (t if tma_ready(t) else t.clone() for t in (e, c))
         r = route_of(e, c)
     return e, c, r
+
+
+def rows_gemm_reads_tma(rows_gemm: RowsGemm, a, b) -> bool:
+    """Whether batch_invariant's dE GEMM (kernels/gemm_rows.py) reads a chunk's W (a) and C
+    rows (b) through TMA: where the config asks for it and both views allow it. The chunks'
+    columns start at multiples of 8, so this follows D and V, never N: every batch a row is in
+    takes the same loader."""
+    return rows_gemm.tma and tma_ready(a) and tma_ready(b)
 
 
 def auto_filter_runs_exact(call: Call, cfg: Config) -> "Route | None":

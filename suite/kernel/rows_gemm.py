@@ -78,7 +78,7 @@ def _checks(addmm, a, b) -> dict:
 def measure(shape: tuple[int, int, int], override: dict, cublas_ms: float) -> dict:
     from own_kernel.kernels.gemm_rows import addmm_rows
     from own_kernel.policy.config import config_for, with_overrides
-    from own_kernel.policy.plan import tma_ready
+    from own_kernel.policy.route import rows_gemm_reads_tma
 
     m, k, d = shape
     row = {"m": m, "k": k, "d": d, "candidate": json.dumps(override, sort_keys=True),
@@ -90,10 +90,11 @@ def measure(shape: tuple[int, int, int], override: dict, cublas_ms: float) -> di
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
     b = torch.randn(k, d, device=dev, dtype=torch.bfloat16, generator=gen) * k ** -0.5
     acc = torch.zeros(m, d, device=dev, dtype=torch.float32)
-    row["loader"] = "tma" if rg.tma and tma_ready(a) and tma_ready(b) else "pointer"
+    tma = rows_gemm_reads_tma(rg, a, b)
+    row["loader"] = "tma" if tma else "pointer"
     try:
-        row.update(_checks(lambda o, x, y: addmm_rows(o, x, y, rg), a, b))
-        ms, p20, p80 = _time(lambda: addmm_rows(acc, a, b, rg))
+        row.update(_checks(lambda o, x, y: addmm_rows(o, x, y, rg, tma), a, b))
+        ms, p20, p80 = _time(lambda: addmm_rows(acc, a, b, rg, tma))
     except Exception as exc:  # a candidate that cannot compile or run is data
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return row
