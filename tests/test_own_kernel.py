@@ -298,6 +298,21 @@ def test_compaction_only_where_it_pays(n, used, v, d, in_de, expect):
         assert tail_width(used, v, d, 2, HOPPER_16BIT).in_de is in_de
 
 
+def test_forward_programs_per_sm_plans_waves_of_that_many_programs():
+    # Two programs per SM: the grid's waves are twice the SMs' programs. At N 16384, D 2048,
+    # V 49152 on 132 SMs, 128 row blocks in three splits fill about three waves; with 264
+    # resident programs the plan must split the vocabulary further to fill them.
+    from own_kernel.policy.plan import split_plan
+
+    two = with_overrides(HOPPER_16BIT, {"forward": {"programs_per_sm": 2}})
+    n, d, v = 16384, 2048, 49152
+    assert split_plan(n, v, d, 2, two, 132) == split_plan(n, v, d, 2, HOPPER_16BIT, 264)
+    assert split_plan(n, v, d, 2, two, 132).splits > split_plan(n, v, d, 2, HOPPER_16BIT,
+                                                                  132).splits
+    with pytest.raises(ValueError, match="forward.programs_per_sm"):
+        with_overrides(HOPPER_16BIT, {"forward": {"programs_per_sm": 0}})
+
+
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])
 def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):

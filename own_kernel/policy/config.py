@@ -64,9 +64,16 @@ class Forward:
     # where smaller); a vocab-parallel shard that starts off a block borrows at most this many
     # columns less one from its neighbour (paths/vocab_gathered.py), not a whole tile's.
     invariant_width: int = 64
+    # Programs the forward's grid counts as resident per SM (plan.split_plan's waves): 2 where
+    # the tile's registers and shared memory let two share an SM, so that one's epilogue runs
+    # while the other's matmul does.
+    programs_per_sm: int = 1
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
+        if self.programs_per_sm < 1:
+            raise ValueError(f"forward.programs_per_sm: expected >= 1, got "
+                             f"{self.programs_per_sm}")
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,10 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     With many row blocks resident at once (N 32768: 132 blocks of 128 x 2304 = 78 MB) those
     blocks do not fit in L2 and come from DRAM on every tile; forward.l2_mib bounds the E bytes
     the resident programs share: at least enough splits that slots / splits row blocks fit,
-    launched in groups of that many row blocks."""
+    launched in groups of that many row blocks. slots: the GPU's SMs, times the programs
+    resident on each (forward.programs_per_sm)."""
     tiles = cfg.forward.tiles
+    slots *= cfg.forward.programs_per_sm
     num_nb, num_tiles = cdiv(n, tiles.block_n), max(1, cdiv(v, tiles.block_v))
     e_block = tiles.block_n * d * elt
     budget = cfg.forward.l2_mib * 2**20
