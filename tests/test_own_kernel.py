@@ -332,7 +332,10 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
         cfg = config_for(torch.device("cpu"), torch.float32)
     grid = split_plan(n, v, d, 4, cfg, slots)
     splits, group_rows = grid.splits, grid.group_rows
-    assert splits >= -(-slots // l2_rows) and group_rows <= -(-slots // splits)
+    # a group: as many row blocks as the budget holds; a wave of resident programs spans at most
+    # one group's blocks (enough splits)
+    assert splits >= -(-slots // l2_rows) and group_rows == l2_rows
+    assert group_rows * splits >= slots
     assert group_rows < -(-n // cfg.forward.tiles.block_n)  # the grouped order is what runs
     grids = []  # the forward launches with this grid, on the route asked for
     real_plan = forward.split_plan

@@ -68,9 +68,15 @@ class Forward:
     # the tile's registers and shared memory let two share an SM, so that one's epilogue runs
     # while the other's matmul does.
     programs_per_sm: int = 1
+    # Row blocks per launch group where l2_mib bounds them: "budget", as many as l2_mib holds
+    # (fewer passes over C from DRAM); "splits", the resident programs over the split count.
+    l2_group: Literal["budget", "splits"] = "budget"
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
+        if self.l2_group not in ("budget", "splits"):
+            raise ValueError(f"forward.l2_group: expected 'budget' or 'splits', got "
+                             f"{self.l2_group!r}")
         if self.programs_per_sm < 1:
             raise ValueError(f"forward.programs_per_sm: expected >= 1, got "
                              f"{self.programs_per_sm}")

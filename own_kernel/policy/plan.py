@@ -88,13 +88,20 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     num_nb, num_tiles = cdiv(n, tiles.block_n), max(1, cdiv(v, tiles.block_v))
     e_block = tiles.block_n * d * elt
     budget = cfg.forward.l2_mib * 2**20
-    min_splits = 1
+    min_splits, rows_fit = 1, max(1, int(budget // e_block)) if budget else num_nb
     if budget and min(num_nb, slots) * e_block > budget:
-        min_splits = cdiv(slots, max(1, int(budget // e_block)))
+        min_splits = cdiv(slots, rows_fit)
     splits = balanced_splits(num_nb, num_tiles, slots, min_splits)
     v_per_split = cdiv(num_tiles, splits) * tiles.block_v
     splits = max(1, cdiv(v, v_per_split))  # no empty split
-    group_rows = num_nb if min_splits == 1 else min(num_nb, cdiv(slots, splits))
+    if min_splits == 1:
+        group_rows = num_nb
+    elif cfg.forward.l2_group == "budget":
+        # splits >= slots / rows_fit, so a wave still spans at most one group's row blocks;
+        # each group is one more pass over C from DRAM (N 4096, D 7168: 7 rows a group made 5)
+        group_rows = min(num_nb, rows_fit)
+    else:
+        group_rows = min(num_nb, cdiv(slots, splits))
     return ForwardGrid(splits, v_per_split, group_rows)
 
 
