@@ -311,11 +311,14 @@ def test_forward_programs_per_sm_plans_waves_of_that_many_programs():
                                                                   132).splits
     with pytest.raises(ValueError, match="forward.programs_per_sm"):
         with_overrides(HOPPER_16BIT, {"forward": {"programs_per_sm": 0}})
+    with pytest.raises(ValueError, match="forward.l2_group"):
+        with_overrides(HOPPER_16BIT, {"forward": {"l2_group": "rows"}})
 
 
+@pytest.mark.parametrize("l2_group", ["splits", "budget"])
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])
-def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows):
+def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows, l2_group):
     # forward.l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
     # blocks (the last group partial); every (row block, split) must still run exactly once.
     from own_kernel.paths import forward
@@ -326,16 +329,18 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
     n, d, v = 100, 24, 300
     cfg = config_for(torch.device("cpu"), torch.float32)
     e_block = cfg.forward.tiles.block_n * d * 4
-    override = {"forward": {"l2_mib": l2_rows * e_block / 2**20, "tma": tma}}
+    override = {"forward": {"l2_mib": l2_rows * e_block / 2**20, "tma": tma,
+                            "l2_group": l2_group}}
     slots = num_sms(torch.device("cpu"))
     with overridden(override):
         cfg = config_for(torch.device("cpu"), torch.float32)
     grid = split_plan(n, v, d, 4, cfg, slots)
     splits, group_rows = grid.splits, grid.group_rows
-    # a group: as many row blocks as the budget holds; a wave of resident programs spans at most
-    # one group's blocks (enough splits)
-    assert splits >= -(-slots // l2_rows) and group_rows == l2_rows
-    assert group_rows * splits >= slots
+    # a group: the resident programs over the splits, or as many row blocks as the budget
+    # holds; either way a wave of resident programs spans at most one group's blocks
+    assert splits >= -(-slots // l2_rows)
+    assert group_rows == (-(-slots // splits) if l2_group == "splits" else l2_rows)
+    assert l2_rows >= group_rows and group_rows * splits >= slots
     assert group_rows < -(-n // cfg.forward.tiles.block_n)  # the grouped order is what runs
     grids = []  # the forward launches with this grid, on the route asked for
     real_plan = forward.split_plan

@@ -64,13 +64,15 @@ class Forward:
     # where smaller); a vocab-parallel shard that starts off a block borrows at most this many
     # columns less one from its neighbour (paths/vocab_gathered.py), not a whole tile's.
     invariant_width: int = 64
-    # Programs the forward's grid counts as resident per SM (plan.split_plan's waves): 2 where
-    # the tile's registers and shared memory let two share an SM, so that one's epilogue runs
-    # while the other's matmul does.
+    # Programs plan.split_plan counts as resident per SM (its waves, its L2 groups). 2 plans
+    # more splits for the same tile: faster at N 4096, D 7168, level or slower at the frontier's
+    # shapes, so 1 (results/notes/forward-grid.md; the 128-column tiles that two programs could
+    # share an SM with were 15-30 % slower).
     programs_per_sm: int = 1
-    # Row blocks per launch group where l2_mib bounds them: "budget", as many as l2_mib holds
-    # (fewer passes over C from DRAM); "splits", the resident programs over the split count.
-    l2_group: Literal["budget", "splits"] = "budget"
+    # Row blocks per launch group where l2_mib bounds them: "splits", the resident programs
+    # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
+    # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
+    l2_group: Literal["budget", "splits"] = "splits"
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)

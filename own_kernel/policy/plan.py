@@ -98,7 +98,7 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
         group_rows = num_nb
     elif cfg.forward.l2_group == "budget":
         # splits >= slots / rows_fit, so a wave still spans at most one group's row blocks;
-        # each group is one more pass over C from DRAM (N 4096, D 7168: 7 rows a group made 5)
+        # each group is one more pass over C from DRAM
         group_rows = min(num_nb, rows_fit)
     else:
         group_rows = min(num_nb, cdiv(slots, splits))
