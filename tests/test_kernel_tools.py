@@ -148,6 +148,39 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
     assert kernel_family("_shifted_to_grad_kernel") == kernel_family("_logits_to_grad_kernel")
 
 
+def test_profile_leaves_out_what_the_first_marked_call_launched(tmp_path, capsys):
+    # Two marked calls on the host; the first call's kernels (and the idle GPU while the host
+    # queued it) are left out, whichever thread launched them, so the span starts at the second
+    # call's first kernel.
+    from suite.kernel.profile import CALL_MARK, print_gpu_gaps
+
+    def mark(ts, dur):  # record_function's range, as torch.profiler exports it
+        return {"ph": "X", "cat": "user_annotation", "name": CALL_MARK, "ts": ts, "dur": dur,
+                "tid": 1, "args": {}}
+
+    def launch(ts, corr, tid=1):  # tid 2: autograd's device thread, which launches backwards
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts,
+                "dur": 1, "tid": tid, "args": {"correlation": corr}}
+
+    def kernel(name, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                "args": {"correlation": corr}}
+
+    events = [mark(0, 300), launch(290, 1), launch(295, 2, tid=2),
+              kernel("cce_fwd_tma_kernel", 700, 100, 1), kernel("nvjet_sm90_tst", 800, 100, 2),
+              mark(310, 50), launch(320, 3), launch(330, 4, tid=2),
+              kernel("cce_fwd_tma_kernel", 900, 100, 3), kernel("nvjet_sm90_tst", 1030, 100, 4)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    floors = print_gpu_gaps(str(path), floor_ms=0.1, calls=1, skip_calls=1)
+    assert {k: round(x, 6) for k, x in floors.items()} == {
+        "forward": 1.0, "cuBLAS GEMMs (dE, dC; the three-matmul path's logits too)": 1.0,
+        "GPU idle": 0.3, "span of the traced calls": 2.3}
+    assert "the first 1 call(s) left out" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="skip_calls"):
+        print_gpu_gaps(str(path), floor_ms=0.1, calls=1, skip_calls=2)
+
+
 def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
     import argparse
     import csv

@@ -38,7 +38,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
     ap.add_argument("--lm-entropy", type=float, default=LM_ENTROPY,
                     help=f"lm inputs: the targets' mean entropy in nats (default {LM_ENTROPY})")
-    ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 3 calls here")
+    ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 4 calls "
+                    "here; the last 3 are counted (the first starts behind an idle GPU)")
     ap.add_argument("--workspace-mib", type=int, default=0,
                     help="host: the three-matmul path's budget (default 0: the recompute path)")
     ap.add_argument("--provider", help="host: profile this registered provider's call instead "
@@ -119,16 +120,27 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=
     stats.sort_stats("tottime").print_stats(25)
     stats.sort_stats("cumulative").print_stats(45)
     if trace:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
 
+        # One more call than is counted: the first starts behind an idle GPU, which waits while
+        # the host queues it (a gap no call in a training loop has); print_gpu_gaps leaves out
+        # what that call launched.
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-            for _ in range(3):
-                call()
+            for _ in range(SKIPPED_CALLS + TRACED_CALLS):
+                with record_function(CALL_MARK):
+                    call()
             torch.cuda.synchronize()
         p.export_chrome_trace(trace)
         measured["floor_ms"] = floor_ms(e, c)
-        measured["floors"] = print_gpu_gaps(trace, floor_ms=measured["floor_ms"], calls=3)
+        measured["floors"] = print_gpu_gaps(trace, floor_ms=measured["floor_ms"],
+                                            calls=TRACED_CALLS, skip_calls=SKIPPED_CALLS)
     return measured
+
+
+# The traced calls (host_profile): each inside a CALL_MARK range, the first SKIPPED_CALLS left
+# out of the accounting.
+CALL_MARK = "cce_bench.profiled_call"
+SKIPPED_CALLS, TRACED_CALLS = 1, 3
 
 
 # A kernel family's column in the profile CSV (--csv), in floors per call.
@@ -227,25 +239,37 @@ def own_path_of(kernel_names) -> str:
     return ""
 
 
-def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
-                   floor_ms: float | None = None, calls: int = 1) -> dict:
-    """Where the GPU idled in a torch.profiler trace: its busy time against the span of the
-    traced calls, and the longest gaps between GPU operations, each with the host operation
-    that launched the next one (the host was still busy there, or waiting). With floor_ms (one
-    E @ C.T) and the number of traced calls: each kernel family's time per call in floors
-    (four matmuls' worth is the least a loss+grad call can cost), printed and returned (with
-    "GPU idle" and "span of the traced calls"); else {}."""
-    with open(trace_path) as f:
-        events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
-    gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                 key=lambda ev: ev["ts"])
-    if not gpu:
-        print("no GPU operations in the trace")
-        return
+def _gpu_ops(events: list, skip_calls: int) -> tuple[list, dict, list]:
+    """(GPU operations in time order, launch events by correlation id, host ops) of a trace's
+    complete events; with skip_calls, the operations launched inside the first skip_calls
+    CALL_MARK ranges are left out (fewer ranges than that is an error naming skip_calls)."""
     launches = {ev["args"].get("correlation"): ev for ev in events
                 if ev.get("cat") in ("cuda_runtime", "cuda_driver")}
     cpu_ops = [ev for ev in events if ev.get("cat") == "cpu_op"]
+    gpu = sorted((ev for ev in events if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda ev: ev["ts"])
+    if skip_calls:
+        # record_function's ranges ("user_annotation"); a call's backward launches from
+        # autograd's device thread, so what a range holds is what launched during it, any thread
+        marks = sorted((ev for ev in events if ev.get("name") == CALL_MARK
+                        and ev.get("cat") in ("user_annotation", "cpu_op")),
+                       key=lambda ev: ev["ts"])
+        if len(marks) <= skip_calls:
+            raise ValueError(f"skip_calls: {skip_calls} calls to leave out, but the trace marks "
+                             f"{len(marks)} ({CALL_MARK!r} ranges)")
+        skipped = marks[:skip_calls]
 
+        def in_skipped(ev):
+            launch = launches.get(ev.get("args", {}).get("correlation"))
+            return launch is not None and any(
+                m["ts"] <= launch["ts"] <= m["ts"] + m["dur"] for m in skipped)
+
+        gpu = [ev for ev in gpu if not in_skipped(ev)]
+    return gpu, launches, cpu_ops
+
+
+def _print_longest_gaps(gaps: list, launches: dict, cpu_ops: list, top: int) -> None:
+    """The longest gaps, each with the host operation that launched the GPU op after it."""
     def launched_by(ev):
         launch = launches.get(ev["args"].get("correlation"))
         if launch is None:
@@ -254,6 +278,45 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
                   and op["ts"] <= launch["ts"] <= op["ts"] + op["dur"]]
         return min(inside, key=lambda op: op["dur"])["name"] if inside else launch["name"]
 
+    for gap, ev in sorted(gaps, key=lambda x: -x[0])[:top]:
+        print(f"  {gap:8.1f} us before {ev['name'][:60]!r} (launched in {launched_by(ev)[:50]!r})")
+
+
+def _print_floors(gpu: list, span: float, busy: float, floor_ms: float, calls: int) -> dict:
+    """Each kernel family's GPU time per call in floors, with "GPU idle" and "span of the
+    traced calls"; printed and returned."""
+    families: dict = {}
+    for ev in gpu:
+        family = kernel_family(ev["name"])
+        families[family] = families.get(family, 0.0) + ev["dur"]
+    per_call = 1e3 * calls * floor_ms  # us of the traced calls per floor and call
+    print(f"Per call, in floors (one E @ C.T = {floor_ms:.3f} ms):")
+    for family, us in sorted(families.items(), key=lambda x: -x[1]):
+        print(f"  {us / per_call:6.3f}  {family}")
+    floors = {family: us / per_call for family, us in families.items()}
+    floors["GPU idle"] = (span - busy) / per_call
+    floors["span of the traced calls"] = span / per_call
+    for family in ("GPU idle", "span of the traced calls"):
+        print(f"  {floors[family]:6.3f}  {family}")
+    return floors
+
+
+def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
+                   floor_ms: float | None = None, calls: int = 1, skip_calls: int = 0) -> dict:
+    """Where the GPU idled in a torch.profiler trace: its busy time against the span of the
+    traced calls, and the longest gaps between GPU operations, each with the host operation
+    that launched the next one (the host was still busy there, or waiting). skip_calls: leave
+    out what the first skip_calls calls (CALL_MARK ranges) launched, so the span starts at the
+    next call's first GPU operation. With floor_ms (one E @ C.T) and the number of calls
+    counted: each kernel family's time per call in floors (four matmuls' worth is the least a
+    loss+grad call can cost), printed and returned (with "GPU idle" and "span of the traced
+    calls"); else {}."""
+    with open(trace_path) as f:
+        events = [ev for ev in json.load(f)["traceEvents"] if ev.get("ph") == "X"]
+    gpu, launches, cpu_ops = _gpu_ops(events, skip_calls)
+    if not gpu:
+        print("no GPU operations in the trace")
+        return {}
     busy, gaps, end = 0.0, [], gpu[0]["ts"]
     for ev in gpu:
         if ev["ts"] > end + min_gap_us:
@@ -262,30 +325,15 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
         end = max(end, ev["ts"] + ev["dur"])
     span = end - gpu[0]["ts"]
     print(f"GPU busy {busy / 1e3:.3f} ms of {span / 1e3:.3f} ms traced "
-          f"({len(gpu)} GPU operations); {len(gaps)} gaps over {min_gap_us:.0f} us, "
-          f"{sum(g for g, _ in gaps) / 1e3:.3f} ms in all. Longest:")
-    for gap, ev in sorted(gaps, key=lambda x: -x[0])[:top]:
-        print(f"  {gap:8.1f} us before {ev['name'][:60]!r} (launched in {launched_by(ev)[:50]!r})")
+          f"({len(gpu)} GPU operations{f', the first {skip_calls} call(s) left out' if skip_calls else ''}); "
+          f"{len(gaps)} gaps over {min_gap_us:.0f} us, {sum(g for g, _ in gaps) / 1e3:.3f} ms in all. "
+          f"Longest:")
+    _print_longest_gaps(gaps, launches, cpu_ops, top)
     totals: dict = {}
     for ev in gpu:
         count, us = totals.get(ev["name"][:60], (0, 0.0))
         totals[ev["name"][:60]] = (count + 1, us + ev["dur"])
-    print("GPU time by operation (all traced calls):")
+    print("GPU time by operation (the calls counted):")
     for name, (count, us) in sorted(totals.items(), key=lambda x: -x[1][1])[:top]:
         print(f"  {us / 1e3:8.3f} ms {count:5d}x {name!r}")
-    if floor_ms:
-        families: dict = {}
-        for ev in gpu:
-            family = kernel_family(ev["name"])
-            families[family] = families.get(family, 0.0) + ev["dur"]
-        per_call = 1e3 * calls * floor_ms  # us of the traced calls per floor and call
-        print(f"Per call, in floors (one E @ C.T = {floor_ms:.3f} ms):")
-        for family, us in sorted(families.items(), key=lambda x: -x[1]):
-            print(f"  {us / per_call:6.3f}  {family}")
-        floors = {family: us / per_call for family, us in families.items()}
-        floors["GPU idle"] = (span - busy) / per_call
-        floors["span of the traced calls"] = span / per_call
-        for family in ("GPU idle", "span of the traced calls"):
-            print(f"  {floors[family]:6.3f}  {family}")
-        return floors
-    return {}
+    return _print_floors(gpu, span, busy, floor_ms, calls) if floor_ms else {}
