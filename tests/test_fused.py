@@ -306,6 +306,52 @@ def test_other_calls_take_the_recompute_path(fused_calls):
     assert len(fused_calls) == 3 and fused_calls[2][2]
 
 
+def test_zero_budget_runs_three_matmul_within_the_recompute_paths_memory(fused_calls):
+    # fused.zero_budget "recompute-memory": at workspace_mib=0 an exact call of 16-bit inputs
+    # takes the three-matmul path where its chunks fit the recompute path's fp32 dE accumulator
+    # (4 N D bytes): the plan's peak no higher than the recompute path's, the gradients as
+    # exact. The default ("recompute"), fp32 inputs and a filter keep the recompute path.
+    from own_kernel import plan
+
+    e, c, t, _ = _inputs(torch.float16, (20,), 16, 40, False, ignore_every=6)
+    ref, e2, c2, _ = reference(e, c, t)
+    ref.backward()
+    recompute = plan(e, c, t, workspace_mib=0)
+    assert recompute.path == "recompute"
+    with overridden({"fused": {"zero_budget": "recompute-memory"}}):
+        within = plan(e, c, t, workspace_mib=0)
+        assert within.path == "three-matmul" and within.chunks > 1
+        assert within.peak_bytes <= recompute.peak_bytes
+        assert within.fused.extra_bytes <= 4 * e.shape[0] * e.shape[1]
+        linear_cross_entropy(e, c, t, workspace_mib=0).backward()
+        assert len(fused_calls) == 1 and len(fused_calls[0][0]) > 1  # its chunks ran
+        assert rel(e.grad, e2.grad) < 3e-3 and rel(c.grad, c2.grad) < 3e-3
+        assert plan(e, c, t, workspace_mib=0, filter_eps=1e-3).path == "recompute"
+        assert plan(e.detach().float(), c.detach().float().requires_grad_(), t,
+                    workspace_mib=0).path == "recompute"
+    with pytest.raises(ValueError, match="fused.zero_budget"):
+        with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "none"}})
+
+
+@pytest.mark.parametrize("n, d, v, path", [
+    (16384, 2048, 49152, "three-matmul"),  # 1280-row chunks fit 4 N D bytes
+    (8192, 4096, 32768, "three-matmul"),
+    (8192, 4096, 128256, "recompute"),     # 523 rows would fit: fewer than fused.min_rows
+    (8192, 2304, 256000, "recompute"),
+])
+def test_zero_budget_on_hopper_only_where_chunks_of_min_rows_fit(n, d, v, path):
+    from own_kernel.policy.route import Call, route
+
+    call = Call(n, v, d, torch.bfloat16, "mean", True, False, False, False, False,
+                workspace_mib=0)
+    within = with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "recompute-memory"}})
+    r, recompute = route(call, within), route(call, HOPPER_16BIT)
+    assert recompute.path == "recompute" and r.path == path
+    assert r.peak_bytes <= recompute.peak_bytes
+    if path == "three-matmul":
+        assert r.fused.rows >= HOPPER_16BIT.fused.min_rows and r.budget_mib == 0
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_all_ignored_gives_torchs_loss_and_zero_gradients(fused_calls, reduction):
     e, c, _, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)

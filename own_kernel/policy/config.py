@@ -192,6 +192,12 @@ class Fused:
     default_workspace_mib_fp32: int = 512
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
     filtered: bool = False         # filtered calls take the path at the default budget too
+    # A budget of 0 MiB, 16-bit inputs, exact: "recompute", the recompute path; "recompute-
+    # memory", the three-matmul path where its chunks (at least min_rows rows) fit in the fp32
+    # dE accumulator the recompute path holds (4 N D bytes), so the call holds no more memory.
+    # Not measured as a whole on a GPU yet; where chunks of >= 1024 rows ran (the frontier's
+    # own_ws256 / own_ws512 rows) they beat the recompute path by 20-30 %.
+    zero_budget: Literal["recompute", "recompute-memory"] = "recompute"
     # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
     # give naive 16-bit accuracy on confident rows (own_kernel/README.md, "Accuracy").
@@ -231,6 +237,9 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        if self.zero_budget not in ("recompute", "recompute-memory"):
+            raise ValueError(f"fused.zero_budget: expected 'recompute' or 'recompute-memory', "
+                             f"got {self.zero_budget!r}")
         if self.row_align < 1:
             raise ValueError(f"fused.row_align: expected >= 1, got {self.row_align}")
         if self.dc_accumulator not in ("fp32", "dc"):

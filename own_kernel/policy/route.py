@@ -179,6 +179,22 @@ def budget_mib(call: Call, cfg: Config) -> tuple[int, str]:
     return (cfg.fused.default_workspace_mib_fp32 if fp32 else cfg.fused.default_workspace_mib), ""
 
 
+def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
+    """plan.fused_plan of the call at budget_bytes: (plan or None, why not)."""
+    # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies an
+    # e or c whose base is not aligned: Route.fused_copies)
+    shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
+    return fused_plan(call.n, call.v, call.d, call.elt, budget_bytes, cfg,
+                      filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok)
+
+
+def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
+    """Given a 0 MiB budget, whether the call tries the three-matmul path within the recompute
+    path's own memory (config.Fused.zero_budget): exact calls of 16-bit inputs, whose recompute
+    path holds an fp32 dE accumulator (4 N D bytes) beside the gradients."""
+    return cfg.fused.zero_budget == "recompute-memory" and call.elt == 2 and not call.filtered
+
+
 def route(call: Call, cfg: Config) -> "Route":
     """The call's path and entry, with the three-matmul path's plan where it runs. Cheap: every
     call asks it (no chunk planning beyond fused_plan's few integers; the other paths' chunks
@@ -190,14 +206,16 @@ def route(call: Call, cfg: Config) -> "Route":
     mib, why_not = budget_mib(call, cfg)
     excluded = _three_matmul_excluded(call)
     if not excluded and mib:
-        # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies
-        # an e or c whose base is not aligned: Route.fused_copies)
-        shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
-        plan, why_not = fused_plan(call.n, call.v, call.d, call.elt, mib * 2**20, cfg,
-                                   filtered=call.filtered, dc_fp32=call.fp32_weight,
-                                   shift_ok=shift_ok)
+        plan, why_not = _fused_plan(call, cfg, mib * 2**20)
         if plan is not None:
             return Route(call, cfg, "three-matmul", "fused", plan, mib)
+    elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
+        # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
+        plan, _ = _fused_plan(call, cfg, 4 * call.n * call.d)
+        if plan is not None:
+            return Route(call, cfg, "three-matmul", "fused", plan, 0,
+                         "workspace_mib=0: the chunks fit the recompute path's fp32 dE "
+                         "accumulator (fused.zero_budget)")
     elif excluded and call.workspace_mib:
         why_not = excluded
     note = f"workspace_mib={mib} unused: {why_not}" if mib and why_not else why_not
