@@ -67,7 +67,7 @@ class Forward:
     # Programs plan.split_plan counts as resident per SM (its waves, its L2 groups). 2 plans
     # more splits for the same tile: faster at N 4096, D 7168, level or slower at the frontier's
     # shapes, so 1 (results/notes/forward-grid.md; the 128-column tiles that two programs could
-    # share an SM with were 15-30 % slower).
+    # share an SM with were 10-23 % slower).
     programs_per_sm: int = 1
     # Row blocks per launch group where l2_mib bounds them: "splits", the resident programs
     # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
@@ -196,7 +196,7 @@ class Fused:
     # memory", the three-matmul path where its chunks (at least min_rows rows) fit in the fp32
     # dE accumulator the recompute path holds (4 N D bytes), so the call holds no more memory.
     # Not measured as a whole on a GPU yet; where chunks of >= 1024 rows ran (the frontier's
-    # own_ws256 / own_ws512 rows) they beat the recompute path by 20-30 %.
+    # own_ws256 / own_ws512 rows, H200) they took 18-21 % less time than the recompute path.
     zero_budget: Literal["recompute", "recompute-memory"] = "recompute"
     # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
