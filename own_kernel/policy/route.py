@@ -211,7 +211,7 @@ def route(call: Call, cfg: Config) -> "Route":
             return Route(call, cfg, "three-matmul", "fused", plan, mib)
     elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
         # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
-        plan, _ = _fused_plan(call, cfg, 4 * call.n * call.d)
+        plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call))
         if plan is not None:
             return Route(call, cfg, "three-matmul", "fused", plan, 0,
                          "workspace_mib=0: the chunks fit the recompute path's fp32 dE "
@@ -512,7 +512,7 @@ class Route:
     @cached_property
     def _summary(self) -> tuple[int, int, int]:
         """(chunks, chunk_size, peak_bytes): the path's chunking and its estimated peak."""
-        call, n, d = self.call, self.call.n, self.call.d
+        call, n = self.call, self.call.n
         if self.path == "three-matmul":
             peak = _gradient_bytes(call) + _weight_copy_bytes(call) + self.fused.extra_bytes + 4 * n
             return self.fused.chunks, self.fused.rows, peak
@@ -524,7 +524,7 @@ class Route:
             lm = self.low_memory_plan
             return -(-n // max(lm.rows_1, 1)), lm.rows_1, grads + lm.workspace_2 + _vectors(call)
         chunks = self.vocab_chunks(self.filter is not None)
-        peak = grads + 4 * n * d + _vectors(call)  # + dE's fp32 accumulator
+        peak = grads + _de_accumulator_bytes(call) + _vectors(call)
         return len(chunks), max((ch.width for ch in chunks), default=0), peak
 
     def __repr__(self) -> str:
@@ -540,6 +540,12 @@ class Route:
         return (f"Route(path={self.path!r}, entry={self.entry!r}, {kernels}, chunks={self.chunks},"
                 f" chunk_size={self.chunk_size}, peak_bytes={self.peak_bytes}, budget_mib="
                 f"{self.budget_mib}, note={self.note!r}, config={self.cfg.name!r})")
+
+
+def _de_accumulator_bytes(call: Call) -> int:
+    """The recompute path's fp32 dE accumulator (N x D): its memory beyond the gradients, which
+    a zero budget may give the three-matmul path's chunks instead (config.Fused.zero_budget)."""
+    return 4 * call.n * call.d
 
 
 def _gradient_bytes(call: Call) -> int:
