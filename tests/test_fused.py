@@ -334,22 +334,29 @@ def test_zero_budget_runs_three_matmul_within_the_recompute_paths_memory(fused_c
 
 
 @pytest.mark.parametrize("n, d, v, path", [
-    (16384, 2048, 49152, "three-matmul"),  # 1280-row chunks fit 4 N D bytes
-    (8192, 4096, 32768, "three-matmul"),
-    (8192, 4096, 128256, "recompute"),     # 523 rows would fit: fewer than fused.min_rows
-    (8192, 2304, 256000, "recompute"),
+    (16384, 2048, 49152, "three-matmul"),  # 13 chunks of 1280 rows fit 4 N D bytes
+    (8192, 4096, 128256, "three-matmul"),  # 16 of 512
+    (4096, 7168, 129280, "three-matmul"),  # 10 of 410
+    (8192, 2304, 256000, "recompute"),     # 147 rows would fit: fewer than fused.min_rows
+    (65536, 2304, 256000, "recompute"),    # 56 chunks of 1179: more than zero_budget_max_chunks
 ])
-def test_zero_budget_on_hopper_only_where_chunks_of_min_rows_fit(n, d, v, path):
+def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, path):
+    # HOPPER_16BIT's zero budget runs the three-matmul path in the recompute path's memory
+    # where its chunks hold fused.min_rows rows and number at most fused.zero_budget_max_chunks
+    # (dC's 16-bit sums round once per chunk); "recompute" keeps the recompute path.
     from own_kernel.policy.route import Call, route
 
     call = Call(n, v, d, torch.bfloat16, "mean", True, False, False, False, False,
                 workspace_mib=0)
-    within = with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "recompute-memory"}})
-    r, recompute = route(call, within), route(call, HOPPER_16BIT)
+    recompute = route(call, with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "recompute"}}))
+    r = route(call, HOPPER_16BIT)
     assert recompute.path == "recompute" and r.path == path
     assert r.peak_bytes <= recompute.peak_bytes
     if path == "three-matmul":
         assert r.fused.rows >= HOPPER_16BIT.fused.min_rows and r.budget_mib == 0
+        assert r.chunks <= HOPPER_16BIT.fused.zero_budget_max_chunks
+    with pytest.raises(ValueError, match="fused.zero_budget_max_chunks"):
+        with_overrides(HOPPER_16BIT, {"fused": {"zero_budget_max_chunks": 0}})
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -444,7 +451,7 @@ HOPPER_LOGITS_16 = with_overrides(HOPPER_16BIT, {"fused": {"logits_fp32": False,
     (8192, 256000, 2304, 3072, (2816, 3, True)),       # 2731 rounded up (fused.row_align)
     (8192, 256000, 2304, 4096, (8192, 1, False)),      # all the logits (4000 MiB): one chunk
     # room for fewer than min_rows rows beside the accumulator: recomputing is faster
-    (65536, 50257, 512, 100, "fewer than 1024"),
+    (65536, 50257, 256, 50, f"fewer than {HOPPER_16BIT.fused.min_rows}"),  # 265 rows
     (8192, 128256, 4096, 3072, (8192, 1, False)),      # Llama 3 (8B): one chunk
     (16384, 152064, 3584, 3072, (5504, 3, True)),      # Qwen 2.5 (7B): 5462 rounded up
     (8192, 32000, 2304, 1024, (8192, 1, False)),       # everything in one chunk
@@ -476,8 +483,9 @@ def test_dc_summed_in_its_own_buffer_leaves_the_budget_to_the_chunk(n, v, d, exp
 
 def test_too_few_rows_beside_no_accumulator_say_so():
     cfg = with_overrides(HOPPER_16BIT, {"fused": {"dc_accumulator": "dc"}})
-    plan, why = fused_plan(8192, 600_000, 2304, 2, 1024 * MIB, cfg, shift_ok=True)
-    assert plan is None and "fewer than 1024" in why and "accumulator" not in why
+    plan, why = fused_plan(8192, 600_000, 2304, 2, 256 * MIB, cfg, shift_ok=True)  # 205 rows
+    assert plan is None and f"fewer than {HOPPER_16BIT.fused.min_rows}" in why
+    assert "accumulator" not in why
 
 
 def test_dc_accumulator_is_validated():

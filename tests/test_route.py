@@ -138,9 +138,16 @@ def test_a_vocab_parallel_shard_filters_only_where_its_own_shape_pays():
     assert qwen_shard.filter is not None
 
 
+RECOMPUTE_AT_ZERO = with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "recompute"}})
+
+
 def test_a_zero_budget_is_no_budget_and_no_note():
-    r = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT)
+    call = Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0)
+    r = route(call, RECOMPUTE_AT_ZERO)
     assert (r.path, r.note, r.budget_mib) == ("recompute", "", 0)
+    # Hopper's default: the chunks in the recompute path's memory, and the note says so
+    r = route(call, HOPPER_16BIT)
+    assert (r.path, r.budget_mib) == ("three-matmul", 0) and "fused.zero_budget" in r.note
 
 
 def test_describe_reports_the_plans_chunks_and_a_peak_above_the_gradients():
@@ -150,7 +157,7 @@ def test_describe_reports_the_plans_chunks_and_a_peak_above_the_gradients():
     p = r  # the route is the plan own_kernel.plan reports
     assert (p.path, p.chunks, p.chunk_size) == ("three-matmul", r.fused.chunks, r.fused.rows)
     assert p.peak_bytes >= grads + r.fused.extra_bytes
-    rec = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), HOPPER_16BIT)
+    rec = route(Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0), RECOMPUTE_AT_ZERO)
     assert rec.path == "recompute" and rec.chunks > 1
     assert rec.peak_bytes >= grads + 4 * QWEN_SMALL["n"] * QWEN_SMALL["d"]  # dE's fp32 copy
     low = route(Call(**QWEN_SMALL, dtype=BF16, low_memory=True), HOPPER_16BIT)
@@ -259,7 +266,7 @@ def test_the_compiled_backward_keeps_the_forwards_config(monkeypatch):
 
 @pytest.mark.parametrize("provider, budget", [("own", "absent"), ("own_filter", "absent"),
                                               ("own_low_memory", "absent"),
-                                              ("own_recompute", 0)])
+                                              ("own_recompute", 0), ("own_ws0", 0)])
 def test_providers_call_the_api_as_a_user_does(monkeypatch, provider, budget):
     import suite.providers.own as own_providers
 

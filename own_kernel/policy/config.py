@@ -193,10 +193,9 @@ class Fused:
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
     filtered: bool = False         # filtered calls take the path at the default budget too
     # A budget of 0 MiB, 16-bit inputs, exact: "recompute", the recompute path; "recompute-
-    # memory", the three-matmul path where its chunks (at least min_rows rows) fit in the fp32
-    # dE accumulator the recompute path holds (4 N D bytes), so the call holds no more memory.
-    # Not measured as a whole on a GPU yet; where chunks of >= 1024 rows ran (the frontier's
-    # own_ws256 / own_ws512 rows, H200) they took 18-21 % less time than the recompute path.
+    # memory", the three-matmul path where its chunks (at least min_rows rows, at most
+    # zero_budget_max_chunks of them) fit in the fp32 dE accumulator the recompute path holds (4 N D
+    # bytes), so the call holds no more memory (HOPPER_16BIT sets it).
     zero_budget: Literal["recompute", "recompute-memory"] = "recompute"
     # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits
@@ -230,6 +229,12 @@ class Fused:
     # chunks, level with torch.compile, dC's error under half of torch.compile's (H200,
     # dc-accumulator.md).
     dc_accumulator: str = "dc"
+    # zero_budget "recompute-memory": chunks at most (more: the recompute path). With "dc",
+    # dC's error grows with its roundings, one per chunk: bf16 at Llama 3 (8B), 16 chunks 0.77x
+    # torch.compile's dC error, 32 chunks 1.23x, over the 1.2x the path keeps to; 22 chunks at
+    # Qwen 2.5 (7B) 0.96x (H200, zero-budget.md). The chunks of a 0 MiB budget number about
+    # V / 2D whatever N is: Gemma 2 (2B)'s would be 56 once N holds min_rows a chunk.
+    zero_budget_max_chunks: int = 24
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
@@ -237,6 +242,9 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
+        if self.zero_budget_max_chunks < 1:
+            raise ValueError(f"fused.zero_budget_max_chunks: expected >= 1, got "
+                             f"{self.zero_budget_max_chunks}")
         if self.zero_budget not in ("recompute", "recompute-memory"):
             raise ValueError(f"fused.zero_budget: expected 'recompute' or 'recompute-memory', "
                              f"got {self.zero_budget!r}")
@@ -337,7 +345,11 @@ HOPPER_16BIT = Config(
     # (shifted-logits.md). Rows per chunk a multiple of the forward's 128-row tile: Qwen 2.5
     # (7B)'s 3277 at 1 GiB made 3328 was faster in both rounds, 8192x1536x151936's 2731 made
     # 2816 in one, level in the other, D 1152 level (row-align.md).
-    fused=Fused(logits_shifted=True, row_align=128),
+    # At a 0 MiB budget the chunks in the recompute path's memory: 3.5-4.1 floors against its
+    # 4.1-4.9 at six heads, 410-820 rows a chunk; 256-row chunks were slower than recomputing,
+    # so min_rows 384 (zero-budget.md).
+    fused=Fused(logits_shifted=True, row_align=128, zero_budget="recompute-memory",
+                min_rows=384),
     # TMA, 128 x 256: 1.14-1.17x cuBLAS's fp32-output GEMM at the Llama 3 / Qwen 2.5 chunks,
     # where the pointer 128 x 128 took 1.53-1.57x (H100, batch-invariant.md).
     rows_gemm=RowsGemm(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, group_m=16),

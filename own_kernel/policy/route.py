@@ -212,7 +212,7 @@ def route(call: Call, cfg: Config) -> "Route":
     elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
         # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
         plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call))
-        if plan is not None:
+        if plan is not None and plan.chunks <= cfg.fused.zero_budget_max_chunks:
             return Route(call, cfg, "three-matmul", "fused", plan, 0,
                          "workspace_mib=0: the chunks fit the recompute path's fp32 dE "
                          "accumulator (fused.zero_budget)")

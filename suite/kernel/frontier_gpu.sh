@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1
 source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 start_run frontier
 PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_native_accurate
-OWN=own,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
+OWN=own,own_ws0,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
 PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
 
 cell_args() {  # the shape's cell, as frontier.md's command names it

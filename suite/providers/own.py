@@ -31,10 +31,27 @@ def own(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None)
 
 
-@register("own_recompute", summary="own Triton CCE, exact, the recompute path (workspace_mib=0)",
-          features=("bias", "softcap"), requires=needs_triton_device,
+# A 0 MiB budget on Hopper runs the three-matmul path where its chunks fit the recompute path's
+# memory (config.Fused.zero_budget): own_ws0 is that call, own_recompute pins the recompute path.
+RECOMPUTE_AT_ZERO = {"fused": {"zero_budget": "recompute"}}
+
+
+@register("own_recompute", summary="own Triton CCE, exact, the recompute path (workspace_mib=0, "
+          "fused.zero_budget 'recompute')", features=("bias", "softcap"),
+          requires=needs_triton_device,
           style=dict(color=VERMILLION, marker="v", linestyle="-"), order=60)
 def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
+    from own_kernel.policy.config import overridden
+
+    with overridden(RECOMPUTE_AT_ZERO):
+        return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
+
+
+@register("own_ws0", summary="own Triton CCE, exact, workspace_mib=0: the least memory (the "
+          "recompute path, or the three-matmul path within its memory: own_kernel.plan says)",
+          features=("bias", "softcap"), requires=needs_triton_device,
+          style=dict(color=VERMILLION, marker="<", linestyle="-"), order=60)
+def own_ws0(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
 
 
