@@ -40,7 +40,8 @@ BIG_BUDGET = 64  # MiB: every tiny call's chunks fit
 # with gradients; None: whichever the route picks, e.g. the default budget)
 PATHS = {
     "default": (dict(), None),
-    "recompute": (dict(workspace_mib=0), "recompute"),
+    "recompute": (dict(workspace_mib=0), "recompute"),  # fused.zero_budget "recompute" (PINNED)
+    "zero-budget": (dict(workspace_mib=0), None),  # on Hopper 16-bit: chunks in its memory
     "three-matmul": (dict(workspace_mib=BIG_BUDGET), "three-matmul"),
     "three-matmul-chunks": (dict(workspace_mib=BIG_BUDGET), "three-matmul"),  # max_rows 5
     "low-memory": (dict(low_memory=True), "low-memory"),
@@ -48,6 +49,9 @@ PATHS = {
     "filter-three-matmul": (dict(filter_eps="auto", workspace_mib=BIG_BUDGET), "three-matmul"),
 }
 CHUNKED = {"fused": {"max_rows": 5, "min_rows": 1}}  # several chunks at tiny N, any target
+# the config each path runs under: several chunks at tiny N, any target; the recompute path
+# pinned at a 0 MiB budget (Hopper's 16-bit calls take the three-matmul path there where it fits)
+PINNED = {"three-matmul-chunks": CHUNKED, "recompute": {"fused": {"zero_budget": "recompute"}}}
 
 
 def tolerance(dtype, v, d, filtered):
@@ -143,7 +147,7 @@ def test_every_path_under_autograd_sequences(path, reduction, dtype, n, d, v, st
         ignored = False  # a mean over no target is NaN, as in torch: not this test's subject
         problem.t[:] = problem.t.clamp_min(0)
     tol = tolerance(dtype, v, d, "filter_eps" in opts)
-    with overridden(CHUNKED if path.endswith("chunks") else {}):
+    with overridden(PINNED.get(path, {})):
         leaves = problem.leaves()
         planned = own_kernel.plan(leaves[0], leaves[1], problem.t.to(DEV), bias=None if
                                   not has_bias else leaves[2], reduction=reduction, **opts)

@@ -23,11 +23,13 @@ EPS32 = torch.finfo(torch.float32).eps
 # in several chunks (a budget, at most 8 rows a chunk), the filter (on a GPU too: its size
 # thresholds off, and the recompute route's filter, as the interpreter's config has it).
 PATHS = {
-    "recompute": ({"workspace_mib": 0}, {}),
+    # a 0 MiB budget takes the three-matmul path on Hopper where its chunks fit (16-bit calls)
+    "recompute": ({"workspace_mib": 0}, {"fused": {"zero_budget": "recompute"}}),
     "low_memory": ({"low_memory": True}, {}),
     "three_matmul": ({"workspace_mib": 1}, {"fused": {"max_rows": 8, "min_rows": 1}}),
     "filtered": ({"filter_eps": "auto", "workspace_mib": 0},
-                 {"filter": {"min_flops": 0, "min_total_flops": 0}}),
+                 {"filter": {"min_flops": 0, "min_total_flops": 0},
+                  "fused": {"zero_budget": "recompute"}}),
 }
 
 
