@@ -47,7 +47,7 @@ def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
         return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
 
 
-@register("own_ws0", summary="own Triton CCE, exact, workspace_mib=0: the least memory (the "
+@register("own_ws0", summary="own Triton CCE, exact, workspace_mib=0: no workspace (the "
           "recompute path, or the three-matmul path within its memory: own_kernel.plan says)",
           features=("bias", "softcap"), requires=needs_triton_device,
           style=dict(color=VERMILLION, marker="<", linestyle="-"), order=60)
