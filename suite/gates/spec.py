@@ -24,8 +24,8 @@ SMALL_VOCAB = Shape("small", "N 8192, D 4096, V 32000 (Llama 2's vocabulary)", n
 GATE_SHAPES = {s.name: s for s in (GEMMA2_2B, LLAMA3_8B, SMALL_VOCAB)}
 # The own kernel's gated calls: own_kernel.linear_cross_entropy's keyword arguments, which
 # own_kernel.plan also gets, to record the path each call takes. own: the API's default call
-# (recompute at gemma2-2b and llama3-8b, three-matmul at small); own_fused: the three-matmul
-# path at an explicit budget (room for dC's fp32 accumulator at the two large shapes).
+# (its path per GPU and shape is the recorded plan's); own_fused: the three-matmul path at an
+# explicit budget (fewer chunks than the default's at the two large shapes).
 OWN_VARIANTS = {
     "own": {},
     "own_filter": {"filter_eps": "auto"},
