@@ -201,9 +201,8 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (a filter_eps number on Hopper keeps the recompute path unless given a budget; "auto"
     runs exact below D 2048 or where the exact three-matmul path fits with fp32 dC sums),
-    0 = none beyond what the recompute path holds (on Hopper an exact 16-bit call takes the
-    three-matmul path where its chunks fit the recompute path's fp32 dE accumulator:
-    config.Fused.zero_budget). When the chunks would not fit or be too small to pay (plan.fused_plan), or the
+    0 = no workspace (Hopper's 16-bit exact calls: chunks in the recompute path's fp32 dE
+    accumulator where they fit, config.Fused.zero_budget). When the chunks would not fit or be too small to pay (plan.fused_plan), or the
     call cannot take that path, the recompute path runs and the budget goes unused:
     ``plan(...)`` says which path a call takes and why.
     ``temperature=T`` (> 0) divides the (softcapped) logits: z = softcap(e @ c.T + bias) / T,
