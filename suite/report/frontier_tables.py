@@ -5,8 +5,7 @@ Each exact provider of a run is a point (x: peak memory beyond the inputs, y: lo
 The own kernel is a curve: its exact calls swept over ``workspace_mib`` (the ``own_ws*``
 providers that suite.frontier registers, named by :func:`sweep_name`), the call at a 0 MiB
 budget (``own_ws0``), the recompute path (``own_recompute``), ``low_memory`` and the default
-call. The gradient filter is drawn apart: it
-is not exact.
+call. The gradient filter is drawn apart: it is not exact.
 
 For every exact peer the table asks: at no more than that peer's memory, is some own point
 faster or level (p20–p80 ranges overlapping)? Where none is, it says by how much the best own
