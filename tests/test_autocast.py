@@ -322,3 +322,18 @@ def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, 
     n, v, d = SHAPES[1]
     plan = route(Call(n, v, d, BF16, fp32_weight=True), with_overrides(HOPPER_16BIT, override))
     assert (plan.fused.shifted, plan.fused.logits_fp32) == (shifted, fp32)
+
+
+def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():
+    # own_ws0 is the call at 0 MiB, whatever the route picks (on Hopper the three-matmul path in
+    # the recompute path's memory at Llama 3 (8B)); own_recompute pins the recompute path there.
+    from own_kernel.policy.config import with_overrides
+    from suite.kernel import autocast as tool
+
+    n, v, d = SHAPES[1]
+    paths = {}
+    for provider in ("own_ws0", "own_recompute"):
+        _, override, kwargs = tool._provider(provider)
+        call = Call(n, v, d, BF16, fp32_weight=True, **kwargs)
+        paths[provider] = route(call, with_overrides(HOPPER_16BIT, override)).path
+    assert paths == {"own_ws0": "three-matmul", "own_recompute": "recompute"}

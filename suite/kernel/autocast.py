@@ -6,7 +6,10 @@ need gradients, mean cross-entropy of uniform targets, every call under
 ``torch.autocast("cuda", dtype=torch.bfloat16)``:
 
 - ``own``: ``linear_cross_entropy(e, c, t)`` as a user calls it (the default route);
-- ``own_ws0``: ``workspace_mib=0`` (the recompute path);
+- ``own_ws0``: ``workspace_mib=0``, whichever path the route picks for it (on Hopper the
+  three-matmul path where its chunks fit the recompute path's memory);
+- ``own_recompute``: ``workspace_mib=0`` with the recompute path pinned
+  (``fused.zero_budget "recompute"``);
 - ``own_wsB`` for each B of ``--budgets``: ``workspace_mib=B`` (the three-matmul path's speed
   and memory at other budgets);
 - ``own_fp32logits``: the default call with fp32 logits (``fused.logits_shifted`` off);
@@ -38,8 +41,8 @@ MIB = 2**20
 # name:N:D:V
 SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384:3584:152064,"
           "nemo-12b:8192:5120:131072,gemma3-1b:8192:1152:262144")
-PROVIDERS = ("torch_compile", "own", "own_ws0", "own_fp32logits", "own_logits16",
-             "own_shifted")  # + own_wsB (--budgets)
+PROVIDERS = ("torch_compile", "own", "own_ws0", "own_recompute", "own_fp32logits",
+             "own_logits16", "own_shifted")  # + own_wsB (--budgets)
 # each kind of the three-matmul path's logits, pinned whatever the config's default
 LOGITS = {"own_fp32logits": {"logits_shifted": False, "logits_fp32": True},
           "own_logits16": {"logits_shifted": False, "logits_fp32": False},
@@ -80,6 +83,7 @@ def _naive(e, c, t):
 def _provider(name: str):
     """(the loss function, its config overrides, its keyword arguments) of a provider."""
     from own_kernel import linear_cross_entropy
+    from suite.providers.own import RECOMPUTE_AT_ZERO
 
     if name == "torch_compile":
         return torch.compile(_naive, dynamic=False), {}, {}
@@ -87,6 +91,9 @@ def _provider(name: str):
         return linear_cross_entropy, {}, {}
     if name in LOGITS:
         return linear_cross_entropy, {"fused": LOGITS[name]}, {}
+    if name == "own_recompute":
+        zero = {"workspace_mib": 0}
+        return (lambda e, c, t: linear_cross_entropy(e, c, t, **zero)), RECOMPUTE_AT_ZERO, zero
     if name.startswith("own_ws") and name[6:].isdigit():
         budget = {"workspace_mib": int(name[6:])}
         return (lambda e, c, t: linear_cross_entropy(e, c, t, **budget)), {}, budget
