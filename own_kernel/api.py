@@ -201,10 +201,10 @@ def linear_cross_entropy(e: Tensor, c: Tensor, targets: Tensor, *, bias: Tensor 
     None = the device's default (config.Fused: 1024 MiB, 512 MiB for fp32) for exact calls
     (a filter_eps number on Hopper keeps the recompute path unless given a budget; "auto"
     runs exact below D 2048 or where the exact three-matmul path fits with fp32 dC sums),
-    0 = no workspace (Hopper's 16-bit exact calls: chunks in the recompute path's fp32 dE
-    accumulator where they fit, config.Fused.zero_budget). Where the chunks would not fit or
-    pay (plan.fused_plan), or the call cannot take that path, the recompute path runs and the
-    budget goes unused: ``plan(...)`` says which path a call takes and why.
+    0 = no workspace (Hopper's 16-bit exact calls, bar an fp32 weight: chunks in the recompute
+    path's fp32 dE accumulator where they fit, config.Fused.zero_budget). Where they would not
+    fit or pay (plan.fused_plan), or the call cannot take that path, the recompute path runs
+    and the budget goes unused: ``plan(...)`` says which path a call takes and why.
     ``temperature=T`` (> 0) divides the (softcapped) logits: z = softcap(e @ c.T + bias) / T,
     as RL trainers sample. ``return_entropy=True`` also returns each token's softmax entropy
     H = lse - sum_v p_v z_v (0 for ignored tokens), reduced as the loss is and differentiable:

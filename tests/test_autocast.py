@@ -324,9 +324,11 @@ def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, 
     assert (plan.fused.shifted, plan.fused.logits_fp32) == (shifted, fp32)
 
 
+
 def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():
-    # own_ws0 is the call at 0 MiB, whatever the route picks (on Hopper the three-matmul path in
-    # the recompute path's memory at Llama 3 (8B)); own_recompute pins the recompute path there.
+    # own_ws0 is the call at 0 MiB, whatever the route picks; own_recompute pins the recompute
+    # path. Under autocast both take it (below); with a 16-bit weight at Llama 3 (8B) the route
+    # picks the three-matmul path in the recompute path's memory, the pin the recompute path.
     from own_kernel.policy.config import with_overrides
     from suite.kernel import autocast as tool
 
@@ -334,6 +336,29 @@ def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():
     paths = {}
     for provider in ("own_ws0", "own_recompute"):
         _, override, kwargs = tool._provider(provider)
-        call = Call(n, v, d, BF16, fp32_weight=True, **kwargs)
-        paths[provider] = route(call, with_overrides(HOPPER_16BIT, override)).path
-    assert paths == {"own_ws0": "three-matmul", "own_recompute": "recompute"}
+        for fp32_weight in (False, True):
+            call = Call(n, v, d, BF16, fp32_weight=fp32_weight, **kwargs)
+            paths[provider, fp32_weight] = route(call, with_overrides(HOPPER_16BIT, override)).path
+    assert paths == {("own_ws0", False): "three-matmul", ("own_ws0", True): "recompute",
+                     ("own_recompute", False): "recompute", ("own_recompute", True): "recompute"}
+
+
+@pytest.mark.parametrize("n, v, d", SHAPES)
+def test_a_zero_budget_keeps_an_fp32_weight_on_the_recompute_path(n, v, d):
+    # The recompute path's peak is its 16-bit dC beside autograd's fp32 cast of it (autocast's
+    # copy freed by then): as much as the three-matmul path's fp32 sums beside the copy, so no
+    # chunk fits within it (measured on an H200: 3195 against 3070 MiB at Llama 3 (8B)).
+    r = route(Call(n, v, d, BF16, fp32_weight=True, workspace_mib=0), HOPPER_16BIT)
+    assert r.path == "recompute"
+    de, dc16, dc32 = 2 * n * d, 2 * v * d, 4 * v * d
+    assert r.peak_bytes == de + dc16 + dc32  # the cast's moment: above the backward's at these
+
+
+def test_the_recompute_paths_peak_under_autocast_is_the_larger_of_backward_and_cast():
+    # Many rows, a small vocabulary: the fp32 dE accumulator (4 N D) outweighs the copy (2 V D),
+    # so the backward's moment is the peak; not the sum of both moments.
+    n, v, d = 65536, 32000, 4096
+    r = route(Call(n, v, d, BF16, fp32_weight=True, workspace_mib=0), HOPPER_16BIT)
+    de, dc16, dc32, acc = 2 * n * d, 2 * v * d, 4 * v * d, 4 * n * d
+    assert r.path == "recompute"
+    assert de + dc32 + acc < r.peak_bytes < de + dc32 + acc + dc16

@@ -195,7 +195,8 @@ class Fused:
     # A budget of 0 MiB, 16-bit inputs, exact: "recompute", the recompute path; "recompute-
     # memory", the three-matmul path where its chunks (at least min_rows rows, at most
     # zero_budget_max_chunks of them) fit in the fp32 dE accumulator the recompute path holds
-    # (4 N D bytes), so the call holds no more memory (HOPPER_16BIT sets it).
+    # (4 N D bytes), so the call holds no more memory (HOPPER_16BIT sets it). Not for an fp32
+    # weight under autocast, whose fp32 dC sums leave no room (route.py).
     zero_budget: Literal["recompute", "recompute-memory"] = "recompute"
     # 16-bit inputs: the chunk's logits kept in fp32 (4 bytes each, not 2). The loss and
     # gradients then come from the GEMM's fp32 sums, as on the recompute path; 16-bit logits

@@ -191,8 +191,12 @@ def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
 def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
     """Given a 0 MiB budget, whether the call tries the three-matmul path within the recompute
     path's own memory (config.Fused.zero_budget): exact calls of 16-bit inputs, whose recompute
-    path holds an fp32 dE accumulator (4 N D bytes) beside the gradients."""
-    return cfg.fused.zero_budget == "recompute-memory" and call.elt == 2 and not call.filtered
+    path holds an fp32 dE accumulator (4 N D bytes) beside the gradients. Not an fp32 weight
+    under autocast: there the recompute path's peak is its 16-bit dC beside autograd's fp32
+    cast, as large as the three-matmul path's fp32 sums beside autocast's copy, and no chunk fits
+    (measured: 4-7 % more memory than the recompute path at three shapes, zero-budget.md)."""
+    return (cfg.fused.zero_budget == "recompute-memory" and call.elt == 2
+            and not call.filtered and not call.fp32_weight)
 
 
 def route(call: Call, cfg: Config) -> "Route":
@@ -518,13 +522,11 @@ class Route:
             return self.fused.chunks, self.fused.rows, peak
         if self.path == "forward-only":
             return 0, 0, _vectors(call)
-        # The other paths' gradients of an fp32 weight: the 16-bit dC too (autograd casts it)
-        grads = _gradient_bytes(call) + 2 * _weight_copy_bytes(call)
         if self.path == "low-memory":
             lm = self.low_memory_plan
-            return -(-n // max(lm.rows_1, 1)), lm.rows_1, grads + lm.workspace_2 + _vectors(call)
+            return -(-n // max(lm.rows_1, 1)), lm.rows_1, _cast_peak(call, lm.workspace_2)
         chunks = self.vocab_chunks(self.filter is not None)
-        peak = grads + _de_accumulator_bytes(call) + _vectors(call)
+        peak = _cast_peak(call, _de_accumulator_bytes(call))
         return len(chunks), max((ch.width for ch in chunks), default=0), peak
 
     def __repr__(self) -> str:
@@ -561,6 +563,15 @@ def _weight_copy_bytes(call: Call) -> int:
     if not call.fp32_weight:
         return 0
     return (call.v * call.d + (call.v if call.has_bias else 0)) * call.elt
+
+
+def _cast_peak(call: Call, workspace: int) -> int:
+    """The peak of a path that returns a 16-bit dC (every path but the three-matmul one): the
+    gradients with its workspace and vectors in the backward. An fp32 weight's 16-bit dC (the
+    size of autocast's copy) sits beside that copy in the backward, then beside its fp32 cast,
+    which autograd makes once the backward has freed the copy: the larger of the two (at Llama 3
+    (8B) under autocast on an H200, 3070 MiB measured and estimated: zero-budget.md)."""
+    return _gradient_bytes(call) + max(workspace + _vectors(call), _weight_copy_bytes(call))
 
 
 def _vectors(call: Call) -> int:
