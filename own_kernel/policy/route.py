@@ -215,7 +215,9 @@ def route(call: Call, cfg: Config) -> "Route":
             return Route(call, cfg, "three-matmul", "fused", plan, mib)
     elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
         # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
-        plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call))
+        zero = dataclasses.replace(cfg, fused=dataclasses.replace(
+            cfg.fused, min_rows=cfg.fused.zero_budget_min_rows))
+        plan, _ = _fused_plan(call, zero, _de_accumulator_bytes(call))
         if plan is not None and plan.chunks <= cfg.fused.zero_budget_max_chunks:
             return Route(call, cfg, "three-matmul", "fused", plan, 0,
                          "workspace_mib=0: the chunks fit the recompute path's fp32 dE "
