@@ -324,7 +324,6 @@ def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, 
     assert (plan.fused.shifted, plan.fused.logits_fp32) == (shifted, fp32)
 
 
-
 def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():
     # own_ws0 is the call at 0 MiB, whatever the route picks; own_recompute pins the recompute
     # path. Under autocast both take it (below); with a 16-bit weight at Llama 3 (8B) the route

@@ -343,8 +343,8 @@ def test_zero_budget_runs_three_matmul_within_the_recompute_paths_memory(fused_c
 def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, path):
     # HOPPER_16BIT's zero budget runs the three-matmul path in the recompute path's memory
     # where its chunks hold fused.zero_budget_min_rows rows and number at most
-    # fused.zero_budget_max_chunks
-    # (dC's 16-bit sums round once per chunk); "recompute" keeps the recompute path.
+    # fused.zero_budget_max_chunks (dC's 16-bit sums round once per chunk); "recompute" keeps
+    # the recompute path.
     from own_kernel.policy.route import Call, route
 
     call = Call(n, v, d, torch.bfloat16, "mean", True, False, False, False, False,
