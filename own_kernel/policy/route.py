@@ -179,13 +179,14 @@ def budget_mib(call: Call, cfg: Config) -> tuple[int, str]:
     return (cfg.fused.default_workspace_mib_fp32 if fp32 else cfg.fused.default_workspace_mib), ""
 
 
-def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
+def _fused_plan(call: Call, cfg: Config, budget_bytes: int, min_rows: int | None = None):
     """plan.fused_plan of the call at budget_bytes: (plan or None, why not)."""
     # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies an
     # e or c whose base is not aligned: Route.fused_copies)
     shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
     return fused_plan(call.n, call.v, call.d, call.elt, budget_bytes, cfg,
-                      filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok)
+                      filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok,
+                      min_rows=min_rows)
 
 
 def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
@@ -215,9 +216,8 @@ def route(call: Call, cfg: Config) -> "Route":
             return Route(call, cfg, "three-matmul", "fused", plan, mib)
     elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
         # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
-        zero = dataclasses.replace(cfg, fused=dataclasses.replace(
-            cfg.fused, min_rows=cfg.fused.zero_budget_min_rows))
-        plan, _ = _fused_plan(call, zero, _de_accumulator_bytes(call))
+        plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call),
+                              min_rows=cfg.fused.zero_budget_min_rows)
         if plan is not None and plan.chunks <= cfg.fused.zero_budget_max_chunks:
             return Route(call, cfg, "three-matmul", "fused", plan, 0,
                          "workspace_mib=0: the chunks fit the recompute path's fp32 dE "

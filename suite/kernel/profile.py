@@ -324,10 +324,10 @@ def print_gpu_gaps(trace_path: str, min_gap_us: float = 20.0, top: int = 15,
         busy += max(0.0, ev["ts"] + ev["dur"] - max(ev["ts"], end))
         end = max(end, ev["ts"] + ev["dur"])
     span = end - gpu[0]["ts"]
+    left_out = f", the first {skip_calls} call(s) left out" if skip_calls else ""
     print(f"GPU busy {busy / 1e3:.3f} ms of {span / 1e3:.3f} ms traced "
-          f"({len(gpu)} GPU operations{f', the first {skip_calls} call(s) left out' if skip_calls else ''}); "
-          f"{len(gaps)} gaps over {min_gap_us:.0f} us, {sum(g for g, _ in gaps) / 1e3:.3f} ms in all. "
-          f"Longest:")
+          f"({len(gpu)} GPU operations{left_out}); {len(gaps)} gaps over {min_gap_us:.0f} us, "
+          f"{sum(g for g, _ in gaps) / 1e3:.3f} ms in all. Longest:")
     _print_longest_gaps(gaps, launches, cpu_ops, top)
     totals: dict = {}
     for ev in gpu:

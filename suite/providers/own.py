@@ -43,8 +43,8 @@ RECOMPUTE_AT_ZERO = {"fused": {"zero_budget": "recompute"}}
 def own_recompute(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     from own_kernel.policy.config import overridden
 
-    with overridden(RECOMPUTE_AT_ZERO):
-        return _call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=0)
+    with overridden(RECOMPUTE_AT_ZERO):  # own_ws0's call, the recompute path pinned
+        return own_ws0(e, c, targets, bias=bias, softcap=softcap, ignore_index=ignore_index)
 
 
 @register("own_ws0", summary="own Triton CCE, exact, workspace_mib=0: no workspace (the "
