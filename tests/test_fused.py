@@ -2,6 +2,7 @@
 under the Triton interpreter (fp32 / fp16, tiny shapes): options, chunking, the filter, the budget and
 the API's choice of path. CCE_TEST_DEVICE=cuda runs the reference tests (test_matches_reference,
 the shifted logits' accuracy) with the compiled kernels; the others read the CPU's route."""
+import dataclasses
 import os
 
 import pytest
@@ -337,14 +338,13 @@ def test_zero_budget_runs_three_matmul_within_the_recompute_paths_memory(fused_c
     (16384, 2048, 49152, "three-matmul"),  # 13 chunks of 1280 rows fit 4 N D bytes
     (8192, 4096, 128256, "three-matmul"),  # 16 of 512
     (4096, 7168, 129280, "three-matmul"),  # 10 of 410
-    (8192, 2304, 256000, "recompute"),     # 147 rows would fit: < fused.zero_budget_min_rows
-    (65536, 2304, 256000, "recompute"),    # 56 chunks of 1179: more than zero_budget_max_chunks
+    (8192, 2304, 256000, "recompute"),     # 147 rows would fit: < fused.min_rows
+    (65536, 2304, 256000, "recompute"),    # 56 chunks of 1179: more than fused.dc_max_chunks
 ])
 def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, path):
     # HOPPER_16BIT's zero budget runs the three-matmul path in the recompute path's memory
-    # where its chunks hold fused.zero_budget_min_rows rows and number at most
-    # fused.zero_budget_max_chunks (dC's 16-bit sums round once per chunk); "recompute" keeps
-    # the recompute path.
+    # where its chunks hold fused.min_rows rows and number at most fused.dc_max_chunks (dC's
+    # 16-bit sums round once per chunk); "recompute" keeps the recompute path.
     from own_kernel.policy.route import Call, route
 
     call = Call(n, v, d, torch.bfloat16, "mean", True, False, False, False, False,
@@ -354,28 +354,42 @@ def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, pa
     assert recompute.path == "recompute" and r.path == path
     assert r.peak_bytes <= recompute.peak_bytes
     if path == "three-matmul":
-        assert r.fused.rows >= HOPPER_16BIT.fused.zero_budget_min_rows and r.budget_mib == 0
-        assert r.chunks <= HOPPER_16BIT.fused.zero_budget_max_chunks
-    with pytest.raises(ValueError, match="fused.zero_budget_max_chunks"):
-        with_overrides(HOPPER_16BIT, {"fused": {"zero_budget_max_chunks": 0}})
-    with pytest.raises(ValueError, match="fused.zero_budget_min_rows"):
-        with_overrides(HOPPER_16BIT, {"fused": {"zero_budget_min_rows": 0}})
+        assert r.fused.rows >= HOPPER_16BIT.fused.min_rows and r.budget_mib == 0
+        assert r.chunks <= HOPPER_16BIT.fused.dc_max_chunks
 
 
-@pytest.mark.parametrize("n, d, v, mib", [
-    (8192, 2304, 256000, 256),    # Gemma 2 (2B): 16 chunks of 512 rows would fit
-    (16384, 1152, 262144, 256),   # D 1152: 33 chunks of 500
-    (16384, 1152, 262144, 512),   # 17 of 1000
+@pytest.mark.parametrize("n, d, v, softcap, mib, chunks", [
+    (8192, 2304, 256000, True, 256, 0),     # Gemma 2 (2B): 16 chunks, dC's error 1.26x
+    (8192, 2304, 256000, True, 512, 8),     # torch.compile's at 16, 0.92x at 8 (H200)
+    (65536, 2304, 256000, True, 1024, 0),   # N 65536 at the default budget: 32 chunks
+    (16384, 1152, 262144, False, 256, 0),   # D 1152: 33 chunks, 1.38x
+    (16384, 1152, 262144, False, 512, 17),  # 17 chunks, 0.89x
+    (16384, 3584, 152064, False, 256, 19),  # Qwen 2.5 (7B): 19 chunks of 862 rows, 0.88x
+    (65536, 4096, 128256, False, 1024, 16),
 ])
-def test_a_budget_keeps_min_rows_though_a_zero_budget_takes_fewer(n, d, v, mib):
-    # The zero budget's floor (fused.zero_budget_min_rows) is not a budget's: at 384 rows these
-    # budgets made 16 and 33 chunks, whose one rounding of dC's bf16 sums per chunk took its
-    # error to 1.26x and 1.38x torch.compile's (H200, frontier.md). They recompute.
+def test_a_budgets_chunks_are_capped_in_number_where_dc_sums_them(n, d, v, softcap, mib,
+                                                                     chunks):
+    # dC's own 16-bit buffer sums the chunks, one rounding each, so its error grows with their
+    # number: at most fused.dc_max_chunks, fewer with a softcap (torch.compile's own dC error,
+    # the bound's measure, is half as large there). Chunks of 384 rows and more are faster
+    # than recomputing (zero-budget.md), so the cap, not the rows, decides.
     from own_kernel.policy.route import Call, route
 
-    assert HOPPER_16BIT.fused.zero_budget_min_rows < HOPPER_16BIT.fused.min_rows
-    r = route(Call(n, v, d, torch.bfloat16, workspace_mib=mib), HOPPER_16BIT)
-    assert r.path == "recompute" and f"fewer than {HOPPER_16BIT.fused.min_rows}" in r.note
+    call = Call(n, v, d, torch.bfloat16, workspace_mib=mib, softcap=softcap)
+    r = route(call, HOPPER_16BIT)
+    name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
+    if chunks:
+        assert r.path == "three-matmul" and r.chunks == chunks
+        assert r.chunks <= getattr(HOPPER_16BIT.fused, name)
+        return
+    assert r.path == "recompute" and f"fused.{name}" in r.note
+    uncapped = route(call, with_overrides(HOPPER_16BIT, {"fused": {name: 0}}))
+    assert uncapped.path == "three-matmul" and uncapped.chunks > getattr(HOPPER_16BIT.fused, name)
+    # dC's sums in fp32 round once: an fp32 weight under autocast is not capped
+    fp32_dc = route(dataclasses.replace(call, fp32_weight=True), HOPPER_16BIT)
+    assert fp32_dc.path == "three-matmul" and fp32_dc.chunks == uncapped.chunks
+    with pytest.raises(ValueError, match=f"fused.{name}"):
+        with_overrides(HOPPER_16BIT, {"fused": {name: -1}})
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

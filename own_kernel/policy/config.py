@@ -193,8 +193,8 @@ class Fused:
     max_rows: int = 0              # rows per chunk at most (0: what fits; tests: many chunks)
     filtered: bool = False         # filtered calls take the path at the default budget too
     # A budget of 0 MiB, 16-bit inputs, exact: "recompute", the recompute path; "recompute-
-    # memory", the three-matmul path where its chunks (at least zero_budget_min_rows rows, at
-    # most zero_budget_max_chunks of them) fit in the fp32 dE accumulator the recompute path holds
+    # memory", the three-matmul path where its chunks (at least min_rows rows, at most
+    # dc_max_chunks of them) fit in the fp32 dE accumulator the recompute path holds
     # (4 N D bytes), so the call holds no more memory (HOPPER_16BIT sets it). Not for an fp32
     # weight under autocast, whose fp32 dC sums leave no room (route.py).
     zero_budget: Literal["recompute", "recompute-memory"] = "recompute"
@@ -230,18 +230,16 @@ class Fused:
     # chunks, level with torch.compile, dC's error under half of torch.compile's (H200,
     # dc-accumulator.md).
     dc_accumulator: str = "dc"
-    # zero_budget "recompute-memory": chunks at most (more: the recompute path). With "dc",
-    # dC's error grows with its roundings, one per chunk: bf16 at Llama 3 (8B), 16 chunks 0.77x
-    # torch.compile's dC error, 32 chunks 1.23x, over the 1.2x the path keeps to; 22 chunks at
-    # Qwen 2.5 (7B) 0.96x (H200, zero-budget.md). The chunks of a 0 MiB budget number about
-    # V / 2D whatever N is: Gemma 2 (2B)'s would be 56 once N holds min_rows a chunk.
-    zero_budget_max_chunks: int = 24
-    # zero_budget "recompute-memory": rows per chunk at least (min_rows for a budget). Chunks of
-    # 410-820 rows in the recompute path's memory were faster than recomputing at six heads,
-    # 256-row ones slower (H200, zero-budget.md). A budget keeps min_rows: 384 there let
-    # 256 MiB make 16 chunks at Gemma 2 (2B) and 33 at D 1152, dC's error 1.26x and 1.38x
-    # torch.compile's (H200, frontier.md).
-    zero_budget_min_rows: int = 384
+    # dc_accumulator "dc": row chunks at most (more: no plan, so the recompute path; 0: no
+    # cap), as dC's error grows with its roundings, one per chunk. Without a softcap, bf16 at
+    # Llama 3 (8B): 16 chunks 0.77x torch.compile's dC error, 32 chunks 1.23x, over the 1.2x
+    # the path keeps to; 22 chunks at Qwen 2.5 (7B) 0.96x; 17 and 33 at D 1152, V 262144 0.89x
+    # and 1.38x. With a softcap, torch.compile's own dC error (16-bit logits' gradient) is half
+    # as large at the same count of ours: Gemma 2 (2B) (softcap 30), 8 chunks 0.92x, 16 1.26x
+    # (H200, zero-budget.md). Chunks number N / rows: N 65536 at Gemma 2 (2B) and 1 GiB
+    # makes 32.
+    dc_max_chunks: int = 24
+    dc_max_chunks_softcap: int = 8
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
@@ -249,12 +247,10 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
-        if self.zero_budget_min_rows < 1:
-            raise ValueError(f"fused.zero_budget_min_rows: expected >= 1, got "
-                             f"{self.zero_budget_min_rows}")
-        if self.zero_budget_max_chunks < 1:
-            raise ValueError(f"fused.zero_budget_max_chunks: expected >= 1, got "
-                             f"{self.zero_budget_max_chunks}")
+        for name in ("dc_max_chunks", "dc_max_chunks_softcap"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"fused.{name}: expected >= 0 (0: no cap), got "
+                                 f"{getattr(self, name)}")
         if self.zero_budget not in ("recompute", "recompute-memory"):
             raise ValueError(f"fused.zero_budget: expected 'recompute' or 'recompute-memory', "
                              f"got {self.zero_budget!r}")
@@ -356,8 +352,11 @@ HOPPER_16BIT = Config(
     # (7B)'s 3277 at 1 GiB made 3328 was faster in both rounds, 8192x1536x151936's 2731 made
     # 2816 in one, level in the other, D 1152 level (row-align.md).
     # At a 0 MiB budget the chunks in the recompute path's memory: 3.5-4.1 floors against its
-    # 4.1-4.9 at six heads, 410-820 rows a chunk (zero-budget.md).
-    fused=Fused(logits_shifted=True, row_align=128, zero_budget="recompute-memory"),
+    # 4.1-4.9 at six heads, 410-820 rows a chunk; 256-row chunks slower than recomputing, so
+    # chunks hold at least 384 rows, at any budget; fewer chunks bound dC's error
+    # (dc_max_chunks) (zero-budget.md).
+    fused=Fused(logits_shifted=True, row_align=128, zero_budget="recompute-memory",
+                min_rows=384),
     # TMA, 128 x 256: 1.14-1.17x cuBLAS's fp32-output GEMM at the Llama 3 / Qwen 2.5 chunks,
     # where the pointer 128 x 128 took 1.53-1.57x (H100, batch-invariant.md).
     rows_gemm=RowsGemm(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, group_m=16),
@@ -454,7 +453,7 @@ INTERPRETER = Config(
     filter=Filter(max_width=48, max_entries=0, min_flops=0.0, min_total_flops=0.0,
                   max_kept=0.5, kept_align=8, max_flat=0.5, lookahead_max_n=2**62),
     # Off by default: each test picks the path it covers (workspace_mib, or an override).
-    fused=Fused(min_rows=1, zero_budget_min_rows=1, block=16, num_warps=1,
+    fused=Fused(min_rows=1, block=16, num_warps=1,
                 default_workspace_mib=0, default_workspace_mib_fp32=0),
     rows_gemm=RowsGemm(Tiles(16, 16, 16, num_warps=1, num_stages=1), group_m=2),
 )

@@ -456,7 +456,7 @@ class FusedPlan:
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False, dc_fp32: bool = False, shift_ok: bool = False,
-               min_rows: int | None = None) -> tuple[FusedPlan | None, str]:
+               softcap: bool = False) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
@@ -476,7 +476,9 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     are of equal size (a short last chunk would cost a pass over dC for a few rows), or of a
     multiple of config.Fused.row_align rows where that keeps their number. Fewer than
     fused.min_rows rows per chunk make dC's accumulation memory-bound: the recompute path is
-    faster then (min_rows: another floor, the zero budget's: config.Fused.zero_budget_min_rows).
+    faster then. dC's own 16-bit sums round once per chunk, so they take at most
+    fused.dc_max_chunks chunks (dc_max_chunks_softcap where the logits are softcapped:
+    ``softcap``), else no plan.
     shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
     16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
     in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
@@ -508,11 +510,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     fits = (budget_bytes - acc + dc) // per_row
     if fits < 1:
         return None, f"{mib} holds no row of logits ({per_row} bytes)"
-    min_rows = cfg.fused.min_rows if min_rows is None else min_rows
-    if min(fits, cap) < min_rows:
+    if min(fits, cap) < cfg.fused.min_rows:
         beside = " beside dC's fp32 accumulator" if acc else ""
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
-                      f"than {min_rows} make the path slower than recomputing")
+                      f"than {cfg.fused.min_rows} make the path slower than recomputing")
     rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
+    max_chunks = cfg.fused.dc_max_chunks_softcap if softcap else cfg.fused.dc_max_chunks
+    if in_dc and max_chunks and cdiv(n, rows) > max_chunks:
+        name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
+        return None, (f"{mib} makes {cdiv(n, rows)} chunks of {rows} rows; dC's 16-bit sums "
+                      f"would round once per chunk, more than fused.{name} ({max_chunks})")
     extra = max(rows * per_row + acc - dc, acc)
     return FusedPlan(rows, cdiv(n, rows), not in_dc, de_rows_fp32, extra, **kind), ""

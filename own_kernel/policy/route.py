@@ -102,6 +102,7 @@ class Call:
     # The filter's threshold (options.FilterOptions); filtered=True alone: "auto"'s.
     filter: FilterOptions | None = None
     on_cuda: bool = True                # the portable target tunes its tiles on a GPU only
+    softcap: bool = False               # the logits are softcapped (fewer dC chunks: plan.py)
     batch_invariant: bool = False       # every choice pinned independent of the batch
 
     def __post_init__(self):
@@ -135,7 +136,8 @@ def call_of(e: torch.Tensor, c: torch.Tensor, bias, opts: Options, *, reduction:
                 vocab_parallel, compiling, workspace_mib, entropy=opts.entropy,
                 temperature=opts.temperature != 1.0, fp32_weight=fp32_weight,
                 e_tma_ready=e_tma_ready, c_tma_ready=c_tma_ready, filter=opts.filter,
-                on_cuda=e.device.type == "cuda", batch_invariant=opts.batch_invariant)
+                on_cuda=e.device.type == "cuda", batch_invariant=opts.batch_invariant,
+                softcap=opts.softcap is not None)
 
 
 def _entry(call: Call) -> str:
@@ -179,14 +181,14 @@ def budget_mib(call: Call, cfg: Config) -> tuple[int, str]:
     return (cfg.fused.default_workspace_mib_fp32 if fp32 else cfg.fused.default_workspace_mib), ""
 
 
-def _fused_plan(call: Call, cfg: Config, budget_bytes: int, min_rows: int | None = None):
+def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
     """plan.fused_plan of the call at budget_bytes: (plan or None, why not)."""
     # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies an
     # e or c whose base is not aligned: Route.fused_copies)
     shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
     return fused_plan(call.n, call.v, call.d, call.elt, budget_bytes, cfg,
                       filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok,
-                      min_rows=min_rows)
+                      softcap=call.softcap)
 
 
 def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
@@ -216,9 +218,8 @@ def route(call: Call, cfg: Config) -> "Route":
             return Route(call, cfg, "three-matmul", "fused", plan, mib)
     elif not excluded and _zero_budget_in_recompute_memory(call, cfg):  # mib is 0 here
         # the recompute path's fp32 dE accumulator as the chunks' room (config.Fused.zero_budget)
-        plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call),
-                              min_rows=cfg.fused.zero_budget_min_rows)
-        if plan is not None and plan.chunks <= cfg.fused.zero_budget_max_chunks:
+        plan, _ = _fused_plan(call, cfg, _de_accumulator_bytes(call))
+        if plan is not None:
             return Route(call, cfg, "three-matmul", "fused", plan, 0,
                          "workspace_mib=0: the chunks fit the recompute path's fp32 dE "
                          "accumulator (fused.zero_budget)")
