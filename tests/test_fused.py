@@ -392,6 +392,22 @@ def test_a_budgets_chunks_are_capped_in_number_where_dc_sums_them(n, d, v, softc
         with_overrides(HOPPER_16BIT, {"fused": {name: -1}})
 
 
+def test_the_call_caps_a_softcapped_calls_chunks_lower():
+    # plan() (the call's own route) passes the softcap on: 16 chunks of 4 rows are within
+    # fused.dc_max_chunks but over fused.dc_max_chunks_softcap, which then recomputes.
+    from own_kernel import plan
+
+    fused = INTERPRETER.fused
+    assert fused.dc_max_chunks_softcap < 16 <= fused.dc_max_chunks
+    e = torch.randn(64, 16, dtype=torch.float16, requires_grad=True)
+    c = torch.randn(40, 16, dtype=torch.float16, requires_grad=True)
+    t = torch.randint(0, 40, (64,))
+    with overridden({"fused": {"max_rows": 4}}):
+        assert plan(e, c, t, workspace_mib=16).chunks == 16
+        capped = plan(e, c, t, workspace_mib=16, softcap=30.0)
+    assert capped.path == "recompute" and "fused.dc_max_chunks_softcap" in capped.note
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_all_ignored_gives_torchs_loss_and_zero_gradients(fused_calls, reduction):
     e, c, _, _ = _inputs(torch.float32, (6,), 8, 20, False, ignore_every=100)
