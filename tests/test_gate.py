@@ -165,7 +165,9 @@ def test_one_time_statistic_alone_above_its_limit_is_noise(run_gate):
     """Two slow rounds of three move the median (+200 %), not the minimum: a noisy stretch of
     the process, not a slower call. It shows as noise and the gate passes."""
     now = unchanged()
-    now[BWD]["sleeps_s"] = [BASE_MS[BWD] / 1e3] + [BASE_MS[BWD] * 3 / 1e3] * 2
+    # The fast round at 0.96x the baseline's minimum: a sleep only lengthens, and its overshoot
+    # on a busy CPU (over 1 ms once under xdist) stays inside the 5 % limit up to 1.8 ms.
+    now[BWD]["sleeps_s"] = [BASE_MS[BWD] * 0.96 / 1e3] + [BASE_MS[BWD] * 3 / 1e3] * 2
     result = run_gate(now)
     assert result.ret == 0, result.out
     found = rows(result.out)
