@@ -234,10 +234,11 @@ class Fused:
     # cap), as dC's error grows with its roundings, one per chunk. Without a softcap, bf16 at
     # Llama 3 (8B): 16 chunks 0.77x torch.compile's dC error, 32 chunks 1.23x, over the 1.2x
     # the path keeps to; 22 chunks at Qwen 2.5 (7B) 0.96x; 17 and 33 at D 1152, V 262144 0.89x
-    # and 1.38x. With a softcap, torch.compile's own dC error (16-bit logits' gradient) is half
-    # as large at the same count of ours: Gemma 2 (2B) (softcap 30), 8 chunks 0.92x, 16 1.26x
-    # (H200, zero-budget.md). Chunks number N / rows: N 65536 at Gemma 2 (2B) and 1 GiB
-    # makes 32.
+    # and 1.38x. With a softcap the bound comes sooner: at Gemma 2 (2B) (softcap 30), N 8192,
+    # torch.compile's own dC error is half the other heads' while ours at a given count is
+    # not lower, so 8 chunks 0.92x, 16 1.26x; at N 65536, 16 chunks 0.97x, 32 1.57x (H200,
+    # zero-budget.md, dc-accumulator.md). Chunks number N / rows: N 65536 at Gemma 2 (2B) and
+    # 1 GiB makes 32.
     dc_max_chunks: int = 24
     dc_max_chunks_softcap: int = 8
 

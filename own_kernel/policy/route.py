@@ -10,7 +10,8 @@ the paths and launchers read it and decide nothing themselves.
 Paths (``Route.path``):
 
 - ``"three-matmul"`` (paths/three_matmul.py): a mean or sum with gradients, eager, whose row
-  chunks fit the workspace budget (``workspace_mib``; None = the device's default);
+  chunks fit the workspace budget (``workspace_mib``; None = the device's default), few enough
+  where dC's 16-bit buffer sums them (plan.fused_plan);
 - ``"recompute"`` (paths/recompute.py): the forward's lse, then the backward recomputes the
   logits in vocabulary chunks (every other call with gradients);
 - ``"low-memory"`` (paths/low_memory.py): ``low_memory=True``;
