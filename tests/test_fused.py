@@ -360,7 +360,7 @@ def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, pa
 
 @pytest.mark.parametrize("n, d, v, softcap, mib, chunks", [
     (8192, 2304, 256000, True, 256, 0),     # Gemma 2 (2B): 16 chunks, dC's error 1.26x
-    (8192, 2304, 256000, True, 512, 8),     # torch.compile's at 16, 0.92x at 8 (H200)
+    (8192, 2304, 256000, True, 512, 8),     # torch.compile's; 8 chunks 0.92x (H200)
     (65536, 2304, 256000, True, 1024, 0),   # N 65536 at the default budget: 32 chunks
     (16384, 1152, 262144, False, 256, 0),   # D 1152: 33 chunks, 1.38x
     (16384, 1152, 262144, False, 512, 17),  # 17 chunks, 0.89x

@@ -515,9 +515,9 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
                       f"than {cfg.fused.min_rows} make the path slower than recomputing")
     rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
-    max_chunks = cfg.fused.dc_max_chunks_softcap if softcap else cfg.fused.dc_max_chunks
+    name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
+    max_chunks = getattr(cfg.fused, name)
     if in_dc and max_chunks and cdiv(n, rows) > max_chunks:
-        name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
         return None, (f"{mib} makes {cdiv(n, rows)} chunks of {rows} rows; dC's 16-bit sums "
                       f"would round once per chunk, more than fused.{name} ({max_chunks})")
     extra = max(rows * per_row + acc - dc, acc)
