@@ -14,6 +14,7 @@ own_ws256,...,own_ws8192 --n 8192 --d 2304 --v 256000 --softcap 30 --out results
 """
 from __future__ import annotations
 
+from suite.providers.own import own_call, own_ran
 from suite.registry import needs_triton_device, register
 from suite.report.frontier_tables import BUDGETS_MIB, PHASE, by_cell, report, sweep_name
 
@@ -22,10 +23,7 @@ VERMILLION = "#D55E00"  # the own kernel's colour (suite/providers/own.py)
 
 def _at_budget(mib: int):
     def provider(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
-        from own_kernel import linear_cross_entropy
-
-        return linear_cross_entropy(e, c, targets, bias=bias, softcap=softcap,
-                                    ignore_index=ignore_index, workspace_mib=mib)
+        return own_call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=mib)
     return provider
 
 
@@ -33,7 +31,7 @@ def _at_budget(mib: int):
 _MARKERS = ("1", "2", "3", "4", "+", "x", "|", "_")
 for _mib, _marker in zip(BUDGETS_MIB, _MARKERS, strict=True):
     register(sweep_name(_mib), summary=f"own Triton CCE, exact, workspace_mib={_mib}",
-             features=("bias", "softcap"), requires=needs_triton_device, exact=True,
+             features=("bias", "softcap"), requires=needs_triton_device, exact=True, ran=own_ran,
              style=dict(color=VERMILLION, marker=_marker, linestyle="-"),
              order=90)(_at_budget(_mib))
 

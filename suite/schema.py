@@ -59,7 +59,8 @@ ROW_FIELDS = CELL_FIELDS + [
     "dc_rel_err",        # ||dC - dC_ref|| / ||dC_ref||
     "dbias_rel_err",     # ||dbias - dbias_ref|| / ||dbias_ref|| (bias cells only)
     "ran",               # what code the provider reports it ran (a peer's backend or kernel
-                         # module, checked after the call), where it reports one
+                         # module, checked after the call; the own kernel's route: its path
+                         # and the three-matmul path's chunks), where it reports one
     "device",            # device name the row was measured on
     "world_size",        # ranks the cell ran on: 1, or K for `bench --vocab-parallel K` (C
                          # sharded by vocabulary over K ranks, one GPU each; peak_*_mib and ms*

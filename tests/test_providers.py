@@ -313,6 +313,32 @@ def test_list_shows_peer_versions_and_the_install_line_of_a_missing_one(monkeypa
     assert f"unavailable: quack-kernels is not installed (install: {quack.INSTALL})" in out
 
 
+def test_an_own_rows_ran_names_the_route_its_call_took(monkeypatch):
+    """Every own provider's ``ran`` (its rows' column) is the route its last call took, planned
+    under the config in force during that call: a variant's overrides too, though ran() is
+    asked after the call, outside them."""
+    import own_kernel
+    import suite.frontier  # noqa: F401 - registers own_ws256
+    from suite.providers.own import register_variant
+
+    monkeypatch.setattr(own_kernel, "linear_cross_entropy", lambda *a, **k: torch.zeros(()))
+    monkeypatch.delitem(registry.PROVIDERS, "own_ws256@rows8", raising=False)
+    e = torch.zeros(64, 16, requires_grad=True)
+    c = torch.zeros(40, 16, requires_grad=True)
+    t = torch.zeros(64, dtype=torch.long)
+    name = register_variant("own_ws256", "rows8", {"fused": {"max_rows": 8, "min_rows": 1}})
+    try:
+        ran = {}
+        for provider in ("own_low_memory", "own_ws256", name):
+            catalog.get(provider).fn(e, c, t)
+            ran[provider] = catalog.get(provider).ran()
+        assert ran == {"own_low_memory": "low-memory",
+                       "own_ws256": "three-matmul, 1 chunk of 64 rows",
+                       name: "three-matmul, 8 chunks of 8 rows"}
+    finally:
+        registry.PROVIDERS.pop(name, None)
+
+
 def test_a_variant_runs_its_base_under_the_config_overrides(monkeypatch):
     """``own@<name>`` calls ``own`` with the overrides in force (seen inside the call), and only
     there; a second registration with other overrides is refused, naming the variant."""
