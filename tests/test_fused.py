@@ -340,6 +340,8 @@ def test_zero_budget_runs_three_matmul_within_the_recompute_paths_memory(fused_c
     (4096, 7168, 129280, "three-matmul"),  # 10 of 410
     (8192, 2304, 256000, "recompute"),     # 147 rows would fit: < fused.min_rows
     (65536, 2304, 256000, "recompute"),    # 56 chunks of 1179: more than fused.dc_max_chunks
+    (8192, 4096, 32000, "three-matmul"),   # 4 of 2048, 1.6e12 flops each
+    (4096, 2048, 32768, "recompute"),      # 8 of 512, 2.1e11 flops: < fused.min_chunk_flops
 ])
 def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, path):
     # HOPPER_16BIT's zero budget runs the three-matmul path in the recompute path's memory
@@ -356,6 +358,24 @@ def test_zero_budget_on_hopper_only_where_min_rows_fit_in_few_chunks(n, d, v, pa
     if path == "three-matmul":
         assert r.fused.rows >= HOPPER_16BIT.fused.min_rows and r.budget_mib == 0
         assert r.chunks <= HOPPER_16BIT.fused.dc_max_chunks
+        assert 6 * r.fused.rows * v * d >= HOPPER_16BIT.fused.min_chunk_flops
+
+
+def test_a_budgets_chunks_each_hold_min_chunk_flops():
+    # 8 chunks of 512 rows at N 4096, D 2048, V 32768 (2.1e11 flops each) were 1.75x slower
+    # than recomputing at a 0 MiB budget (H200): any budget that makes them recomputes; one
+    # chunk of any size is three matmuls against four.
+    from own_kernel.policy.route import Call, route
+
+    small = Call(4096, 32768, 2048, torch.bfloat16, workspace_mib=32)  # 512 rows a chunk
+    r = route(small, HOPPER_16BIT)
+    assert r.path == "recompute" and "fused.min_chunk_flops" in r.note
+    off = route(small, with_overrides(HOPPER_16BIT, {"fused": {"min_chunk_flops": 0}}))
+    assert off.path == "three-matmul" and off.chunks == 8
+    one = route(dataclasses.replace(small, workspace_mib=256), HOPPER_16BIT)
+    assert one.path == "three-matmul" and one.chunks == 1
+    with pytest.raises(ValueError, match="fused.min_chunk_flops"):
+        with_overrides(HOPPER_16BIT, {"fused": {"min_chunk_flops": -1}})
 
 
 @pytest.mark.parametrize("n, d, v, softcap, mib, chunks", [

@@ -241,6 +241,10 @@ class Fused:
     # 1 GiB makes 32.
     dc_max_chunks: int = 24
     dc_max_chunks_softcap: int = 8
+    # Several chunks only where each holds at least this many flops (6 rows V D: its three
+    # matmuls): every chunk costs its launches and passes whatever its size, and at small V D
+    # that outweighs the matmul the path saves. HOPPER_16BIT sets it.
+    min_chunk_flops: float = 0.0
 
     def __post_init__(self):
         _power_of_two("fused.block", self.block)
@@ -248,7 +252,7 @@ class Fused:
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
-        for name in ("dc_max_chunks", "dc_max_chunks_softcap"):
+        for name in ("dc_max_chunks", "dc_max_chunks_softcap", "min_chunk_flops"):
             if getattr(self, name) < 0:
                 raise ValueError(f"fused.{name}: expected >= 0 (0: no cap), got "
                                  f"{getattr(self, name)}")
@@ -355,9 +359,11 @@ HOPPER_16BIT = Config(
     # At a 0 MiB budget the chunks in the recompute path's memory: 3.5-4.1 floors against its
     # 4.1-4.9 at six heads, 410-820 rows a chunk; 256-row chunks slower than recomputing, so
     # chunks hold at least 384 rows, at any budget; fewer chunks bound dC's error
-    # (dc_max_chunks) (zero-budget.md).
+    # (dc_max_chunks) (zero-budget.md). Chunks of 2.1e11 flops (N 4096, D 2048, V 32768 at a
+    # 0 MiB budget: 8 of 512 rows) were 1.75x slower than recomputing, of 7.7e11 (V 49152,
+    # D 2048) and more faster: 5e11 between them (zero-budget.md).
     fused=Fused(logits_shifted=True, row_align=128, zero_budget="recompute-memory",
-                min_rows=384),
+                min_rows=384, min_chunk_flops=5e11),
     # TMA, 128 x 256: 1.14-1.17x cuBLAS's fp32-output GEMM at the Llama 3 / Qwen 2.5 chunks,
     # where the pointer 128 x 128 took 1.53-1.57x (H100, batch-invariant.md).
     rows_gemm=RowsGemm(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, group_m=16),

@@ -476,7 +476,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     are of equal size (a short last chunk would cost a pass over dC for a few rows), or of a
     multiple of config.Fused.row_align rows where that keeps their number. Fewer than
     fused.min_rows rows per chunk make dC's accumulation memory-bound: the recompute path is
-    faster then. dC's own 16-bit sums round once per chunk, so they take at most
+    faster then, and so it is where each of several chunks holds fewer than
+    fused.min_chunk_flops. dC's own 16-bit sums round once per chunk, so they take at most
     fused.dc_max_chunks chunks (dc_max_chunks_softcap where the logits are softcapped:
     ``softcap``), else no plan.
     shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
@@ -515,6 +516,11 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
                       f"than {cfg.fused.min_rows} make the path slower than recomputing")
     rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
+    chunk_flops = 6 * rows * v * d
+    if cdiv(n, rows) > 1 and chunk_flops < cfg.fused.min_chunk_flops:
+        return None, (f"{mib} makes chunks of {rows} rows, {chunk_flops:.1e} flops each: under "
+                      f"fused.min_chunk_flops ({cfg.fused.min_chunk_flops:.0e}) a chunk's fixed "
+                      f"cost outweighs the matmul the path saves")
     name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
     max_chunks = getattr(cfg.fused, name)
     if in_dc and max_chunks and cdiv(n, rows) > max_chunks:
