@@ -48,7 +48,7 @@ PATHS = {
     "filter": (dict(filter_eps="auto", workspace_mib=0), "recompute"),
     "filter-three-matmul": (dict(filter_eps="auto", workspace_mib=BIG_BUDGET), "three-matmul"),
 }
-CHUNKED = {"fused": {"max_rows": 5, "min_rows": 1}}  # several chunks at tiny N, any target
+CHUNKED = {"fused": {"max_rows": 5, "min_rows": 1, "min_chunk_flops": 0}}  # several chunks, tiny N
 # the config each path runs under: several chunks at tiny N, any target; the recompute path
 # pinned at a 0 MiB budget (Hopper's 16-bit calls take the three-matmul path there where it fits)
 PINNED = {"three-matmul-chunks": CHUNKED, "recompute": {"fused": {"zero_budget": "recompute"}}}

@@ -126,7 +126,8 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     ref.backward()
     plans = _spy_plans(monkeypatch)
     # min_rows 1: the GPU configs send chunks under 1024 rows to the recompute path
-    with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, **logits}}):
+    with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, "min_chunk_flops": 0,
+                               **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
         # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
@@ -628,7 +629,8 @@ def test_aligned_chunks_of_the_gathered_rest_match_the_reference(fused_calls, dt
     runs = {}
     for align in (1, 8):
         e.grad = c.grad = None
-        with overridden({"fused": {"max_rows": 16, "min_rows": 1, "row_align": align}}):
+        with overridden({"fused": {"max_rows": 16, "min_rows": 1, "min_chunk_flops": 0,
+                                   "row_align": align}}):
             loss = linear_cross_entropy(e, c, t, workspace_mib=16)
         loss.backward()
         runs[align] = fused_calls[-1][0]

@@ -26,7 +26,8 @@ PATHS = {
     # a 0 MiB budget takes the three-matmul path on Hopper where its chunks fit (16-bit calls)
     "recompute": ({"workspace_mib": 0}, {"fused": {"zero_budget": "recompute"}}),
     "low_memory": ({"low_memory": True}, {}),
-    "three_matmul": ({"workspace_mib": 1}, {"fused": {"max_rows": 8, "min_rows": 1}}),
+    "three_matmul": ({"workspace_mib": 1},
+                     {"fused": {"max_rows": 8, "min_rows": 1, "min_chunk_flops": 0}}),
     "filtered": ({"filter_eps": "auto", "workspace_mib": 0},
                  {"filter": {"min_flops": 0, "min_total_flops": 0},
                   "fused": {"zero_budget": "recompute"}}),

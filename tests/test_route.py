@@ -145,9 +145,12 @@ def test_a_zero_budget_is_no_budget_and_no_note():
     call = Call(**QWEN_SMALL, dtype=BF16, workspace_mib=0)
     r = route(call, RECOMPUTE_AT_ZERO)
     assert (r.path, r.note, r.budget_mib) == ("recompute", "", 0)
-    # Hopper's default: the chunks in the recompute path's memory, and the note says so
-    r = route(call, HOPPER_16BIT)
+    # Hopper's default: the chunks in the recompute path's memory, and the note says so. At
+    # D 4096 (4 chunks of 2048 rows, measured faster than recomputing on an H200): at D 2048
+    # each chunk would hold 4.0e11 flops, under fused.min_chunk_flops
+    r = route(dataclasses.replace(call, d=4096), HOPPER_16BIT)
     assert (r.path, r.budget_mib) == ("three-matmul", 0) and "fused.zero_budget" in r.note
+    assert route(call, HOPPER_16BIT).path == "recompute"
 
 
 def test_describe_reports_the_plans_chunks_and_a_peak_above_the_gradients():
