@@ -59,6 +59,8 @@ def own_ran() -> str:
     """The ``ran`` of every own provider: the route its last call took (own_kernel.plan under
     the same config, target and autocast), its path and the three-matmul path's row chunks;
     "" when there was no call or it cannot be planned (a failing call's row says why)."""
+    import torch
+
     from own_kernel import plan
     from own_kernel.policy.config import TARGETS, overridden, use_target
 
@@ -73,7 +75,6 @@ def own_ran() -> str:
             if overrides:
                 stack.enter_context(overridden(json.loads(overrides)))
             if autocast is not None:
-                import torch
                 stack.enter_context(torch.autocast(e[2].type, dtype=autocast))
             route = plan(*map(_stand_in, (e, c, targets)), bias=_stand_in(bias), **options)
     except Exception:  # noqa: BLE001 - the row's status and error speak for a failed call
