@@ -516,15 +516,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
                       f"than {cfg.fused.min_rows} make the path slower than recomputing")
     rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
-    chunk_flops = 6 * rows * v * d
-    if cdiv(n, rows) > 1 and chunk_flops < cfg.fused.min_chunk_flops:
+    chunks, chunk_flops = cdiv(n, rows), 6 * rows * v * d
+    if chunks > 1 and chunk_flops < cfg.fused.min_chunk_flops:
         return None, (f"{mib} makes chunks of {rows} rows, {chunk_flops:.1e} flops each: under "
                       f"fused.min_chunk_flops ({cfg.fused.min_chunk_flops:.0e}) a chunk's fixed "
                       f"cost outweighs the matmul the path saves")
     name = "dc_max_chunks_softcap" if softcap else "dc_max_chunks"
     max_chunks = getattr(cfg.fused, name)
-    if in_dc and max_chunks and cdiv(n, rows) > max_chunks:
-        return None, (f"{mib} makes {cdiv(n, rows)} chunks of {rows} rows; dC's 16-bit sums "
+    if in_dc and max_chunks and chunks > max_chunks:
+        return None, (f"{mib} makes {chunks} chunks of {rows} rows; dC's 16-bit sums "
                       f"would round once per chunk, more than fused.{name} ({max_chunks})")
     extra = max(rows * per_row + acc - dc, acc)
-    return FusedPlan(rows, cdiv(n, rows), not in_dc, de_rows_fp32, extra, **kind), ""
+    return FusedPlan(rows, chunks, not in_dc, de_rows_fp32, extra, **kind), ""
