@@ -118,9 +118,26 @@ def test_four_significant_digits_integers_and_words_as_written():
         ["32768", "9.504e+04", "0.000129", "1", "–", "nan", "ok"]
 
 
+def test_a_glob_joins_its_csvs_rows_in_path_order(tmp_path):
+    # one tool's runs, a CSV a shape: one table over all of them
+    note = _tiny_note(tmp_path, "# A note\n\n<!-- table: data/*/r.csv\n columns: name, ms\n-->\n"
+                      "<!-- end table -->\n")
+    for folder, rows in (("b", "q,2.0"), ("a", "p,1.0")):
+        (note.parent / "data" / folder).mkdir()
+        (note.parent / "data" / folder / "r.csv").write_text(f"name,ms\n{rows}\n")
+    table = render_note(note.read_text(), note)
+    assert "| p | 1 |\n| q | 2 |" in table
+    (note.parent / "data" / "c").mkdir()
+    (note.parent / "data" / "c" / "r.csv").write_text("name,other\nz,3\n")
+    with pytest.raises(NoteTableError, match="another header"):
+        render_note(note.read_text(), note)
+
+
 @pytest.mark.parametrize("block,message", [
     ("<!-- table: data/missing.csv -->\n<!-- end table -->\n",
      "tiny.md: table 1 (data/missing.csv): no CSV at"),
+    ("<!-- table: data/*/missing.csv -->\n<!-- end table -->\n",
+     "tiny.md: table 1 (data/*/missing.csv): no CSV matches"),
     ("<!-- table: data/run.csv\n columns: name, wall_ms\n-->\n<!-- end table -->\n",
      "tiny.md: table 1 (data/run.csv): unknown column(s) wall_ms"),
     ("<!-- table: data/run.csv\n where: device=h100\n-->\n<!-- end table -->\n",

@@ -243,7 +243,9 @@ class Fused:
     dc_max_chunks_softcap: int = 8
     # Several chunks only where each holds at least this many flops (6 rows V D: its three
     # matmuls): every chunk costs its launches and passes whatever its size, and at small V D
-    # that outweighs the matmul the path saves. HOPPER_16BIT sets it.
+    # that outweighs the matmul the path saves. HOPPER_16BIT sets it: on an H200 chunks of
+    # 2e11 were slower than recomputing, 4.0e11-4.6e11 level or split, 6.3e11 and up faster
+    # (zero-budget.md).
     min_chunk_flops: float = 0.0
 
     def __post_init__(self):

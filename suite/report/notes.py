@@ -15,7 +15,9 @@ block over a committed CSV, the kernel tools' or one that suite/report/tune_logs
     <!-- end table -->
 
 - the path, first after ``table:``, is relative to the note's folder; then one ``key: value``
-  line per option, a line without a key going on with the previous one's value;
+  line per option, a line without a key going on with the previous one's value. A path with
+  ``*`` is a glob: the rows of every CSV it matches, in sorted path order, as one table (runs
+  of one tool, one CSV a shape: the CSVs must share their header);
 - ``columns`` (optional; default: every column of the CSV): the CSV's columns in the table's
   order, each ``name`` or ``name=header`` (the header the table shows; no ``,`` or ``=`` in it);
 - ``where`` (optional): comma-separated ``column=value``; a row is kept when each named cell
@@ -104,15 +106,31 @@ def _cell(text: str | None, fmt: str) -> str:
     return fmt_sig(text)
 
 
+def _read_rows(spec: TableSpec, note_path: Path, label: str) -> tuple[list[dict], list[str]]:
+    """The block's rows and header: its CSV's, or every CSV its glob matches, joined."""
+    if "*" in spec.csv_path:
+        paths = sorted(note_path.parent.glob(spec.csv_path))
+        if not paths:
+            raise NoteTableError(f"{label}: no CSV matches {note_path.parent / spec.csv_path}")
+    else:
+        paths = [note_path.parent / spec.csv_path]
+        if not paths[0].is_file():
+            raise NoteTableError(f"{label}: no CSV at {paths[0]}")
+    rows, fields = [], None
+    for path in paths:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows += list(reader)
+            header = reader.fieldnames or []
+        if fields is not None and header != fields:
+            raise NoteTableError(f"{label}: {path} has another header than {paths[0]}")
+        fields = header
+    return rows, fields
+
+
 def table_markdown(spec: TableSpec, note_path: Path, label: str) -> str:
-    """The markdown table of a block, read from its CSV now."""
-    path = note_path.parent / spec.csv_path
-    if not path.is_file():
-        raise NoteTableError(f"{label}: no CSV at {path}")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        fields = reader.fieldnames or []
+    """The markdown table of a block, read from its CSV(s) now."""
+    rows, fields = _read_rows(spec, note_path, label)
     columns = spec.columns or tuple((name, name) for name in fields)
     unknown = [name for name, _ in (*columns, *spec.where) if name not in fields]
     if unknown:
