@@ -362,6 +362,38 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
     assert torch.allclose(loss.double(), F.cross_entropy(z, t, reduction="none"), atol=1e-4)
 
 
+@pytest.mark.parametrize("v", [300, 37])
+def test_forward_epilogue_halves_fold_each_tiles_two_halves_in_turn(monkeypatch, v):
+    # forward.epilogue_halves: the pointer forward folds a tile's column halves one after the
+    # other (at V 37 the last tile's second half lies wholly past V): the lse, the loss with a
+    # softcap and label smoothing, log p and the entropy are the whole tile's, to fp32 sums
+    # over D + V terms.
+    from own_kernel import token_logprobs
+    from own_kernel.paths import forward
+
+    seen = []
+    real = forward.forward_partials
+    monkeypatch.setattr(forward, "forward_partials",
+                        lambda *a: seen.append(a[8].forward.epilogue_halves) or real(*a))
+    n, d, cap = 50, 24, 3.0
+    g = torch.Generator().manual_seed(7)
+    e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    with overridden({"forward": {"tma": False, "epilogue_halves": True}}), torch.no_grad():
+        loss, lse = linear_cross_entropy(e, c, t, softcap=cap, label_smoothing=0.1,
+                                         reduction="none", return_lse=True)
+        logp, ent = token_logprobs(e, c, t, softcap=cap, return_entropy=True)
+    assert seen and all(seen)
+    z = cap * torch.tanh((e.double() @ c.double().T) / cap)
+    logp_all = torch.log_softmax(z, 1)
+    tol = 8 * torch.finfo(torch.float32).eps * (d + v) * cap
+    assert torch.allclose(lse.double(), torch.logsumexp(z, 1), atol=tol)
+    assert torch.allclose(loss.double(), F.cross_entropy(z, t, reduction="none",
+                                                         label_smoothing=0.1), atol=tol)
+    assert torch.allclose(logp.double(), logp_all.gather(1, t[:, None])[:, 0], atol=tol)
+    assert torch.allclose(ent.double(), -(logp_all.exp() * logp_all).sum(1), atol=tol)
+
+
 # Every chunk in the tail (no chunk's W in dC): chunks.max_width 0 leaves dC's unwritten rows
 # unused, filtered or not.
 ALL_IN_TAIL = {"chunks": {"max_width": 0}, "filter": {"max_width": 0}}

@@ -73,6 +73,9 @@ class Forward:
     # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
+    # The pointer forward (forward.py) folds each tile into its online log-sum-exp as two column
+    # halves: half the epilogue's fp32 temporaries live beside the accumulator at once.
+    epilogue_halves: bool = False
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
