@@ -127,6 +127,8 @@ def test_a_glob_joins_its_csvs_rows_in_path_order(tmp_path):
         (note.parent / "data" / folder / "r.csv").write_text(f"name,ms\n{rows}\n")
     table = render_note(note.read_text(), note)
     assert "| p | 1 |\n| q | 2 |" in table
+    named = note.read_text().replace("columns: name, ms", "columns: folder, name")
+    assert "| a | p |\n| b | q |" in render_note(named, note)
     (note.parent / "data" / "c").mkdir()
     (note.parent / "data" / "c" / "r.csv").write_text("name,other\nz,3\n")
     with pytest.raises(NoteTableError, match="another header"):

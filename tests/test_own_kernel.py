@@ -363,27 +363,34 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
 
 
 @pytest.mark.parametrize("v", [300, 37])
-def test_forward_epilogue_halves_fold_each_tiles_two_halves_in_turn(monkeypatch, v):
-    # forward.epilogue_halves: the pointer forward folds a tile's column halves one after the
-    # other (at V 37 the last tile's second half lies wholly past V): the lse, the loss with a
-    # softcap and label smoothing, log p and the entropy are the whole tile's, to fp32 sums
-    # over D + V terms.
+def test_forward_softcap_halves_fold_each_tiles_two_halves_in_turn(monkeypatch, v):
+    # forward.softcap_halves: with a softcap the pointer forward folds a tile's column halves
+    # one after the other (at V 37 the last tile's second half lies wholly past V): the lse,
+    # the loss with label smoothing, log p and the entropy are the whole tile's, to fp32 sums
+    # over D + V terms. Without a softcap the tile folds whole.
     from own_kernel import token_logprobs
-    from own_kernel.paths import forward
+    from own_kernel.kernels import forward as kernel
 
-    seen = []
-    real = forward.forward_partials
-    monkeypatch.setattr(forward, "forward_partials",
-                        lambda *a: seen.append(a[8].forward.epilogue_halves) or real(*a))
+    halves, real = [], kernel.cce_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                halves.append(kwargs["HALVES"])
+                return real[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(kernel, "cce_fwd_kernel", Spy())
     n, d, cap = 50, 24, 3.0
     g = torch.Generator().manual_seed(7)
     e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
     t = torch.randint(0, v, (n,), generator=g)
-    with overridden({"forward": {"tma": False, "epilogue_halves": True}}), torch.no_grad():
+    with overridden({"forward": {"tma": False, "softcap_halves": True}}), torch.no_grad():
         loss, lse = linear_cross_entropy(e, c, t, softcap=cap, label_smoothing=0.1,
                                          reduction="none", return_lse=True)
         logp, ent = token_logprobs(e, c, t, softcap=cap, return_entropy=True)
-    assert seen and all(seen)
+        assert halves == [True, True]
+        linear_cross_entropy(e, c, t)
+    assert halves == [True, True, False]
     z = cap * torch.tanh((e.double() @ c.double().T) / cap)
     logp_all = torch.log_softmax(z, 1)
     tol = 8 * torch.finfo(torch.float32).eps * (d + v) * cap

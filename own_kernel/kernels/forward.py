@@ -6,9 +6,9 @@ Grid = (row blocks) x (vocabulary splits). Each program streams its split of C i
 and keeps an online log-sum-exp in fp32 (running max m of the logits, running sum s of
 exp(z - m); tile.py). Row blocks vary fastest in the program id, so the programs resident at one
 time read the same C tiles and share them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
-first loads overlap this tile's epilogue). HALVES folds each tile into the online state as two
-column halves, one after the other, so the epilogue's fp32 temporaries (softcap, exp) hold half
-the tile at a time beside the accumulator. The splits' partial (m, s) are combined in O(splits*N),
+first loads overlap this tile's epilogue). HALVES (config.Forward.softcap_halves, with a softcap)
+folds each tile into the online state as two column halves, one after the other, so the
+epilogue's fp32 temporaries (softcap, exp) hold half the tile at a time beside the accumulator. The splits' partial (m, s) are combined in O(splits*N),
 with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
 each row's loss (lse_combine.py).
 """
@@ -89,4 +89,4 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
         DOT_PRECISION=dot_precision(e.dtype), PARTS=grid.parts_per_split,
-        HALVES=cfg.forward.epilogue_halves, **k.launch())
+        HALVES=cfg.forward.softcap_halves and softcap is not None, **k.launch())

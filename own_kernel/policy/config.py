@@ -73,9 +73,12 @@ class Forward:
     # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
-    # The pointer forward (forward.py) folds each tile into its online log-sum-exp as two column
-    # halves: half the epilogue's fp32 temporaries live beside the accumulator at once.
-    epilogue_halves: bool = False
+    # Softcapped logits: the pointer forward (forward.py) folds each tile into its online
+    # log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the tanh's
+    # among them) live beside the accumulator at once. Forced on an H200 at Gemma 2 (2B), the
+    # portable forward 8 % faster with its softcap, 6 % slower without one and slower at
+    # Llama 3 (8B) (portable-forward-softcap.md): so only with a softcap (PORTABLE sets it).
+    softcap_halves: bool = False
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
@@ -422,7 +425,8 @@ PORTABLE = Config(
     name="portable",
     # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since
     # the A100 has at least 40 MB; forward-l2.md).
-    forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24),
+    forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24,
+                    softcap_halves=True),
     dlogits=_PORTABLE_DLOGITS_CANDIDATES[0],
     dlogits_tiles_per_program=1,
     recompute=Recompute(Tiles(64, 128, 32, num_warps=4, num_stages=3)),  # unused: cuBLAS route

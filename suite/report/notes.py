@@ -17,7 +17,8 @@ block over a committed CSV, the kernel tools' or one that suite/report/tune_logs
 - the path, first after ``table:``, is relative to the note's folder; then one ``key: value``
   line per option, a line without a key going on with the previous one's value. A path with
   ``*`` is a glob: the rows of every CSV it matches, in sorted path order, as one table (runs
-  of one tool, one CSV a shape: the CSVs must share their header);
+  of one tool, one CSV a shape or round: the CSVs must share their header), with a column
+  ``folder``, each row's CSV's folder below the glob's first ``*`` part (``round-1``);
 - ``columns`` (optional; default: every column of the CSV): the CSV's columns in the table's
   order, each ``name`` or ``name=header`` (the header the table shows; no ``,`` or ``=`` in it);
 - ``where`` (optional): comma-separated ``column=value``; a row is kept when each named cell
@@ -107,25 +108,36 @@ def _cell(text: str | None, fmt: str) -> str:
 
 
 def _read_rows(spec: TableSpec, note_path: Path, label: str) -> tuple[list[dict], list[str]]:
-    """The block's rows and header: its CSV's, or every CSV its glob matches, joined."""
-    if "*" in spec.csv_path:
-        paths = sorted(note_path.parent.glob(spec.csv_path))
+    """The block's rows and header: its CSV's, or every CSV its glob matches, joined (each row
+    then with its CSV's ``folder``)."""
+    base, glob = note_path.parent, "*" in spec.csv_path
+    if glob:
+        paths = sorted(base.glob(spec.csv_path))
         if not paths:
-            raise NoteTableError(f"{label}: no CSV matches {note_path.parent / spec.csv_path}")
+            raise NoteTableError(f"{label}: no CSV matches {base / spec.csv_path}")
+        parts = Path(spec.csv_path).parts
+        fixed = base.joinpath(*parts[:next(i for i, p in enumerate(parts) if "*" in p)])
     else:
-        paths = [note_path.parent / spec.csv_path]
+        paths = [base / spec.csv_path]
         if not paths[0].is_file():
             raise NoteTableError(f"{label}: no CSV at {paths[0]}")
     rows, fields = [], None
     for path in paths:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            rows += list(reader)
+            read = list(reader)
             header = reader.fieldnames or []
         if fields is not None and header != fields:
             raise NoteTableError(f"{label}: {path} has another header than {paths[0]}")
         fields = header
-    return rows, fields
+        if glob:
+            if "folder" in header:
+                raise NoteTableError(f"{label}: {path} has a column 'folder', which a glob's "
+                                     f"rows are given")
+            folder = path.parent.relative_to(fixed).as_posix()
+            read = [dict(r, folder=folder) for r in read]
+        rows += read
+    return rows, [*fields, "folder"] if glob else fields
 
 
 def table_markdown(spec: TableSpec, note_path: Path, label: str) -> str:
