@@ -149,6 +149,36 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
 
 
+@pytest.mark.parametrize("case", [CASES[4], CASES[6]], ids=["v67", "v64"])
+def test_softcap_halves_on_the_shifted_forward_give_the_whole_tiles_loss_and_grads(monkeypatch,
+                                                                                  case):
+    # forward.softcap_halves on the TMA forward that writes the shifted logits: a tile's two
+    # halves fold against the tile's one maximum, so only the order of the lse's fp32 sums
+    # changes: loss within fp32 rounding, gradients within one rounding of their 16-bit dtype.
+    from own_kernel.kernels import forward_tma
+    from tests.test_own_kernel import spy_kernel_args
+
+    dtype, lead, d, v, softcap, reduction, ls, has_bias, shift, max_rows = case
+    launches = spy_kernel_args(monkeypatch, forward_tma, "cce_fwd_tma_kernel", "STORE_Y",
+                               "HALVES")
+    runs = []
+    for halves in (False, True):
+        e, c, t, bias = _inputs(dtype, lead, d, v, has_bias, ignore_every=7, device=DEV)
+        with overridden({"fused": {"max_rows": max_rows, "min_rows": 1, "min_chunk_flops": 0,
+                                   **SHIFTED}, "forward": {"softcap_halves": halves}}):
+            loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap,
+                                        reduction=reduction, label_smoothing=ls, shift=shift,
+                                        workspace_mib=16)
+        loss.backward()
+        runs.append((float(loss.detach()), e.grad, c.grad))
+    calls = len(launches) // 2  # one shifted forward a chunk, each call as many
+    assert calls and launches == [(True, False)] * calls + [(True, True)] * calls
+    (loss0, de0, dc0), (loss1, de1, dc1) = runs
+    assert abs(loss1 - loss0) <= 8 * torch.finfo(torch.float32).eps * v * max(1.0, abs(loss0))
+    eps = torch.finfo(dtype).eps
+    assert rel(de1, de0) <= eps and rel(dc1, dc0) <= eps
+
+
 def _spy_plans(monkeypatch) -> list:
     """(plan.shifted, plan.tile_max_in_de) of each fused call of the test."""
     seen, inner = [], fused.fused_loss_and_grads

@@ -362,35 +362,43 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
     assert torch.allclose(loss.double(), F.cross_entropy(z, t, reduction="none"), atol=1e-4)
 
 
-@pytest.mark.parametrize("v", [300, 37])
-def test_forward_softcap_halves_fold_each_tiles_two_halves_in_turn(monkeypatch, v):
-    # forward.softcap_halves: with a softcap the pointer forward folds a tile's column halves
-    # one after the other (at V 37 the last tile's second half lies wholly past V): the lse,
-    # the loss with label smoothing, log p and the entropy are the whole tile's, to fp32 sums
-    # over D + V terms. Without a softcap the tile folds whole.
-    from own_kernel import token_logprobs
-    from own_kernel.kernels import forward as kernel
-
-    halves, real = [], kernel.cce_fwd_kernel
+def spy_kernel_args(monkeypatch, module, name: str, *keys: str) -> list:
+    """The keyword arguments `keys` of each launch of module.name (a Triton kernel launched as
+    kernel[grid](...)), as tuples in launch order."""
+    seen, real = [], getattr(module, name)
 
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                halves.append(kwargs["HALVES"])
+                seen.append(tuple(kwargs[k] for k in keys))
                 return real[grid](*args, **kwargs)
             return launch
-    monkeypatch.setattr(kernel, "cce_fwd_kernel", Spy())
+    monkeypatch.setattr(module, name, Spy())
+    return seen
+
+
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("v", [300, 37])
+def test_forward_softcap_halves_fold_each_tiles_two_halves_in_turn(monkeypatch, v, tma):
+    # forward.softcap_halves: with a softcap either forward folds a tile's column halves one
+    # after the other (at V 37 the last tile's second half lies wholly past V): the lse, the
+    # loss with label smoothing, log p and the entropy are the whole tile's, to fp32 sums over
+    # D + V terms. Without a softcap the tile folds whole.
+    from own_kernel import token_logprobs
+    from own_kernel.kernels import forward as pointer, forward_tma
+
+    kernel = (forward_tma, "cce_fwd_tma_kernel") if tma else (pointer, "cce_fwd_kernel")
+    launches = spy_kernel_args(monkeypatch, *kernel, "HALVES")
     n, d, cap = 50, 24, 3.0
     g = torch.Generator().manual_seed(7)
     e, c = torch.randn(n, d, generator=g), torch.randn(v, d, generator=g)
     t = torch.randint(0, v, (n,), generator=g)
-    with overridden({"forward": {"tma": False, "softcap_halves": True}}), torch.no_grad():
+    with overridden({"forward": {"tma": tma, "softcap_halves": True}}), torch.no_grad():
         loss, lse = linear_cross_entropy(e, c, t, softcap=cap, label_smoothing=0.1,
                                          reduction="none", return_lse=True)
         logp, ent = token_logprobs(e, c, t, softcap=cap, return_entropy=True)
-        assert halves == [True, True]
         linear_cross_entropy(e, c, t)
-    assert halves == [True, True, False]
+    assert launches == [(True,), (True,), (False,)]
     z = cap * torch.tanh((e.double() @ c.double().T) / cap)
     logp_all = torch.log_softmax(z, 1)
     tol = 8 * torch.finfo(torch.float32).eps * (d + v) * cap

@@ -5,19 +5,21 @@ that picks between them as the route says and combines the splits).
 Grid = (row blocks) x (vocabulary splits). Each program streams its split of C in BLOCK_V tiles
 and keeps an online log-sum-exp in fp32 (running max m of the logits, running sum s of
 exp(z - m); tile.py). Row blocks vary fastest in the program id, so the programs resident at one
-time read the same C tiles and share them through L2. FLATTEN lets the compiler pipeline loads across tile boundaries (the next tile's
-first loads overlap this tile's epilogue). HALVES (config.Forward.softcap_halves, with a softcap)
-folds each tile into the online state as two column halves, one after the other, so the
-epilogue's fp32 temporaries (softcap, exp) hold half the tile at a time beside the accumulator. The splits' partial (m, s) are combined in O(splits*N),
-with the target logit (target.py) and the sum of logits (label smoothing, from this loop) into
-each row's loss (lse_combine.py).
+time read the same C tiles and share them through L2. FLATTEN lets the compiler pipeline loads
+across tile boundaries (the next tile's first loads overlap this tile's epilogue). HALVES
+(config.Forward.softcap_halves, with a softcap) folds each tile into the online state as two
+column halves, one after the other, so the epilogue's fp32 temporaries (softcap, exp) hold half
+the tile at a time beside the accumulator. The splits' partial (m, s) are combined in
+O(splits*N), with the target logit (target.py) and the sum of logits (label smoothing, from
+this loop) into each row's loss (lse_combine.py).
 """
 import triton
 import triton.language as tl
 
-from own_kernel.kernels.tile import (dot_precision, halves, logit_tile, lse_ent_tile_update,
-                                     lse_init, row_block_and_split, skip_if_all_ignored,
-                                     softcap_scalars, store_block_partials, store_split_partials)
+from own_kernel.kernels.tile import (dot_precision, logit_tile, lse_ent_tile_update,
+                                     lse_halves_update, lse_init, row_block_and_split,
+                                     skip_if_all_ignored, softcap_scalars, store_block_partials,
+                                     store_split_partials)
 from own_kernel.policy.plan import cdiv
 
 
@@ -58,16 +60,10 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
             x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                            stride_en, stride_ed, stride_cv, stride_cd,
                            HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
-            if HALVES:  # the first half holds a column inside v_mask (v0 < v_end)
-                x0, x1 = halves(x, BLOCK_N, BLOCK_V // 2)
-                half = tl.arange(0, BLOCK_V // 2)
-                m, s, z_sum, t = lse_ent_tile_update(x0, m, s, z_sum, t, v0 + half < v_end,
-                                                     tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
-                                                     NEED_ENT)
-                m, s, z_sum, t = lse_ent_tile_update(x1, m, s, z_sum, t,
-                                                     v0 + BLOCK_V // 2 + half < v_end,
-                                                     tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
-                                                     NEED_ENT)
+            if HALVES:
+                m, s, z_sum, t = lse_halves_update(x, v0, v_end, m, s, z_sum, t, tanh_scale,
+                                                   cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT,
+                                                   BLOCK_N, BLOCK_V)
             else:
                 m, s, z_sum, t = lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
                                                      HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)

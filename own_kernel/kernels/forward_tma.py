@@ -27,10 +27,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
-from own_kernel.kernels.tile import (dot_precision, halves, logits, lse_ent_fold,
-                                     lse_ent_tile_update, lse_init, masked_logits,
-                                     row_block_and_split, skip_if_all_ignored, softcap_scalars,
-                                     store_block_partials, store_split_partials)
+from own_kernel.kernels.tile import (half_masks, dot_precision, halves, logits, lse_ent_fold,
+                                     lse_ent_tile_update, lse_halves_update, lse_init,
+                                     masked_logits, row_block_and_split, skip_if_all_ignored,
+                                     softcap_scalars, store_block_partials, store_split_partials)
 
 
 @triton.jit
@@ -54,6 +54,26 @@ def _store_shifted(x, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
 
 
 @triton.jit
+def _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t, tanh_scale, cap,
+                       HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
+                       NEED_ENT: tl.constexpr, HALVES: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    # The online state after a tile whose raw row maxima x_max the shifted store took: their
+    # softcap is the tile's largest z (softcap and 1 / T keep the order), so the tile is not
+    # reduced again. HALVES: its two column halves in turn, both against that one reference.
+    z_max = logits(x_max, tanh_scale, cap, HAS_SOFTCAP)
+    if HALVES:
+        x0, x1 = halves(acc, BLOCK_N, BLOCK_V // 2)
+        mask0, mask1 = half_masks(v0, v_end, BLOCK_V)
+        m, s, z_sum, t = lse_ent_fold(masked_logits(x0, mask0, tanh_scale, cap, HAS_SOFTCAP),
+                                      z_max, m, s, z_sum, t, mask0, NEED_ZSUM, NEED_ENT)
+        return lse_ent_fold(masked_logits(x1, mask1, tanh_scale, cap, HAS_SOFTCAP), z_max, m,
+                            s, z_sum, t, mask1, NEED_ZSUM, NEED_ENT)
+    z = masked_logits(acc, v_mask, tanh_scale, cap, HAS_SOFTCAP)
+    return lse_ent_fold(z, z_max, m, s, z_sum, t, v_mask, NEED_ZSUM, NEED_ENT)
+
+
+@triton.jit
 def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                        N, V, v_per_split, plane, splits, group_rows, ignore_index,
                        tanh_scale, cap,
@@ -62,7 +82,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr, STORE_Y: tl.constexpr,
-                       Y_SLICES: tl.constexpr, PARTS: tl.constexpr):
+                       Y_SLICES: tl.constexpr, PARTS: tl.constexpr, HALVES: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
@@ -102,9 +122,13 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
             if STORE_Y:
                 x_max = _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
                                        BLOCK_N, BLOCK_V, Y_SLICES)
-                z = masked_logits(acc, v_mask, tanh_scale, cap, HAS_SOFTCAP)
-                m, s, z_sum, t = lse_ent_fold(z, logits(x_max, tanh_scale, cap, HAS_SOFTCAP),
-                                              m, s, z_sum, t, v_mask, NEED_ZSUM, NEED_ENT)
+                m, s, z_sum, t = _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t,
+                                                    tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
+                                                    NEED_ENT, HALVES, BLOCK_N, BLOCK_V)
+            elif HALVES:
+                m, s, z_sum, t = lse_halves_update(acc, v0, v_end, m, s, z_sum, t, tanh_scale,
+                                                   cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT,
+                                                   BLOCK_N, BLOCK_V)
             else:
                 m, s, z_sum, t = lse_ent_tile_update(acc, m, s, z_sum, t, v_mask, tanh_scale,
                                                      cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
@@ -136,4 +160,5 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
         SKIP_IGNORED=skip_ignored, D=d,
         FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype),
         WARP_SPECIALIZE=cfg.forward.warp_specialize, STORE_Y=shifted is not None,
-        Y_SLICES=cfg.fused.y_slices, PARTS=grid.parts_per_split, **k.launch())
+        Y_SLICES=cfg.fused.y_slices, PARTS=grid.parts_per_split,
+        HALVES=cfg.forward.softcap_halves and softcap is not None, **k.launch())

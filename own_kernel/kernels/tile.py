@@ -89,6 +89,28 @@ def lse_ent_tile_update(x, m, s, z_sum, t, v_mask, tanh_scale, cap,
 
 
 @triton.jit
+def half_masks(v0, v_end, BLOCK_V: tl.constexpr):
+    # The columns inside [., v_end) of a tile's two halves, [v0, v0 + BLOCK_V / 2) and the rest.
+    half = tl.arange(0, BLOCK_V // 2)
+    return v0 + half < v_end, v0 + BLOCK_V // 2 + half < v_end
+
+
+@triton.jit
+def lse_halves_update(x, v0, v_end, m, s, z_sum, t, tanh_scale, cap,
+                      HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr, NEED_ENT: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    # lse_ent_tile_update of the tile starting at v0 as its two column halves in turn
+    # (config.Forward.softcap_halves): the epilogue's fp32 temporaries hold half the tile at
+    # once. The first half holds a column inside v_end (v0 < v_end); the second may hold none.
+    x0, x1 = halves(x, BLOCK_N, BLOCK_V // 2)
+    mask0, mask1 = half_masks(v0, v_end, BLOCK_V)
+    m, s, z_sum, t = lse_ent_tile_update(x0, m, s, z_sum, t, mask0, tanh_scale, cap,
+                                         HAS_SOFTCAP, NEED_ZSUM, NEED_ENT)
+    return lse_ent_tile_update(x1, m, s, z_sum, t, mask1, tanh_scale, cap, HAS_SOFTCAP,
+                               NEED_ZSUM, NEED_ENT)
+
+
+@triton.jit
 def masked_logits(x, v_mask, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
     # Outside v_mask a finite stand-in far below any logit: its exp2 is 0 and, unlike -inf,
     # so is its product with that 0 (the entropy's sum needs no select).

@@ -73,11 +73,12 @@ class Forward:
     # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
-    # Softcapped logits: the pointer forward (forward.py) folds each tile into its online
-    # log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the tanh's
-    # among them) live beside the accumulator at once. Forced on an H200 at Gemma 2 (2B), the
-    # portable forward 8 % faster with its softcap, 6 % slower without one and slower at
-    # Llama 3 (8B) (portable-forward-softcap.md): so only with a softcap (PORTABLE sets it).
+    # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
+    # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
+    # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
+    # (2B), the portable forward 8 % faster with its softcap, 6 % slower without one and
+    # slower at Llama 3 (8B) (portable-forward-softcap.md): so only with a softcap (PORTABLE
+    # sets it).
     softcap_halves: bool = False
 
     def __post_init__(self):
