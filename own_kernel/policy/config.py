@@ -76,9 +76,9 @@ class Forward:
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
-    # (2B), the portable forward 8 % faster with its softcap, 6 % slower without one and
-    # slower at Llama 3 (8B) (portable-forward-softcap.md): so only with a softcap (PORTABLE
-    # sets it).
+    # (2B): never slower with its softcap (the portable forward faster at a fixed tile, level
+    # tuned; the TMA forward level alone and the loss+grad faster), slower without one, so only
+    # with a softcap (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
 
     def __post_init__(self):
@@ -335,7 +335,8 @@ HOPPER_16BIT = Config(
     name="hopper-16bit",
     # 128 x 256 TMA tiles with nested loops: the fastest forward (results/notes/forward-tiles.md);
     # l2_mib 24: E's resident row blocks stay in L2 (19 -> 1.7 GB DRAM at N 32768; forward-l2.md).
-    forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24),
+    forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24,
+                    softcap_halves=True),
     dlogits=Tiles(128, 128, 64, num_warps=8, num_stages=4),
     dlogits_tiles_per_program=1,
     # Persistent, flattened: the next tile's loads overlap this one's epilogue; column sums of
