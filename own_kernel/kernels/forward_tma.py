@@ -27,7 +27,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
-from own_kernel.kernels.tile import (half_masks, dot_precision, halves, logits, lse_ent_fold,
+from own_kernel.kernels.tile import (dot_precision, half_masks, halves, logits, lse_ent_fold,
                                      lse_ent_tile_update, lse_halves_update, lse_init,
                                      masked_logits, row_block_and_split, skip_if_all_ignored,
                                      softcap_scalars, store_block_partials, store_split_partials)
