@@ -14,17 +14,11 @@ own_ws256,...,own_ws8192 --n 8192 --d 2304 --v 256000 --softcap 30 --out results
 """
 from __future__ import annotations
 
-from suite.providers.own import own_call, own_ran
+from suite.providers.own import own_at_budget, own_ran
 from suite.registry import needs_triton_device, register
 from suite.report.frontier_tables import BUDGETS_MIB, PHASE, by_cell, report, sweep_name
 
 VERMILLION = "#D55E00"  # the own kernel's colour (suite/providers/own.py)
-
-
-def _at_budget(mib: int):
-    def provider(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
-        return own_call(e, c, targets, bias, softcap, ignore_index, None, workspace_mib=mib)
-    return provider
 
 
 # One marker per budget: no two providers may look alike in a figure (tests/test_providers.py).
@@ -33,7 +27,7 @@ for _mib, _marker in zip(BUDGETS_MIB, _MARKERS, strict=True):
     register(sweep_name(_mib), summary=f"own Triton CCE, exact, workspace_mib={_mib}",
              features=("bias", "softcap"), requires=needs_triton_device, exact=True, ran=own_ran,
              style=dict(color=VERMILLION, marker=_marker, linestyle="-"),
-             order=90)(_at_budget(_mib))
+             order=90)(own_at_budget(_mib))
 
 
 def add_arguments(parser) -> None:

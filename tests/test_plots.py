@@ -217,6 +217,29 @@ def test_one_fixed_colour_blind_safe_style_per_provider():
     assert plots.style_of("someone_new") == plots.style_of("someone_new")
 
 
+def test_fixed_styles_are_the_built_in_providers_whatever_registered_first():
+    # suite.providers.BUILT_IN: a plugin registered before the providers' modules (a user's
+    # --plugin) or one whose functions come from them (suite.frontier's budget sweep reuses
+    # own.py's) is not built in, so its style never enters the figures' fixed ones.
+    import subprocess
+    import sys
+
+    code = """
+from suite.registry import register
+register('zz_plugin', summary='a plugin first')(lambda e, c, t, **k: None)
+import suite.frontier
+from suite.providers import BUILT_IN
+from suite.plots.style import PROVIDER_STYLE
+from suite.report.frontier_tables import BUDGETS_MIB, sweep_name
+sweep = {sweep_name(mib) for mib in BUDGETS_MIB}
+assert 'own' in BUILT_IN and 'zz_plugin' not in BUILT_IN and not sweep & BUILT_IN
+assert set(PROVIDER_STYLE) == BUILT_IN
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr
+
+
 def test_load_results_keeps_latest_duplicate_and_rejects_bad_input(tmp_path):
     old = tmp_path / "a_old"
     new = tmp_path / "b_new"

@@ -42,12 +42,14 @@ OKABE_ITO = {
 
 
 def _built_in_providers():
-    """The providers of suite/providers/, whatever plugin (suite.frontier's budget sweep, a
-    user's --plugin) was imported first: the figures' fixed styles and the manifest's generator
-    hash must not depend on import order (style_of still finds a plugin's style live)."""
+    """The providers of suite/providers/ (suite.providers.BUILT_IN), whatever plugin
+    (suite.frontier's budget sweep, a user's --plugin) was imported first: the figures' fixed
+    styles and the manifest's generator hash must not depend on import order (style_of still
+    finds a plugin's style live)."""
     from suite import catalog
+    from suite.providers import BUILT_IN
 
-    return [p for p in catalog.in_figure_order() if p.fn.__module__.startswith("suite.providers.")]
+    return [p for p in catalog.in_figure_order() if p.name in BUILT_IN]
 
 
 def _registered_styles() -> dict:

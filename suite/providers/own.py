@@ -157,7 +157,8 @@ def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-10
                  workspace_mib=FUSED_WORKSPACE_MIB)
 
 
-def _fused_at(workspace_mib: int):
+def own_at_budget(workspace_mib: int):
+    """The default exact call at this workspace budget, as a provider function."""
     def provider(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
         return own_call(e, c, targets, bias, softcap, ignore_index, None,
                         workspace_mib=workspace_mib)
@@ -171,7 +172,7 @@ for _gib, _marker in ((4, "h"), (6, "H")):
              f"(workspace_mib={_gib * 1024})", features=("bias", "softcap"),
              requires=needs_triton_device, ran=own_ran,
              style=dict(color=VERMILLION, marker=_marker, linestyle="-"),
-             order=66 + _gib // 2)(_fused_at(_gib * 1024))
+             order=66 + _gib // 2)(own_at_budget(_gib * 1024))
 
 
 def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_mib=None):
