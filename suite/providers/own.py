@@ -145,7 +145,7 @@ def own_low_memory(e, c, targets, *, bias=None, softcap=None, ignore_index=-100)
           style=dict(color=VERMILLION, marker="P", linestyle="-"), order=65)
 def own_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return own_call(e, c, targets, bias, softcap, ignore_index, None,
-                 workspace_mib=FUSED_WORKSPACE_MIB)
+                    workspace_mib=FUSED_WORKSPACE_MIB)
 
 
 @register("own_fused_filter", summary=f"own Triton CCE, gradient filter, three-matmul training "
@@ -154,7 +154,7 @@ def own_fused(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
           style=dict(color=VERMILLION, marker="X", linestyle="--"), order=66)
 def own_fused_filter(e, c, targets, *, bias=None, softcap=None, ignore_index=-100):
     return own_call(e, c, targets, bias, softcap, ignore_index, "auto",
-                 workspace_mib=FUSED_WORKSPACE_MIB)
+                    workspace_mib=FUSED_WORKSPACE_MIB)
 
 
 def own_at_budget(workspace_mib: int):
@@ -184,7 +184,7 @@ def _portable(e, c, targets, bias, softcap, ignore_index, filter_eps, workspace_
 
     with use_target("portable"):
         return own_call(e, c, targets, bias, softcap, ignore_index, filter_eps,
-                     workspace_mib=workspace_mib)
+                        workspace_mib=workspace_mib)
 
 
 @register("own_portable",
