@@ -27,7 +27,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from own_kernel.policy.plan import cdiv
-from own_kernel.kernels.tile import (dot_precision, half_masks, halves, logits, lse_ent_fold,
+from own_kernel.kernels.tile import (dot_precision, halves, logits, lse_ent_fold,
                                      lse_ent_tile_update, lse_halves_update, lse_init,
                                      masked_logits, row_block_and_split, skip_if_all_ignored,
                                      softcap_scalars, store_block_partials, store_split_partials)
@@ -60,13 +60,16 @@ def _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t, tanh_scale
                        BLOCK_V: tl.constexpr):
     # The online state after a tile whose raw row maxima x_max the shifted store took: their
     # softcap is the tile's largest z (softcap and 1 / T keep the order), so the tile is not
-    # reduced again. HALVES: its two column halves in turn, both against that one reference.
+    # reduced again. HALVES: its two column halves in turn, both against that one reference,
+    # each half's mask made just before its fold (as tile.lse_halves_update).
     z_max = logits(x_max, tanh_scale, cap, HAS_SOFTCAP)
     if HALVES:
         x0, x1 = halves(acc, BLOCK_N, BLOCK_V // 2)
-        mask0, mask1 = half_masks(v0, v_end, BLOCK_V)
+        half = tl.arange(0, BLOCK_V // 2)
+        mask0 = v0 + half < v_end
         m, s, z_sum, t = lse_ent_fold(masked_logits(x0, mask0, tanh_scale, cap, HAS_SOFTCAP),
                                       z_max, m, s, z_sum, t, mask0, NEED_ZSUM, NEED_ENT)
+        mask1 = v0 + BLOCK_V // 2 + half < v_end
         return lse_ent_fold(masked_logits(x1, mask1, tanh_scale, cap, HAS_SOFTCAP), z_max, m,
                             s, z_sum, t, mask1, NEED_ZSUM, NEED_ENT)
     z = masked_logits(acc, v_mask, tanh_scale, cap, HAS_SOFTCAP)
