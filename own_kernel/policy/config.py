@@ -76,9 +76,9 @@ class Forward:
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
-    # (2B): never slower with its softcap (the portable forward faster at a fixed tile, level
-    # tuned; the TMA forward level alone and the loss+grad faster), slower without one, so only
-    # with a softcap (both GPU configs set it; portable-forward-softcap.md).
+    # (2B) with its softcap: the portable forward 1.24 floors against 1.36 without them, the
+    # TMA forward level alone and its loss+grad faster; slower without a softcap, so only with
+    # one (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
 
     def __post_init__(self):
