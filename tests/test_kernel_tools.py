@@ -262,7 +262,8 @@ def test_version_is_the_installed_distributions():
 def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tmp_path):
     """suite/kernel/heads_gpu.sh end to end on the CPU (a stand-in nvidia-smi names the GPU, a
     tiny head, naive as the peer): a folder per head with a folder per round, packed into
-    $OUT/heads.tar, and the per-round verdicts of each own provider printed last."""
+    $OUT/heads-test.tar (named after RUN), and the per-round verdicts of each own provider
+    printed last."""
     import tarfile
 
     out, run = tmp_path / "out", tmp_path / "run" / "heads-test"
@@ -271,7 +272,7 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
                              REPS="2", PEER="naive", DTYPE="fp32",
                              PROVIDERS="own,own_ws3072,naive")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    with tarfile.open(out / "heads.tar") as tar:
+    with tarfile.open(out / "heads-test.tar") as tar:
         names = tar.getnames()
     for r in (1, 2):
         assert f"heads-test/n32-d16-v97/round-{r}/results.csv" in names
@@ -285,7 +286,8 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     """suite/kernel/frontier_gpu.sh end to end on the CPU (a stand-in nvidia-smi, a tiny NxDxV
     shape, fp32): a frontier run folder per shape and one forward folder of phase fwd (the
     forward under no_grad, not the loss phase: on the three-matmul path that phase holds the
-    gradients' work too), packed into $OUT/frontier.tar, and the frontier table printed last."""
+    gradients' work too), packed into $OUT/frontier-test.tar, and the frontier table printed
+    last."""
     import csv
     import io
     import tarfile
@@ -295,7 +297,7 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
                              DTYPE="fp32", PROVIDERS="naive,own,own_ws256",
                              FORWARD_PROVIDERS="own,naive", PEER_SITE=str(tmp_path / "none"))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    with tarfile.open(out / "frontier.tar") as tar:
+    with tarfile.open(out / "frontier-test.tar") as tar:
         names = tar.getnames()
         forward = tar.extractfile("frontier-test/forward-test/results.csv").read().decode()
     assert "frontier-test/frontier-32x16x97-test/results.csv" in names
@@ -338,7 +340,7 @@ def test_the_gpu_run_of_test_fused_skips_its_cpu_cases_with_a_reason():
 def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_it(tmp_path):
     """suite/kernel/headline_gpu.sh on the CPU (a stand-in nvidia-smi, a tiny fp32 cell, no
     packed peers: the unpack step says so and the bench goes on): the run folder packed into
-    $OUT/headline.tar, the headline printed last."""
+    $OUT/headline-test.tar, the headline printed last."""
     import tarfile
 
     out, run = tmp_path / "out", tmp_path / "run" / "headline-test"
@@ -350,7 +352,7 @@ def test_the_headline_script_runs_the_bench_without_the_packed_peers_and_prints_
     log = (out / "headline.log").read_text()
     assert "unpack the packed peers: exit 3" in log or Path("/tmp/cute/peers.tar.xz.aa").exists()
     assert "bench (1): exit 0" in log and "bench (2)" not in log  # resumed only where cut short
-    with tarfile.open(out / "headline.tar") as tar:
+    with tarfile.open(out / "headline-test.tar") as tar:
         rows = tar.extractfile("headline-test/results.csv").read().decode()
     assert {"naive", "own"} <= {line.split(",")[12] for line in rows.splitlines()[1:]}
     assert "| own |" in res.stdout or "`own`" in res.stdout, res.stdout
@@ -370,16 +372,18 @@ def test_the_device_scripts_label_folders_with_the_gpus_short_name(tmp_path, nam
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.strip() == label, done.stdout + done.stderr
-    # start_run: the run's files named after it, its folder made, and a warning where the
+    # start_run: the log named after the script, the pack after the run folder (two runs of one
+    # device call, each with its RUN, keep two packs), the folder made, and a warning where the
     # commit is not given (RUN given here: its default is /tmp/run/NAME-<label>)
-    out, run = tmp_path / "out", tmp_path / "run"
+    out, run = tmp_path / "out", tmp_path / "run" / "heads-a"
     env.pop("CCE_BENCH_COMMIT", None)
     script = (f"OUT={out}; RUN={run}; source {ROOT}/suite/kernel/deadline_steps.sh; "
-              f'start_run heads; echo "$GPU $LOG $PACK"')
+              f'start_run heads; echo "$GPU $LOG $PACK"; RUN={run.parent}/heads-b; '
+              f'CCE_BENCH_COMMIT=abc start_run heads; echo "$PACK"')
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
-    assert done.stdout.split()[-3:] == [label, f"{out}/heads.log", f"{out}/heads.tar"], \
-        done.stdout + done.stderr
+    assert done.stdout.split()[-4:] == [label, f"{out}/heads.log", f"{out}/heads-a.tar",
+                                        f"{out}/heads-b.tar"], done.stdout + done.stderr
     assert run.is_dir() and "CCE_BENCH_COMMIT unset" in (out / "heads.log").read_text()
     for script_name in ("heads_gpu.sh", "frontier_gpu.sh", "headline_gpu.sh"):
         text = (ROOT / "suite" / "kernel" / script_name).read_text()

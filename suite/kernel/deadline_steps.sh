@@ -8,12 +8,13 @@
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
 
 # start_run NAME: GPU (gpu_label), RUN (default /tmp/run/NAME-GPU), LOG ($OUT/NAME.log) and
-# PACK ($OUT/NAME.tar); makes OUT and RUN, and warns in LOG where CCE_BENCH_COMMIT is unset
+# PACK ($OUT/<RUN's folder name>.tar: two runs of one device call, each with its RUN, keep two
+# packs); makes OUT and RUN, and warns in LOG where CCE_BENCH_COMMIT is unset
 start_run() {
   GPU=$(gpu_label)
   RUN=${RUN:-/tmp/run/$1-$GPU}
   LOG=$OUT/$1.log
-  PACK=$OUT/$1.tar
+  PACK=$OUT/$(basename "$RUN").tar
   mkdir -p "$OUT" "$RUN"
   warn_commit_unset
 }

@@ -15,7 +15,7 @@
 # run under what is left of FRONTIER_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
-# step, $OUT/frontier.tar of it and $OUT/frontier.log; prints the frontier tables last.
+# step, $OUT/<RUN's name>.tar of it and $OUT/frontier.log; prints the frontier tables last.
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 START=$SECONDS

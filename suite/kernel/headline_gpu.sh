@@ -13,7 +13,7 @@
 # closing report's (a CPU check: a tiny cell, REPORT_ARGS= for its plain table). Steps run under
 # what is left of HEADLINE_DEADLINE_S (default 540 s); a bench step that fails or is cut short
 # is resumed once (--resume). Writes RUN (default /tmp/run/headline-<gpu>) and, after every step,
-# $OUT/headline.tar of it and $OUT/headline.log; prints the headline last.
+# $OUT/<RUN's name>.tar of it and $OUT/headline.log; prints the headline last.
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 START=$SECONDS

@@ -14,7 +14,7 @@
 # TESTS=1 first runs the GPU cases of tests/test_fused.py (CCE_TEST_DEVICE=cuda).
 # Steps run under what is left of HEADS_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it. Writes RUN (default /tmp/run/heads-<gpu>: a folder
-# per head with round-<r>/ folders) and, after every step, $OUT/heads.tar of it and
+# per head with round-<r>/ folders) and, after every step, $OUT/<RUN's name>.tar of it and
 # $OUT/heads.log; prints the per-round verdicts last (report --versus).
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
