@@ -261,21 +261,25 @@ def test_version_is_the_installed_distributions():
 
 def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tmp_path):
     """suite/kernel/heads_gpu.sh end to end on the CPU (a stand-in nvidia-smi names the GPU, a
-    tiny head, naive as the peer): a folder per head with a folder per round, packed into
-    $OUT/heads-test.tar (named after RUN), and the per-round verdicts of each own provider
-    printed last."""
+    tiny head with a softcap, NxDxVxS, naive as the peer): a folder per head with a folder per
+    round, packed into $OUT/heads-test.tar (named after RUN), the rows at the head's softcap,
+    and the per-round verdicts of each own provider printed last."""
+    import csv
+    import io
     import tarfile
 
     out, run = tmp_path / "out", tmp_path / "run" / "heads-test"
     # fp32: the interpreter refuses the own kernel's bf16
-    res = _run_device_script("heads_gpu.sh", tmp_path, out, run, HEADS="32x16x97", ROUNDS="2",
-                             REPS="2", PEER="naive", DTYPE="fp32",
+    res = _run_device_script("heads_gpu.sh", tmp_path, out, run, HEADS="32x16x97x30",
+                             ROUNDS="2", REPS="2", PEER="naive", DTYPE="fp32",
                              PROVIDERS="own,own_ws3072,naive")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     with tarfile.open(out / "heads-test.tar") as tar:
         names = tar.getnames()
-    for r in (1, 2):
-        assert f"heads-test/n32-d16-v97/round-{r}/results.csv" in names
+        rows = list(csv.DictReader(io.StringIO(tar.extractfile(
+            "heads-test/n32-d16-v97-sc30/round-1/results.csv").read().decode())))
+    assert "heads-test/n32-d16-v97-sc30/round-2/results.csv" in names
+    assert {float(r["softcap"]) for r in rows} == {30.0}
     for own in ("own", "own_ws3072"):
         verdicts = [line for line in res.stdout.splitlines()
                     if line.startswith(f"- {own} against naive (loss+grad")]
@@ -293,17 +297,25 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     import tarfile
 
     out, run = tmp_path / "out", tmp_path / "run" / "frontier-test"
-    res = _run_device_script("frontier_gpu.sh", tmp_path, out, run, SHAPES="32x16x97", REPS="2",
-                             DTYPE="fp32", PROVIDERS="naive,own,own_ws256",
+    res = _run_device_script("frontier_gpu.sh", tmp_path, out, run,
+                             SHAPES="32x16x97 32x16x97x30", REPS="2", DTYPE="fp32",
+                             PROVIDERS="naive,torch_native,own,own_ws256",
                              FORWARD_PROVIDERS="own,naive", PEER_SITE=str(tmp_path / "none"))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+
+    def rows(tar, name):
+        return list(csv.DictReader(io.StringIO(tar.extractfile(name).read().decode())))
+
     with tarfile.open(out / "frontier-test.tar") as tar:
-        names = tar.getnames()
-        forward = tar.extractfile("frontier-test/forward-test/results.csv").read().decode()
-    assert "frontier-test/frontier-32x16x97-test/results.csv" in names
-    rows = list(csv.DictReader(io.StringIO(forward)))
-    assert {r["provider"] for r in rows} == {"own", "naive"}
-    assert {r["phase"] for r in rows} == {"fwd"}
+        forward = rows(tar, "frontier-test/forward-test/results.csv")
+        plain = rows(tar, "frontier-test/frontier-32x16x97-test/results.csv")
+        capped = rows(tar, "frontier-test/frontier-32x16x97x30-test/results.csv")
+    assert {r["provider"] for r in forward} == {"own", "naive"}
+    assert {r["phase"] for r in forward} == {"fwd"}
+    # NxDxVxS: the softcap reaches the cells, and torch_native (no softcap) is left out there
+    assert {r["provider"] for r in plain} == {"naive", "torch_native", "own", "own_ws256"}
+    assert {r["provider"] for r in capped} == {"naive", "own", "own_ws256"}
+    assert {float(r["softcap"]) for r in capped} == {30.0}
     # the table of the shape's cell (its rows need a GPU's peak memory: none on the CPU)
     assert "**N 32, D 16, V 97, fp32, lm inputs**" in res.stdout and "| verdict |" in res.stdout
 

@@ -5,6 +5,14 @@
 # run folder), PACK (the tar under $OUT that RUN is packed into after every step; start_run
 # sets these three) and, optionally, STEP_MIN_S (default 30: a step with less left is skipped).
 
+# head_args NxDxV[xS]: the bench arguments of a head named by its sizes, S its softcap (none
+# without it)
+head_args() {
+  local n d v s
+  IFS=x read -r n d v s <<< "$1"
+  echo "--n $n --d $d --v $v --softcap ${s:-none}"
+}
+
 left() { echo $(( DEADLINE - (SECONDS - START) )); }
 
 # start_run NAME: GPU (gpu_label), RUN (default /tmp/run/NAME-GPU), LOG ($OUT/NAME.log) and

@@ -8,7 +8,8 @@
 # --target .gpu/site` of liger-kernel and of Apple's repository at a commit, made where there is
 # a network), torch's F.linear_cross_entropy from .torch-lce (suite/providers/torch_native.py);
 # carry both. A peer that is missing is recorded as unavailable; the run goes on.
-# SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152, or NxDxV (no softcap).
+# SHAPES (default all five): llama3-8b gemma2-2b qwen25-7b d5120 d1152, or NxDxV[xS] (S: the
+# softcap; none without it). A softcapped shape runs without torch_native, which lacks one.
 # PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
 # bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step. Steps
@@ -36,12 +37,20 @@ PEERS=naive,torch_compile,chunked,liger_flce,apple_cce_exact,torch_native,torch_
 OWN=own,own_ws0,own_recompute,own_low_memory,own_filter,own_ws256,own_ws512,own_ws1024,own_ws2048,own_ws3072,own_ws4096,own_ws6144,own_ws8192
 PROVIDERS=${PROVIDERS:-$PEERS,$OWN}
 
+without_torch_native() {  # the provider list $1 less torch_native and torch_native_accurate
+  local kept=() p
+  for p in ${1//,/ }; do
+    case $p in torch_native|torch_native_accurate) ;; *) kept+=("$p") ;; esac
+  done
+  (IFS=,; echo "${kept[*]}")
+}
+
 cell_args() {  # the shape's cell, as frontier.md's command names it
   case $1 in
     llama3-8b|gemma2-2b|qwen25-7b) echo "--preset $1" ;;
     d5120) echo "--preset llama3-8b --n 8192 --d 5120 --v 131072" ;;
     d1152) echo "--preset llama3-8b --n 16384 --d 1152 --v 262144 --lm-entropy 3" ;;
-    *x*x*) IFS=x read -r n d v <<< "$1"; echo "--n $n --d $d --v $v --softcap none" ;;
+    *x*x*) head_args "$1" ;;
     *) echo "unknown shape $1" >&2; return 1 ;;
   esac
 }
@@ -51,7 +60,9 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
 for shape in $SHAPES; do
   args=$(cell_args "$shape") || continue
   providers=$PROVIDERS
-  [ "$shape" = gemma2-2b ] && providers=${providers/torch_native,torch_native_accurate,/}  # no softcap there
+  case $shape in  # torch's F.linear_cross_entropy has no softcap
+    gemma2-2b|*x*x*x*) providers=$(without_torch_native "$providers") ;;
+  esac
   # shellcheck disable=SC2086
   step "frontier $shape" "$PYTHON" -m suite bench --plugin suite.frontier --dist lm \
     --phases loss+grad --isolate --reps "$REPS" --dtype "$DTYPE" --providers "$providers" $args \

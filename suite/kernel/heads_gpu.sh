@@ -4,7 +4,7 @@
 # check that a speed claim holds outside the shapes it was tuned on. One device call:
 #   CCE_BENCH_COMMIT=<commit> HEADS="8192x1536x151936 16384x2048x128256" \
 #       bash suite/kernel/heads_gpu.sh
-# HEADS: NxDxV, space-separated (default: the three heads of the where-time-goes notes; three
+# HEADS: NxDxV[xS] (S: the softcap), space-separated (default: the three heads of the where-time-goes notes; three
 # heads at three rounds take longer than one 10-minute call: give each call some of them).
 # PROVIDERS (default own,own_ws3072,PEER) are compared with PEER (default torch_compile);
 # ROUNDS (default 3), REPS timed calls (default 30), DTYPE (default bf16); BENCH_ARGS: more
@@ -36,10 +36,11 @@ if [ "${TESTS:-0}" = 1 ]; then
   step gpu-tests env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -x tests/test_fused.py
 fi
 for head in $HEADS; do
-  IFS=x read -r n d v <<< "$head"
+  IFS=x read -r n d v s <<< "$head"
+  # shellcheck disable=SC2046  # head_args is words
   step "head $head" "$PYTHON" -m suite bench --plugin suite.frontier --phases loss+grad \
-    --dist lm --dtype "$DTYPE" --softcap none --n "$n" --d "$d" --v "$v" --providers "$PROVIDERS" \
-    --rounds "$ROUNDS" --reps "$REPS" --out "$RUN/n$n-d$d-v$v" --quiet ${BENCH_ARGS:-}
+    --dist lm --dtype "$DTYPE" $(head_args "$head") --providers "$PROVIDERS" \
+    --rounds "$ROUNDS" --reps "$REPS" --out "$RUN/n$n-d$d-v$v${s:+-sc$s}" --quiet ${BENCH_ARGS:-}
 done
 shopt -s nullglob
 rounds=("$RUN"/n*/round-*)
