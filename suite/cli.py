@@ -24,6 +24,7 @@ EXTERNAL = {
                "markdown tables from run folders; --update-readme; --results-doc; --notes"),
     "kernel": ("suite.kernel", f"the own kernel's tools: {' | '.join(KERNEL_TOOLS)}"),
     "frontier": ("suite.frontier", "time-memory frontier of exact loss+grad per shape"),
+    "provenance": ("suite.provenance", "the commits whose own kernel a run measured"),
 }
 DTYPES = ("bf16", "fp16", "fp32")
 # suite.runner.PRESETS' names, read without importing runner (it imports torch, which this

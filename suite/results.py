@@ -38,7 +38,8 @@ def git_commit() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout. CCE_BENCH_COMMIT, when set, wins (dirty unknown): a copy
     of the checkout on a GPU machine may have no .git, or a .git whose HEAD is older than the
     files it was copied with (seen on this project's machines: every run of a session recorded
-    the session's first commit, "dirty")."""
+    the session's first commit, "dirty"); env.json's own_kernel_digest names the kernel's
+    source whatever the git state (suite/provenance.py)."""
     override = os.environ.get("CCE_BENCH_COMMIT")
     if override:
         return override, None
@@ -80,6 +81,10 @@ def environment(device: str | None = None) -> dict:
         "argv": sys.argv,
     }
     env["git_commit"], env["git_dirty"] = git_commit()
+    # the kernel's own source, whatever the git state: python -m suite provenance RUN
+    from suite.provenance import installed_digest
+
+    env["own_kernel_digest"] = installed_digest()
     # Each peer provider's installed version, and the commit where pip recorded one (a source
     # install): the results name the peer versions they measured.
     from suite.catalog import peer_origins

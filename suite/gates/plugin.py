@@ -34,7 +34,8 @@ from suite.gates.spec import (INJECT_ENV, KERNEL_FROM_ENV, gpu_slug, injections_
 PLUGIN_NAME = "cce-gate"
 # Fields of the suite's env.json (suite.results.environment) kept in machine_info["versions"].
 VERSION_FIELDS = ("torch", "triton", "cuda", "driver", "compute_capability", "liger_kernel",
-                  "cut_cross_entropy", "peers", "git_commit", "git_dirty", "own_config_overrides")
+                  "cut_cross_entropy", "peers", "git_commit", "git_dirty", "own_kernel_digest",
+                  "own_config_overrides")
 
 
 def gate_environment() -> dict:

@@ -30,7 +30,8 @@ start_run() {
 # warn_commit_unset: the run's env.json names CCE_BENCH_COMMIT, the commit the call was made from
 warn_commit_unset() {
   [ -n "${CCE_BENCH_COMMIT:-}" ] || \
-    echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong" | tee -a "$LOG"
+    echo "warning: CCE_BENCH_COMMIT unset: env.json's commit may be wrong (its" \
+      "own_kernel_digest is not: python -m suite provenance RUN)" | tee -a "$LOG"
 }
 
 # gpu_label: the first GPU's short name, as result folders are labelled (h200, h100, a100)

@@ -1,0 +1,105 @@
+"""Which commits' kernel a run measured, from the own kernel's source digest.
+
+A run's env.json names the commit it was made from: CCE_BENCH_COMMIT, else the checkout's git
+HEAD. A copy of the checkout on a GPU machine can carry a stale .git (its HEAD older than the
+files copied with it), and a call that forgets CCE_BENCH_COMMIT then records the wrong commit.
+So env.json also records ``own_kernel_digest``: one hash over the own kernel's Python files,
+each named by its git blob id. The files on disk give it whatever the git state, and a commit's
+comes from ``git ls-tree`` without reading a file, so a run can be matched to the commits whose
+kernel it ran:
+
+    python -m suite provenance RUN [RUN ...] [--commits 400]
+
+prints each run's recorded commit and digest, then the commits (newest first, among the last
+--commits of HEAD's history) whose own_kernel has that digest.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+PACKAGE = "own_kernel"
+ROOT = Path(__file__).resolve().parent.parent
+SHOWN = 8  # matching commits printed per run, newest first
+
+
+def blob_id(data: bytes) -> str:
+    """git's object id of a file with these bytes (``git hash-object``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def digest_of(entries) -> str:
+    """One sha256 over (path, blob id) pairs, in path order."""
+    text = "".join(f"{path} {blob}\n" for path, blob in sorted(entries))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tree_digest(package_dir: Path) -> str:
+    """The digest of the Python files below package_dir, as they are on disk; paths start
+    with the folder's name, as git names them from the repository root."""
+    package_dir = Path(package_dir)
+    files = (p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
+    return digest_of((f"{package_dir.name}/{p.relative_to(package_dir).as_posix()}",
+                      blob_id(p.read_bytes())) for p in files)
+
+
+def installed_digest() -> str | None:
+    """The digest of the own kernel this interpreter imports (found, not imported), or None."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.origin:
+        return None
+    return tree_digest(Path(spec.origin).parent)
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True,
+                          timeout=60).stdout
+
+
+def commit_digest(commit: str, root: Path = ROOT, package: str = PACKAGE) -> str:
+    """The digest of the package's Python files at a commit, from git's tree alone."""
+    entries = []
+    for line in _git(root, "ls-tree", "-r", "--full-tree", commit, "--", package).splitlines():
+        meta, path = line.split("\t", 1)
+        if path.endswith(".py"):
+            entries.append((path, meta.split()[2]))
+    return digest_of(entries)
+
+
+def matching_commits(digest: str, root: Path = ROOT, max_count: int = 400) -> list[str]:
+    """The commits among HEAD's last max_count whose own kernel has this digest, newest first."""
+    commits = _git(root, "rev-list", f"--max-count={max_count}", "HEAD").split()
+    return [c for c in commits if commit_digest(c, root) == digest]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", type=Path, help="run folders (each with its env.json)")
+    p.add_argument("--commits", type=int, default=400,
+                   help="how many of HEAD's commits to search (default 400)")
+
+
+def main(args) -> int:
+    if args.commits < 1:
+        raise SystemExit(f"--commits: expected a positive number, got {args.commits}")
+    for run in args.runs:
+        env_path = run / "env.json"
+        if not env_path.is_file():
+            raise SystemExit(f"{run}: no env.json (a run folder the suite wrote has one)")
+        env = json.loads(env_path.read_text())
+        digest = env.get("own_kernel_digest")
+        dirty = {True: "dirty", False: "clean"}.get(env.get("git_dirty"), "dirty unknown")
+        print(f"{run}: recorded commit {env.get('git_commit')} ({dirty}), "
+              f"own_kernel_digest {digest}")
+        if not digest:
+            print("  no own_kernel_digest: written before the suite recorded one")
+            continue
+        found = matching_commits(digest, ROOT, max_count=args.commits)
+        shown = ", ".join(c[:12] for c in found[:SHOWN])
+        more = f" and {len(found) - SHOWN} older" if len(found) > SHOWN else ""
+        print(f"  its own_kernel is that of {len(found)} of HEAD's last {args.commits} commits"
+              + (f": {shown}{more}" if found else ""))
+    return 0
