@@ -12,7 +12,9 @@
 # softcap; none without it). A softcapped shape runs without torch_native, which lacks one.
 # PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
-# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step. Steps
+# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step; TESTS=1
+# first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
+# TESTS_CAP_S). Steps
 # run under what is left of FRONTIER_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
@@ -57,6 +59,7 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
 
 "$PYTHON" -c "import liger_kernel, cut_cross_entropy; print('peers import')" >> "$LOG" 2>&1 || \
   echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
+[ "${TESTS:-0}" = 1 ] && gpu_tests_step
 for shape in $SHAPES; do
   args=$(cell_args "$shape") || continue
   providers=$PROVIDERS

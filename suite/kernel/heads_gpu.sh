@@ -11,7 +11,8 @@
 # bench arguments, split at spaces, e.g. a kernel variant beside the default:
 # PROVIDERS=own,own@b,torch_compile BENCH_ARGS='--variant own@b={"forward":{"flatten":true}}'
 # (JSON without spaces). PYTHON: the interpreter (default python3).
-# TESTS=1 first runs the GPU cases of tests/test_fused.py (CCE_TEST_DEVICE=cuda).
+# TESTS=1 first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
+# TESTS_CAP_S).
 # Steps run under what is left of HEADS_DEADLINE_S (default 540 s from the start), so one slow
 # step cannot take the others' rows with it. Writes RUN (default /tmp/run/heads-<gpu>: a folder
 # per head with round-<r>/ folders) and, after every step, $OUT/<RUN's name>.tar of it and
@@ -33,7 +34,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/deadline_steps.sh"
 start_run heads
 
 if [ "${TESTS:-0}" = 1 ]; then
-  step gpu-tests env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -x tests/test_fused.py
+  gpu_tests_step
 fi
 for head in $HEADS; do
   IFS=x read -r n d v s <<< "$head"
