@@ -10,8 +10,8 @@ kernel it ran:
 
     python -m suite provenance RUN [RUN ...] [--commits 400]
 
-prints each run's recorded commit and digest, then the commits (newest first, among the last
---commits of HEAD's history) whose own_kernel has that digest.
+prints, for each env file of each run (env.json, env-2.json, ...), the recorded commit and
+digest, then the commits (newest first, among HEAD's last --commits) whose own_kernel has it.
 """
 from __future__ import annotations
 
@@ -82,24 +82,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how many of HEAD's commits to search (default 400)")
 
 
+def env_files(run: Path) -> list[Path]:
+    """A run folder's env files: env.json, then env-2.json, ... (a resumed run adds one per
+    process that wrote rows), in that order."""
+    def order(path):
+        stem = path.stem.partition("-")[2]
+        return int(stem) if stem.isdigit() else 1
+
+    return sorted((p for p in run.glob("env*.json") if p.is_file()), key=order)
+
+
+def describe(env_path: Path, commits: int) -> None:
+    """Print one env file's recorded commit, its digest and the commits that match it."""
+    env = json.loads(env_path.read_text())
+    digest = env.get("own_kernel_digest")
+    dirty = {True: "dirty", False: "clean"}.get(env.get("git_dirty"), "dirty unknown")
+    print(f"{env_path}: recorded commit {env.get('git_commit')} ({dirty}), "
+          f"own_kernel_digest {digest}")
+    if not digest:
+        print("  no own_kernel_digest: written before the suite recorded one")
+        return
+    found = matching_commits(digest, ROOT, max_count=commits)
+    shown = ", ".join(c[:12] for c in found[:SHOWN])
+    more = f" and {len(found) - SHOWN} older" if len(found) > SHOWN else ""
+    print(f"  its own_kernel is that of {len(found)} of HEAD's last {commits} commits"
+          + (f": {shown}{more}" if found else ""))
+
+
 def main(args) -> int:
     if args.commits < 1:
         raise SystemExit(f"--commits: expected a positive number, got {args.commits}")
     for run in args.runs:
-        env_path = run / "env.json"
-        if not env_path.is_file():
+        found = env_files(run)
+        if not found:
             raise SystemExit(f"{run}: no env.json (a run folder the suite wrote has one)")
-        env = json.loads(env_path.read_text())
-        digest = env.get("own_kernel_digest")
-        dirty = {True: "dirty", False: "clean"}.get(env.get("git_dirty"), "dirty unknown")
-        print(f"{run}: recorded commit {env.get('git_commit')} ({dirty}), "
-              f"own_kernel_digest {digest}")
-        if not digest:
-            print("  no own_kernel_digest: written before the suite recorded one")
-            continue
-        found = matching_commits(digest, ROOT, max_count=args.commits)
-        shown = ", ".join(c[:12] for c in found[:SHOWN])
-        more = f" and {len(found) - SHOWN} older" if len(found) > SHOWN else ""
-        print(f"  its own_kernel is that of {len(found)} of HEAD's last {args.commits} commits"
-              + (f": {shown}{more}" if found else ""))
+        for env_path in found:
+            describe(env_path, args.commits)
     return 0

@@ -76,6 +76,9 @@ def test_the_command_names_the_commits_a_run_measured(repo, tmp_path, capsys, mo
     (run / "env.json").write_text(json.dumps({
         "git_commit": first, "git_dirty": True,
         "own_kernel_digest": provenance.commit_digest(second, root)}))
+    # a resumed run's second process, at the first commit's kernel
+    (run / "env-2.json").write_text(json.dumps({
+        "git_commit": first, "own_kernel_digest": provenance.commit_digest(first, root)}))
     old = tmp_path / "old"
     old.mkdir()
     (old / "env.json").write_text(json.dumps({"git_commit": first}))
@@ -83,8 +86,11 @@ def test_the_command_names_the_commits_a_run_measured(repo, tmp_path, capsys, mo
     args = provenance.argparse.Namespace(runs=[run, old], commits=400)
     assert provenance.main(args) == 0
     out = capsys.readouterr().out
-    assert f"recorded commit {first} (dirty)" in out
+    assert f"env.json: recorded commit {first} (dirty)" in out
     assert f"2 of HEAD's last 400 commits: {third[:12]}, {second[:12]}" in out
+    assert f"env-2.json: recorded commit {first} (dirty unknown)" in out
+    assert f"1 of HEAD's last 400 commits: {first[:12]}" in out
+    assert out.index("env.json:") < out.index("env-2.json:")
     assert "no own_kernel_digest" in out
     with pytest.raises(SystemExit, match="no env.json"):
         provenance.main(provenance.argparse.Namespace(runs=[tmp_path], commits=400))
