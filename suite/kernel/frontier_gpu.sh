@@ -14,9 +14,8 @@
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
 # bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step; TESTS=1
 # first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
-# TESTS_CAP_S). Steps
-# run under what is left of FRONTIER_DEADLINE_S (default 540 s from the start), so one slow
-# step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
+# TESTS_CAP_S). Steps run under what is left of FRONTIER_DEADLINE_S (default 540 s from the
+# start), so one slow step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
 # step, $OUT/<RUN's name>.tar of it and $OUT/frontier.log; prints the frontier tables last.
 set -uo pipefail

@@ -4,8 +4,9 @@
 # check that a speed claim holds outside the shapes it was tuned on. One device call:
 #   CCE_BENCH_COMMIT=<commit> HEADS="8192x1536x151936 16384x2048x128256" \
 #       bash suite/kernel/heads_gpu.sh
-# HEADS: NxDxV[xS] (S: the softcap), space-separated (default: the three heads of the where-time-goes notes; three
-# heads at three rounds take longer than one 10-minute call: give each call some of them).
+# HEADS: NxDxV[xS] (S: the softcap), space-separated (default: the three heads of the
+# where-time-goes notes; three heads at three rounds take longer than one 10-minute call: give
+# each call some of them).
 # PROVIDERS (default own,own_ws3072,PEER) are compared with PEER (default torch_compile);
 # ROUNDS (default 3), REPS timed calls (default 30), DTYPE (default bf16); BENCH_ARGS: more
 # bench arguments, split at spaces, e.g. a kernel variant beside the default:
