@@ -1,6 +1,7 @@
-"""``python -m suite kernel tune|profile|memory|check|accuracy|autocast|rl|invariance|rows-gemm``: the own kernel's measuring tools (GPU).
+"""``python -m suite kernel <tool>``: the own kernel's measuring tools (GPU).
 
 tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
+interleave  config variants' calls interleaved in one process, at heads and budgets (CSV)
 profile  launch each pass once for ncu, or profile the host's time per call
 memory   what is alive at the loss+grad memory peak (CUDA allocator trace)
 check    gradient agreement of own / own_filter with the naive baseline on the suite's inputs
@@ -16,6 +17,8 @@ import importlib
 
 TOOLS = {
     "tune": ("suite.kernel.tune", "time candidate configs against the cuBLAS floor E @ C.T"),
+    "interleave": ("suite.kernel.interleave",
+                   "config variants' calls interleaved in one process, vs torch.compile (CSV)"),
     "profile": ("suite.kernel.profile", "one launch per pass for ncu, or the host's time per call"),
     "memory": ("suite.kernel.memory", "what is alive at the loss+grad memory peak"),
     "check": ("suite.kernel.check", "gradient agreement with the naive baseline"),
