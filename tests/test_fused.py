@@ -108,14 +108,10 @@ SHIFTED = {"logits_shifted": True, "tile_max_in_de": False}
 FP32_ACC = {"dc_accumulator": "fp32"}
 # Shifted logits whose tile maxima live in the chunk's own dE rows until dE's GEMM writes them
 IN_DE = {"logits_shifted": True, "tile_max_in_de": True}
-# Shifted logits written by plain stores from registers, not TMA copies (fused.y_store)
-POINTER_Y = {"logits_shifted": True, "tile_max_in_de": False, "y_store": "pointer"}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
-                   for i, case in enumerate(CASES) if case[0] != torch.float32]
-                + [pytest.param(*case, POINTER_Y, id=f"pointer-y-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, FP32_ACC, id=f"fp32-accumulator-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32 and case[-1]])

@@ -34,22 +34,16 @@ from own_kernel.kernels.tile import (dot_precision, halves, logits, lse_ent_fold
 
 
 @triton.jit
-def _store_shifted(x, Y, Yp, y_stride, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
-                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, SLICES: tl.constexpr,
-                   Y_TMA: tl.constexpr):
+def _store_shifted(x, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
+                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, SLICES: tl.constexpr):
     # M[rows, tile] = the tile's largest raw logit per row; Y[rows, cols] = x - that, rounded
     # (TMA clips the stores at the rows and columns of Y). SLICES: stores of BLOCK_V / SLICES
-    # columns (their staging buffer beside the pipeline's in shared memory); not Y_TMA: plain
-    # stores from registers through Yp (no staging, no wait on the copy). Returns the
+    # columns (their staging buffer beside the pipeline's in shared memory). Returns the
     # maxima, which the online log-sum-exp reuses instead of reducing the tile again.
     x_max = tl.max(tl.where(v_mask[None, :], x, -1e30), axis=1)
     tl.store(M + offs_n.to(tl.int64) * m_stride + v0 // BLOCK_V, x_max, mask=n_mask)
-    y = (x - x_max[:, None]).to(Yp.dtype.element_ty)
-    if not Y_TMA:
-        offs_v = v0 + tl.arange(0, BLOCK_V)
-        tl.store(Yp + offs_n.to(tl.int64)[:, None] * y_stride + offs_v[None, :], y,
-                 mask=n_mask[:, None] & v_mask[None, :])
-    elif SLICES == 1:
+    y = (x - x_max[:, None]).to(Y.dtype)
+    if SLICES == 1:
         Y.store([n0, v0], y)
     else:
         tl.static_assert(SLICES == 2, "SLICES must be 1 or 2")
@@ -83,7 +77,7 @@ def _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t, tanh_scale
 
 
 @triton.jit
-def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, Yp, y_stride, M, m_stride,
+def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                        N, V, v_per_split, plane, splits, group_rows, ignore_index,
                        tanh_scale, cap,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
@@ -91,8 +85,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, Yp, y_stride, M, m_stride,
                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        D: tl.constexpr, FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr, STORE_Y: tl.constexpr,
-                       Y_SLICES: tl.constexpr, Y_TMA: tl.constexpr, PARTS: tl.constexpr,
-                       HALVES: tl.constexpr):
+                       Y_SLICES: tl.constexpr, PARTS: tl.constexpr, HALVES: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
@@ -130,8 +123,8 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, Yp, y_stride, M, m_stride,
             if HAS_BIAS:
                 acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
             if STORE_Y:
-                x_max = _store_shifted(acc, Y, Yp, y_stride, M, m_stride, n0, v0, offs_n,
-                                       n_mask, v_mask, BLOCK_N, BLOCK_V, Y_SLICES, Y_TMA)
+                x_max = _store_shifted(acc, Y, M, m_stride, n0, v0, offs_n, n_mask, v_mask,
+                                       BLOCK_N, BLOCK_V, Y_SLICES)
                 m, s, z_sum, t = _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t,
                                                     tanh_scale, cap, HAS_SOFTCAP, NEED_ZSUM,
                                                     NEED_ENT, HALVES, BLOCK_N, BLOCK_V)
@@ -155,17 +148,14 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
     (n, d), v = e.shape, c.shape[0]
     k = cfg.forward.tiles
     e_desc = TensorDescriptor.from_tensor(e, [k.block_n, k.block_d])
-    y, y_desc, m, m_stride = e, e_desc, part, 0  # stand-ins, never touched without STORE_Y
-    y_tma = cfg.fused.y_store == "tma"
+    y_desc, m, m_stride = e_desc, part, 0  # stand-ins, never touched without STORE_Y
     if shifted is not None:
         y, m = shifted
-        if y_tma:
-            y_desc = TensorDescriptor.from_tensor(y, [k.block_n, k.block_v // cfg.fused.y_slices])
+        y_desc = TensorDescriptor.from_tensor(y, [k.block_n, k.block_v // cfg.fused.y_slices])
         m_stride = m.stride(0)
     cce_fwd_tma_kernel[(cdiv(n, k.block_n) * grid.splits,)](
         e_desc, TensorDescriptor.from_tensor(c, [k.block_v, k.block_d]),
-        bias if bias is not None else part, targets, part, y_desc, y, y.stride(0), m, m_stride,
-        n, v,
+        bias if bias is not None else part, targets, part, y_desc, m, m_stride, n, v,
         grid.v_per_split,
         grid.parts(v) * n, grid.splits, grid.group_rows, int(ignore_index),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
@@ -173,5 +163,5 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
         SKIP_IGNORED=skip_ignored, D=d,
         FLATTEN=cfg.forward.flatten, DOT_PRECISION=dot_precision(e.dtype),
         WARP_SPECIALIZE=cfg.forward.warp_specialize, STORE_Y=shifted is not None,
-        Y_SLICES=cfg.fused.y_slices, Y_TMA=y_tma, PARTS=grid.parts_per_split,
+        Y_SLICES=cfg.fused.y_slices, PARTS=grid.parts_per_split,
         HALVES=cfg.forward.softcap_halves and softcap is not None, **k.launch())

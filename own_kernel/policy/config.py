@@ -216,9 +216,6 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
-    # How the TMA forward writes the shifted logits: "tma" (a staged copy per slice) or
-    # "pointer" (plain stores from registers)
-    y_store: Literal["tma", "pointer"] = "tma"
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
     # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
     # are written only after the gradient pass, the maxima's last reader. The budget then holds
@@ -262,8 +259,6 @@ class Fused:
         _power_of_two("fused.block", self.block)
         if self.y_slices not in (1, 2):
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
-        if self.y_store not in ("tma", "pointer"):
-            raise ValueError(f"fused.y_store: expected 'tma' or 'pointer', got {self.y_store!r}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
         for name in ("dc_max_chunks", "dc_max_chunks_softcap", "min_chunk_flops"):
