@@ -302,13 +302,33 @@ def test_the_measurement_tool_parses_its_shapes_and_needs_cuda(monkeypatch, caps
     from suite import cli
     from suite.kernel import autocast as tool
 
-    assert tool.parse_shapes("a:1:2:3,b:4:5:6") == [("a", 1, 2, 3), ("b", 4, 5, 6)]
-    assert [s[1:] for s in tool.parse_shapes(tool.SHAPES)] == [(n, d, v) for n, v, d in SHAPES]
-    with pytest.raises(SystemExit, match="--shapes"):
-        tool.parse_shapes("a:1:2")
+    assert tool.parse_shapes("a:1:2:3,b:4:5:6:30") == [("a", 1, 2, 3, None), ("b", 4, 5, 6, 30.0)]
+    assert [s[1:] for s in tool.parse_shapes(tool.SHAPES)] == [(n, d, v, None)
+                                                               for n, v, d in SHAPES]
+    for bad in ("a:1:2", "a:1:2:3:0", "a:1:2:3:x", "a:1:2:3:30:4"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            tool.parse_shapes(bad)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         cli.main(["kernel", "autocast", "--out", "unused"])
+
+
+@pytest.mark.parametrize("provider", ["own", "own_ws16", "own_ws0"])
+def test_the_tools_providers_softcap_their_logits(provider):
+    # A shape's softcap reaches every provider's call: the naive loss the tool compiles and the
+    # own calls, each against softcap(e @ c.T) in fp64 (fp32 inputs: only fp32 roundings).
+    from suite.kernel import autocast as tool
+
+    g = torch.Generator().manual_seed(0)
+    e, c = torch.randn(24, 16, generator=g), torch.randn(40, 16, generator=g)
+    t = torch.randint(0, 40, (24,), generator=g)
+    x = e.double() @ c.double().T
+    want = F.cross_entropy(5.0 * torch.tanh(x / 5.0), t)
+    assert float(want) != pytest.approx(float(F.cross_entropy(x, t)), rel=1e-2)
+    assert float(tool._naive(e, c, t, softcap=5.0)) == pytest.approx(float(want), rel=1e-5)
+    fn, override, kwargs = tool._provider(provider)
+    with overridden(override):
+        assert float(fn(e, c, t, softcap=5.0)) == pytest.approx(float(want), rel=1e-5)
 
 
 @pytest.mark.parametrize("provider, shifted, fp32", [

@@ -24,7 +24,8 @@ It writes DIR/autocast.csv (one row per shape and provider: median, p20 and p80 
 calls, L2 flushed before each, gradients cleared outside the timed region; the peak MiB beyond
 the inputs of one call, gradients included; the own kernel's plan; ms and MiB over
 torch.compile's; dC's relative difference from torch.compile's; the cuBLAS floor, one bf16
-E @ C.T) and DIR/env.json. CUDA only; about three minutes on an H100 (most of it compiling).
+E @ C.T) and DIR/env.json. A shape ``name:N:D:V:S`` softcaps every provider's logits at S (the
+default shapes have none: their ``gemma2-2b`` row is Gemma 2 (2B)'s sizes without its 30). CUDA only; about three minutes on an H100 (most of it compiling).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from suite.kernel.common import require_cuda
 
 MIB = 2**20
-# name:N:D:V
+# name:N:D:V[:S], S the softcap
 SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384:3584:152064,"
           "nemo-12b:8192:5120:131072,gemma3-1b:8192:1152:262144")
 PROVIDERS = ("torch_compile", "own", "own_ws0", "own_recompute", "own_fp32logits",
@@ -47,27 +48,38 @@ PROVIDERS = ("torch_compile", "own", "own_ws0", "own_recompute", "own_fp32logits
 LOGITS = {"own_fp32logits": {"logits_shifted": False, "logits_fp32": True},
           "own_logits16": {"logits_shifted": False, "logits_fp32": False},
           "own_shifted": {"logits_shifted": True}}
-FIELDS = ["shape", "n", "d", "v", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
+FIELDS = ["shape", "n", "d", "v", "softcap", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
           "peak_mib", "ms_over_compile", "mib_over_compile", "dc_rel_diff_vs_compile",
           "dc_dtype", "path", "chunks", "chunk_rows", "plan_peak_mib", "budget_mib",
           "dc_fp32_mib", "c_bf16_copy_mib", "floor_ms", "device"]
 
 
-def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
-    """[(name, n, d, v)] of "name:N:D:V,..."; a malformed entry is an error naming it."""
+def parse_shapes(text: str) -> list[tuple[str, int, int, int, float | None]]:
+    """[(name, n, d, v, softcap or None)] of "name:N:D:V[:S],..."; a malformed entry is an
+    error naming it."""
     shapes = []
     for item in text.split(","):
         parts = item.split(":")
-        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
-            raise SystemExit(f"--shapes: expected name:N:D:V with positive integers; got {item!r}")
-        shapes.append((parts[0], *map(int, parts[1:])))
+        sizes, cap = parts[1:4], parts[4:]
+        if (len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in sizes)
+                or not all(_positive_float(p) for p in cap)):
+            raise SystemExit(f"--shapes: expected name:N:D:V[:S] with positive integers N, D, V "
+                             f"and a positive softcap S; got {item!r}")
+        shapes.append((parts[0], *map(int, sizes), float(cap[0]) if cap else None))
     return shapes
+
+
+def _positive_float(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 def add_arguments(ap) -> None:
     ap.add_argument("--out", required=True, help="directory for autocast.csv and env.json")
-    ap.add_argument("--shapes", default=SHAPES, help="comma-separated name:N:D:V "
-                                                     "(default: %(default)s)")
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated name:N:D:V[:S], S a "
+                                                     "softcap (default: %(default)s)")
     ap.add_argument("--providers", default=",".join(PROVIDERS),
                     help="comma-separated subset of %(default)s")
     ap.add_argument("--budgets", default="768,2048,3072",
@@ -76,8 +88,11 @@ def add_arguments(ap) -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls first (compilation)")
 
 
-def _naive(e, c, t):
-    return F.cross_entropy(F.linear(e, c).float(), t)
+def _naive(e, c, t, softcap=None):
+    logits = F.linear(e, c)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits.float(), t)
 
 
 def _provider(name: str):
@@ -96,7 +111,8 @@ def _provider(name: str):
         return fn, RECOMPUTE_AT_ZERO, zero
     if name.startswith("own_ws") and name[6:].isdigit():
         budget = {"workspace_mib": int(name[6:])}
-        return (lambda e, c, t: linear_cross_entropy(e, c, t, **budget)), {}, budget
+        return (lambda e, c, t, softcap=None: linear_cross_entropy(e, c, t, softcap=softcap,
+                                                                   **budget)), {}, budget
     raise SystemExit(f"--providers: unknown provider {name!r} ({', '.join(PROVIDERS)}, own_wsB)")
 
 
@@ -108,7 +124,7 @@ def _inputs(n, d, v, seed=0):
     return e, c, t
 
 
-def _measure(fn, e, c, t, reps: int, warmup: int) -> dict:
+def _measure(fn, e, c, t, softcap, reps: int, warmup: int) -> dict:
     """Peak MiB beyond the inputs of one call (its gradients included), then the timed calls."""
     from suite.measure import time_calls, time_stats
 
@@ -117,7 +133,7 @@ def _measure(fn, e, c, t, reps: int, warmup: int) -> dict:
 
     def step(_=None):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fn(e, c, t)
+            loss = fn(e, c, t, softcap=softcap)
         loss.backward()
 
     for _ in range(warmup):
@@ -136,11 +152,11 @@ def _measure(fn, e, c, t, reps: int, warmup: int) -> dict:
     return {**time_stats(times), "peak_mib": peak, "dc": dc}
 
 
-def _plan_fields(e, c, t, kwargs: dict) -> dict:
+def _plan_fields(e, c, t, softcap, kwargs: dict) -> dict:
     import own_kernel
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        p = own_kernel.plan(e, c, t, **kwargs)
+        p = own_kernel.plan(e, c, t, softcap=softcap, **kwargs)
     return {"path": p.path, "chunks": p.chunks, "chunk_rows": p.chunk_size,
             "plan_peak_mib": round(p.peak_bytes / MIB, 1), "budget_mib": p.budget_mib}
 
@@ -151,12 +167,12 @@ def _floor_ms(e, c, reps: int) -> float:
     return measure_floor(e.detach(), c.detach().bfloat16(), reps=reps, warmup=2)["ms"]
 
 
-def _shape_rows(name, n, d, v, providers, args) -> list[dict]:
+def _shape_rows(name, n, d, v, softcap, providers, args) -> list[dict]:
     from own_kernel.policy.config import overridden
     from suite.measure import free_memory, is_oom, one_line
 
     e, c, t = _inputs(n, d, v)
-    base = {"shape": name, "n": n, "d": d, "v": v, "dc_fp32_mib": round(4 * v * d / MIB, 1),
+    base = {"shape": name, "n": n, "d": d, "v": v, "softcap": softcap or "", "dc_fp32_mib": round(4 * v * d / MIB, 1),
             "c_bf16_copy_mib": round(2 * v * d / MIB, 1), "floor_ms": _floor_ms(e, c, args.reps),
             "device": torch.cuda.get_device_name()}
     rows, ref_dc = [], None
@@ -166,8 +182,8 @@ def _shape_rows(name, n, d, v, providers, args) -> list[dict]:
         try:
             with overridden(overrides):
                 if prov.startswith("own"):
-                    row.update(_plan_fields(e, c, t, kwargs))
-                m = _measure(fn, e, c, t, args.reps, args.warmup)
+                    row.update(_plan_fields(e, c, t, softcap, kwargs))
+                m = _measure(fn, e, c, t, softcap, args.reps, args.warmup)
             dc = m.pop("dc")
             row.update({k: m[k] for k in ("ms", "ms_p20", "ms_p80", "reps", "peak_mib")})
             row["dc_dtype"] = str(dc.dtype).replace("torch.", "")
@@ -219,8 +235,8 @@ def main(args) -> int:
     with open(path, "w", newline="") as f:
         out = csv.DictWriter(f, fieldnames=FIELDS)
         out.writeheader()
-        for name, n, d, v in shapes:
-            for row in _shape_rows(name, n, d, v, providers, args):
+        for name, n, d, v, softcap in shapes:
+            for row in _shape_rows(name, n, d, v, softcap, providers, args):
                 out.writerow(row)
             f.flush()
     print(f"wrote {path}")
