@@ -98,6 +98,53 @@ def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
 
 
 @triton.jit
+def _tile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
+               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+               ent, pz_t, wh, eps, V, v_start, width,
+               tanh_scale, cap, smooth, col_plane,
+               HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
+               HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
+               DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+               SUBTILES: tl.constexpr):
+    # The whole tile's epilogue (x: BLOCK_N x BLOCK_V) in SUBTILES column slices, one after
+    # the other; returns its row sums (_subtile_grad's). Slices because a whole 128 x 256
+    # tile's temporaries next to its accumulator spill registers (ptxas, sm90: 236 bytes of
+    # spill stores, 88 in halves).
+    if SUBTILES == 1:
+        r, ws = _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
+                              n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                              ent, pz_t, wh, eps, V, v_start, width,
+                              tanh_scale, cap, smooth, col_plane,
+                              HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                              DETERMINISTIC, BLOCK_V)
+    elif SUBTILES == 2:
+        r, ws = _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
+                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                           ent, pz_t, wh, eps, V, v_start, width,
+                           tanh_scale, cap, smooth, col_plane,
+                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                           DETERMINISTIC, BLOCK_N, BLOCK_V // 2)
+    else:
+        tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
+        h0, h1 = halves(x, BLOCK_N, BLOCK_V // 2)
+        r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
+                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                           ent, pz_t, wh, eps, V, v_start, width,
+                           tanh_scale, cap, smooth, col_plane,
+                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                           DETERMINISTIC, BLOCK_N, BLOCK_V // 4)
+        r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
+                             n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt,
+                             pt_m1, ent, pz_t, wh, eps, V, v_start, width,
+                             tanh_scale, cap, smooth, col_plane,
+                             HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                             DETERMINISTIC, BLOCK_N, BLOCK_V // 4)
+        r += r1
+        ws += ws1
+    return r, ws
+
+
+@triton.jit
 def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeightLse,
                            Ent, RowWeightEnt, RowEps,
                            RowRound, ColRound, RowWSum, ColWSum, ColKeep, ColSum, Part,
@@ -145,42 +192,12 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
         if FILTER:
             eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
 
-        # The epilogue in column slices: a whole 128 x 256 tile's temporaries next to its
-        # accumulator spill registers (ptxas, sm90: 236 bytes of spill stores, 88 in halves).
-        if SUBTILES == 1:
-            r, ws = _subtile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                                  ent, pz_t, wh, eps, V, v_start, width,
-                                  tanh_scale, cap, smooth, col_plane,
-                                  HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                                  DETERMINISTIC, BLOCK_V)
-        elif SUBTILES == 2:
-            r, ws = _pair_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                               ent, pz_t, wh, eps, V, v_start, width,
-                               tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                               DETERMINISTIC, BLOCK_N,
-                               BLOCK_V // 2)
-        else:
-            tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
-            h0, h1 = halves(acc, BLOCK_N, BLOCK_V // 2)
-            r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                               ent, pz_t, wh, eps, V, v_start, width,
-                               tanh_scale, cap, smooth, col_plane,
-                               HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                               DETERMINISTIC, BLOCK_N,
-                               BLOCK_V // 4)
-            r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                                 n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                                 ent, pz_t, wh, eps, V,
-                                 v_start, width, tanh_scale, cap, smooth, col_plane,
-                                 HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                                 DETERMINISTIC, BLOCK_N,
-                                 BLOCK_V // 4)
-            r += r1
-            ws += ws1
+        r, ws = _tile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
+                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
+                           ent, pz_t, wh, eps, V, v_start, width,
+                           tanh_scale, cap, smooth, col_plane,
+                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
+                           DETERMINISTIC, BLOCK_N, BLOCK_V, SUBTILES)
         row_part = Part + (w0 // BLOCK_V) * N + offs_n
         accumulate(RowRound + offs_n, row_part, r, n_mask, DETERMINISTIC)
         if FILTER:
