@@ -1,0 +1,83 @@
+"""``python -m suite kernel interleave``: config variants' calls timed in turn in one process.
+Its parsing, its sweep order, and a whole run on the CPU (fp32 under the Triton interpreter)."""
+import csv
+import json
+
+import pytest
+import torch
+
+from suite import cli
+from suite.kernel import interleave as tool
+
+
+def test_heads_variants_and_budgets_parse_or_name_the_bad_argument():
+    assert tool.parse_head("8192x4096x128256") == (8192, 4096, 128256, None)
+    assert tool.parse_head("8192x4608x256000x30") == (8192, 4608, 256000, 30.0)
+    for bad in ("8192x4096", "8192x4096x0", "axbxc", "1x2x3x-1", "1x2x3x4x5"):
+        with pytest.raises(SystemExit, match="--heads"):
+            tool.parse_head(bad)
+    assert tool.parse_variants(['fl={"forward": {"flatten": true}}']) == [
+        ("base", {}), ("fl", {"forward": {"flatten": True}})]
+    for bad in ("fl", "base={}", "torch_compile={}", "a@b={}", "fl={", "fl=[1]"):
+        with pytest.raises(SystemExit, match="--variants"):
+            tool.parse_variants([bad])
+    assert tool.parse_budgets("default,0,4096") == [None, 0, 4096]
+    with pytest.raises(SystemExit, match="--budgets"):
+        tool.parse_budgets("default,1GiB")
+
+
+def test_entries_are_every_variant_at_every_budget_then_torch_compile():
+    variants = [("base", {}), ("fl", {"forward": {"flatten": True}})]
+    names = [e.name for e in tool.entries(variants, [None, 4096], with_compile=True)]
+    assert names == ["base", "fl", "base@ws4096", "fl@ws4096", "torch_compile"]
+
+
+def test_each_sweep_calls_every_entry_once_in_turn_reversed_every_other_sweep():
+    # Interleaving is the point: a slow drift of the clocks then reaches every entry alike.
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    e = torch.zeros(2, requires_grad=True)
+    times = tool._sweeps(runs, {"e": e, "c": e}, reps=3, device=torch.device("cpu"))
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert {name: len(ms) for name, ms in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_a_run_on_the_cpu_writes_a_row_per_entry_with_ratios_and_gradient_differences(
+        tmp_path, capsys):
+    # fp32 under the interpreter: a config variant that only reschedules the same arithmetic
+    # (the forward's flattened loops) gives the base's gradients to the last bit, and a budget
+    # row is related to the base at that budget.
+    out = tmp_path / "run"
+    assert cli.main(["kernel", "interleave", "--device", "cpu", "--dtype", "fp32",
+                     "--heads", "40x16x72x30", "--variants", 'fl={"forward": {"flatten": true}}',
+                     "--budgets", "default,0", "--reps", "2", "--warmup", "0",
+                     "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "interleave.csv")))
+    assert [r["entry"] for r in rows] == ["base", "fl", "base@ws0", "fl@ws0"]
+    assert all(r["status"] == "ok" and r["softcap"] == "30.0" and int(r["reps"]) == 2
+               for r in rows)
+    assert all(r["path"] in ("three-matmul", "recompute") for r in rows)
+    assert [r["ms_over_base"] for r in rows if r["entry"].startswith("base")] == ["1.0", "1.0"]
+    assert all(float(r["de_diff_vs_base"]) == 0 and float(r["dc_diff_vs_base"]) == 0
+               for r in rows)
+    assert json.loads(rows[1]["overrides"]) == {"forward": {"flatten": True}}
+    assert json.loads((out / "env.json").read_text())["device"] == "cpu"
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_a_failing_entry_is_its_rows_status_and_the_run_goes_on(tmp_path):
+    # An override the kernel's config refuses fails that entry only.
+    out = tmp_path / "run"
+    assert cli.main(["kernel", "interleave", "--device", "cpu", "--dtype", "fp32",
+                     "--heads", "24x16x40", "--variants", 'bad={"forward": {"nonsense": 1}}',
+                     "--reps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    rows = {r["entry"]: r for r in csv.DictReader(open(out / "interleave.csv"))}
+    assert rows["base"]["status"] == "ok" and float(rows["base"]["ms"]) > 0
+    assert rows["bad"]["status"].startswith("error:") and "nonsense" in rows["bad"]["status"]
+    assert rows["bad"]["ms"] == ""
+
+
+def test_cuda_is_asked_for_by_name_where_there_is_none(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        cli.main(["kernel", "interleave", "--heads", "8x8x8", "--out", str(tmp_path)])
