@@ -29,15 +29,16 @@ from own_kernel.kernels.tile import (accumulate, dot_precision, entropy_terms, h
 
 
 @triton.jit
-def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                  n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                  ent, pz_t, wh, eps, V, v_start, width,
-                  tanh_scale, cap, smooth, col_plane,
+def _subtile_grad(x, out, rows, scalars, n0, w0,
                   HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                   HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
                   DETERMINISTIC: tl.constexpr, SUB_V: tl.constexpr):
     # One (BLOCK_N x SUB_V) slice of the tile's logits -> W and the column sums; returns the
-    # slice's row sums (rounding removed, rounded values of the rows that may skip).
+    # slice's row sums (rounding removed, rounded values of the rows that may skip). out, rows
+    # and scalars: the kernel's tuples (cce_dlogits_tma_kernel).
+    W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart = out
+    offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps = rows
+    V, v_start, width, tanh_scale, cap, smooth, col_plane = scalars
     offs_w = w0 + tl.arange(0, SUB_V)
     offs_v = v_start + offs_w
     w_mask = offs_w < width
@@ -73,35 +74,21 @@ def _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
 
 
 @triton.jit
-def _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-               ent, pz_t, wh, eps, V, v_start, width,
-               tanh_scale, cap, smooth, col_plane,
+def _pair_grad(x, out, rows, scalars, n0, w0,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
-               DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr,
-               SUB_V: tl.constexpr):
+               DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr, SUB_V: tl.constexpr):
     # _subtile_grad on the two column halves of x (BLOCK_N x 2 SUB_V), one after the other
     a0, a1 = halves(x, BLOCK_N, SUB_V)
-    r, ws = _subtile_grad(a0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                          n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                          ent, pz_t, wh, eps, V, v_start, width,
-                          tanh_scale, cap, smooth, col_plane, HAS_BIAS, HAS_SOFTCAP,
-                          FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
-    r1, ws1 = _subtile_grad(a1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                            n0, w0 + SUB_V, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                            ent, pz_t, wh, eps, V, v_start,
-                            width, tanh_scale, cap, smooth, col_plane,
-                            HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                            DETERMINISTIC, SUB_V)
+    r, ws = _subtile_grad(a0, out, rows, scalars, n0, w0, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                          HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
+    r1, ws1 = _subtile_grad(a1, out, rows, scalars, n0, w0 + SUB_V, HAS_BIAS, HAS_SOFTCAP,
+                            FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC, SUB_V)
     return r + r1, ws + ws1
 
 
 @triton.jit
-def _tile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-               n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-               ent, pz_t, wh, eps, V, v_start, width,
-               tanh_scale, cap, smooth, col_plane,
+def _tile_grad(x, out, rows, scalars, n0, w0,
                HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FILTER: tl.constexpr,
                HAS_ENTROPY: tl.constexpr, COL_ROUND: tl.constexpr,
                DETERMINISTIC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -111,34 +98,19 @@ def _tile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
     # tile's temporaries next to its accumulator spill registers (ptxas, sm90: 236 bytes of
     # spill stores, 88 in halves).
     if SUBTILES == 1:
-        r, ws = _subtile_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                              n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                              ent, pz_t, wh, eps, V, v_start, width,
-                              tanh_scale, cap, smooth, col_plane,
-                              HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                              DETERMINISTIC, BLOCK_V)
+        r, ws = _subtile_grad(x, out, rows, scalars, n0, w0, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                              HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_V)
     elif SUBTILES == 2:
-        r, ws = _pair_grad(x, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                           ent, pz_t, wh, eps, V, v_start, width,
-                           tanh_scale, cap, smooth, col_plane,
-                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                           DETERMINISTIC, BLOCK_N, BLOCK_V // 2)
+        r, ws = _pair_grad(x, out, rows, scalars, n0, w0, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                           HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N, BLOCK_V // 2)
     else:
         tl.static_assert(SUBTILES == 4, "SUBTILES must be 1, 2 or 4")
         h0, h1 = halves(x, BLOCK_N, BLOCK_V // 2)
-        r, ws = _pair_grad(h0, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                           ent, pz_t, wh, eps, V, v_start, width,
-                           tanh_scale, cap, smooth, col_plane,
-                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                           DETERMINISTIC, BLOCK_N, BLOCK_V // 4)
-        r1, ws1 = _pair_grad(h1, W, Bias, ColRound, ColWSum, ColKeep, ColSum, ColPart,
-                             n0, w0 + BLOCK_V // 2, offs_n, n_mask, lse, lo2, w, wp, tgt,
-                             pt_m1, ent, pz_t, wh, eps, V, v_start, width,
-                             tanh_scale, cap, smooth, col_plane,
-                             HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                             DETERMINISTIC, BLOCK_N, BLOCK_V // 4)
+        r, ws = _pair_grad(h0, out, rows, scalars, n0, w0, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                           HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N, BLOCK_V // 4)
+        r1, ws1 = _pair_grad(h1, out, rows, scalars, n0, w0 + BLOCK_V // 2, HAS_BIAS,
+                             HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND, DETERMINISTIC,
+                             BLOCK_N, BLOCK_V // 4)
         r += r1
         ws += ws1
     return r, ws
@@ -192,12 +164,12 @@ def cce_dlogits_tma_kernel(E, C, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, R
         if FILTER:
             eps = tl.load(RowEps + offs_n, mask=n_mask, other=float("inf"))
 
-        r, ws = _tile_grad(acc, W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part,
-                           n0, w0, offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1,
-                           ent, pz_t, wh, eps, V, v_start, width,
-                           tanh_scale, cap, smooth, col_plane,
-                           HAS_BIAS, HAS_SOFTCAP, FILTER, HAS_ENTROPY, COL_ROUND,
-                           DETERMINISTIC, BLOCK_N, BLOCK_V, SUBTILES)
+        # the epilogue's operands, as tuples: where it writes, its rows' terms, its scalars
+        out = (W, Bias, ColRound, ColWSum, ColKeep, ColSum, col_part)
+        rows = (offs_n, n_mask, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, eps)
+        scalars = (V, v_start, width, tanh_scale, cap, smooth, col_plane)
+        r, ws = _tile_grad(acc, out, rows, scalars, n0, w0, HAS_BIAS, HAS_SOFTCAP, FILTER,
+                           HAS_ENTROPY, COL_ROUND, DETERMINISTIC, BLOCK_N, BLOCK_V, SUBTILES)
         row_part = Part + (w0 // BLOCK_V) * N + offs_n
         accumulate(RowRound + offs_n, row_part, r, n_mask, DETERMINISTIC)
         if FILTER:
