@@ -280,9 +280,10 @@ def main(args) -> int:
     if args.reps < 1 or args.warmup < 0:
         raise SystemExit("--reps must be >= 1 and --warmup >= 0")
     heads = [h for h in args.heads.split(",") if h.strip()]
-    for h in heads:
-        parse_head(h)  # a malformed head is an error before anything runs
-    parse_variants(args.variants), parse_budgets(args.budgets)
+    for h in heads:  # a malformed argument is an error before anything runs
+        parse_head(h)
+    parse_variants(args.variants)
+    parse_budgets(args.budgets)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(environment(args.device), f, indent=2, default=str)
