@@ -171,12 +171,6 @@ def _peak_and_grads(run, inputs: dict, device) -> tuple[float, tuple]:
     return peak, grads
 
 
-def _rel(a, b) -> float | str:
-    if a is None or b is None:
-        return ""
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
-
-
 def _sweeps(runs: dict, inputs: dict, reps: int, device) -> dict:
     """{name: [ms, ...]}: every run once per sweep, in turn, the order reversed every other
     sweep, gradients cleared and the L2 flushed outside the timed region."""
@@ -201,6 +195,7 @@ def _prepare(entry: Entry, inputs, softcap, args, device, base_grads) -> tuple[d
     """(the entry's row so far, its run or None where it failed): route, warm-up, peak and
     gradients' difference from the base's at its budget (base_grads: filled by the base)."""
     from suite.measure import free_memory, is_oom, one_line
+    from suite.reference import rel_err
 
     row = {"entry": entry.name, "budget": "" if entry.budget is None else entry.budget,
            "overrides": json.dumps(entry.overrides, sort_keys=True), "status": "ok"}
@@ -221,8 +216,8 @@ def _prepare(entry: Entry, inputs, softcap, args, device, base_grads) -> tuple[d
             base_grads[entry.budget] = tuple(g.clone() for g in grads)
         ref = base_grads.get(entry.budget)
         if ref is not None:
-            row["de_diff_vs_base"] = _rel(grads[0], ref[0])
-            row["dc_diff_vs_base"] = _rel(grads[1], ref[1])
+            row["de_diff_vs_base"] = rel_err(grads[0], ref[0])
+            row["dc_diff_vs_base"] = rel_err(grads[1], ref[1])
     del grads
     return row, run
 
