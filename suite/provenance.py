@@ -70,10 +70,18 @@ def commit_digest(commit: str, root: Path = ROOT, package: str = PACKAGE) -> str
     return digest_of(entries)
 
 
-def matching_commits(digest: str, root: Path = ROOT, max_count: int = 400) -> list[str]:
-    """The commits among HEAD's last max_count whose own kernel has this digest, newest first."""
+def commit_digests(root: Path = ROOT, max_count: int = 400) -> list[tuple[str, str]]:
+    """(commit, its own kernel's digest) of HEAD's last max_count commits, newest first."""
     commits = _git(root, "rev-list", f"--max-count={max_count}", "HEAD").split()
-    return [c for c in commits if commit_digest(c, root) == digest]
+    return [(c, commit_digest(c, root)) for c in commits]
+
+
+def matching_commits(digest: str, root: Path = ROOT, max_count: int = 400,
+                     history: list[tuple[str, str]] | None = None) -> list[str]:
+    """The commits among HEAD's last max_count whose own kernel has this digest, newest first
+    (history: commit_digests' list, when already read)."""
+    history = commit_digests(root, max_count) if history is None else history
+    return [c for c, d in history if d == digest]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,8 +100,9 @@ def env_files(run: Path) -> list[Path]:
     return sorted((p for p in run.glob("env*.json") if p.is_file()), key=order)
 
 
-def describe(env_path: Path, commits: int) -> None:
-    """Print one env file's recorded commit, its digest and the commits that match it."""
+def describe(env_path: Path, commits: int, history: list[tuple[str, str]]) -> None:
+    """Print one env file's recorded commit, its digest and the commits of history
+    (commit_digests') that match it."""
     env = json.loads(env_path.read_text())
     digest = env.get("own_kernel_digest")
     dirty = {True: "dirty", False: "clean"}.get(env.get("git_dirty"), "dirty unknown")
@@ -102,7 +111,7 @@ def describe(env_path: Path, commits: int) -> None:
     if not digest:
         print("  no own_kernel_digest: written before the suite recorded one")
         return
-    found = matching_commits(digest, ROOT, max_count=commits)
+    found = matching_commits(digest, history=history)
     shown = ", ".join(c[:12] for c in found[:SHOWN])
     more = f" and {len(found) - SHOWN} older" if len(found) > SHOWN else ""
     print(f"  its own_kernel is that of {len(found)} of HEAD's last {commits} commits"
@@ -112,10 +121,13 @@ def describe(env_path: Path, commits: int) -> None:
 def main(args) -> int:
     if args.commits < 1:
         raise SystemExit(f"--commits: expected a positive number, got {args.commits}")
+    env_paths = []
     for run in args.runs:
         found = env_files(run)
         if not found:
             raise SystemExit(f"{run}: no env.json (a run folder the suite wrote has one)")
-        for env_path in found:
-            describe(env_path, args.commits)
+        env_paths += found
+    history = commit_digests(ROOT, args.commits)  # read once for every env file
+    for env_path in env_paths:
+        describe(env_path, args.commits, history)
     return 0
