@@ -46,8 +46,8 @@ def _producer(e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end
 
 
 @gluon.jit
-def _consume(WHICH: gl.constexpr, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v,
-             row0, t_begin, t_end, k_steps, part_col, n_parts):
+def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, ring_e, ring_c, part_m,
+             part_s, n_rows, v, row0, t_begin, t_end, k_steps, part_col, n_parts):
     STAGES: gl.constexpr = ring_e.type.shape[0]
     BLOCK_N: gl.constexpr = ring_e.type.shape[1]
     BLOCK_V: gl.constexpr = ring_c.type.shape[1]
@@ -59,7 +59,7 @@ def _consume(WHICH: gl.constexpr, ready, empty, ring_e, ring_c, part_m, part_s, 
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     m = gl.full([BLOCK_N], float("-inf"), gl.float32, row_layout)
     s = gl.zeros([BLOCK_N], gl.float32, row_layout)
-    for t in range(t_begin + WHICH, t_end, 2):
+    for t in range(t_begin + WHICH, t_end, STEP):
         cnt = (t - t_begin) * k_steps
         acc = gl.zeros([BLOCK_N, BLOCK_V], gl.float32, acc_layout)
         for kk in range(k_steps):
@@ -87,21 +87,35 @@ def _consume(WHICH: gl.constexpr, ready, empty, ring_e, ring_c, part_m, part_s, 
 @gluon.jit
 def _consumer0(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
                k_steps, part_col, n_parts):
-    _consume(0, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
-             k_steps, part_col, n_parts)
+    _consume(0, 2, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+             t_end, k_steps, part_col, n_parts)
 
 
 @gluon.jit
 def _consumer1(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
                k_steps, part_col, n_parts):
-    _consume(1, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
-             k_steps, part_col, n_parts)
+    _consume(1, 2, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+             t_end, k_steps, part_col, n_parts)
+
+
+@gluon.jit
+def _consumer_all(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+                  t_end, k_steps, part_col, n_parts):
+    # One consumer takes every tile (no ping-pong; the other partial stays empty)
+    _consume(0, 1, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+             t_end, k_steps, part_col, n_parts)
+    rows = row0 + gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    at = rows.to(gl.int64) * n_parts + part_col + 1
+    gl.store(part_m + at, gl.full([128], float("-inf"), gl.float32,
+                                  gl.BlockedLayout([1], [32], [4], [0])), mask=rows < n_rows)
+    gl.store(part_s + at, gl.zeros([128], gl.float32, gl.BlockedLayout([1], [32], [4], [0])),
+             mask=rows < n_rows)
 
 
 @gluon.jit
 def ws_lse_kernel(e_desc, c_desc, part_m, part_s, n_rows, v, d, tiles_per_split, splits,
                   GROUP_ROWS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                  PRODUCER_REGS: gl.constexpr):
+                  PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     BLOCK_N: gl.constexpr = e_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = e_desc.block_type.shape[1]
     BLOCK_V: gl.constexpr = c_desc.block_type.shape[0]
@@ -129,16 +143,18 @@ def ws_lse_kernel(e_desc, c_desc, part_m, part_s, n_rows, v, d, tiles_per_split,
         mbarrier.init(empty.index(i), count=1)
     consumer_args = (ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
                      t_end, k_steps, split * 2, splits * 2)
-    gl.warp_specialize([
-        (_consumer0, consumer_args),
-        (_consumer1, consumer_args),
-        (_producer, (e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end,
-                     k_steps)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    producer_args = (e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end,
+                     k_steps)
+    if PINGPONG:
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([(_consumer_all, consumer_args), (_producer, producer_args)], [1],
+                           [PRODUCER_REGS])
 
 
 def ws_lse(e, c, splits=None, block_v=128, block_k=64, stages=4, group_rows=8, maxnreg=168,
-           consumer_regs=232, producer_regs=40, sm_count=None):
+           consumer_regs=232, producer_regs=40, sm_count=None, pingpong=True):
     """The rows' natural log-sum-exp of e @ c.T (fp32): the kernel's partials, folded here."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -162,7 +178,7 @@ def ws_lse(e, c, splits=None, block_v=128, block_k=64, stages=4, group_rows=8, m
     part_s = torch.empty_like(part_m)
     grid = (num_nb * splits, )
     ws_lse_kernel[grid](e_desc, c_desc, part_m, part_s, n, v, d, tiles_per_split, splits,
-                        group_rows, stages, consumer_regs, producer_regs, num_warps=4,
-                        maxnreg=maxnreg)
+                        group_rows, stages, consumer_regs, producer_regs, pingpong,
+                        num_warps=4, maxnreg=maxnreg)
     top = part_m.max(dim=1).values
     return (top + torch.log2((part_s * torch.exp2(part_m - top[:, None])).sum(1))) / LOG2E.value
