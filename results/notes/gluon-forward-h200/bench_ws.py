@@ -28,6 +28,7 @@ VARIANTS = {   # name: ws_lse keyword arguments
     "ws_st5": {"stages": 5},
     "ws_st4_splitx2": {"split_factor": 2},
     "ws_st4_g16": {"group_rows": 16},
+    "ws_one_consumer": {"pingpong": False},
 }
 FIELDS = ["head", "n", "d", "v", "entry", "status", "ms", "ms_p20", "ms_p80", "ms_min", "reps",
           "floor_ms", "floors", "over_own", "lse_max_abs_err", "device"]

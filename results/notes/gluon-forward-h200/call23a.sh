@@ -9,7 +9,8 @@ DEADLINE=${DEADLINE:-560}
 source suite/kernel/deadline_steps.sh
 start_run ${NAME:-ws-lse}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee -a "$LOG"
-for head in ${HEADS:-16384x2048x49152 4096x7168x129280 8192x4096x128256 8192x5120x131072 8192x8192x152064}; do
+HEADS=${HEADS:-16384x2048x49152 4096x7168x129280 8192x4096x128256 8192x5120x131072 8192x8192x152064}
+for head in $HEADS; do
   capped_step "head $head" ${HEAD_CAP_S:-150} python3 results/notes/gluon-forward-h200/bench_ws.py \
     "$RUN/$head" $head --reps ${REPS:-30}
 done

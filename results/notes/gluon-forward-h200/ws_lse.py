@@ -46,8 +46,8 @@ def _producer(e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end
 
 
 @gluon.jit
-def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, ring_e, ring_c, part_m,
-             part_s, n_rows, v, row0, t_begin, t_end, k_steps, part_col, n_parts):
+def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, turn, ring_e, ring_c,
+             part_m, part_s, n_rows, v, row0, t_begin, t_end, k_steps, part_col, n_parts):
     STAGES: gl.constexpr = ring_e.type.shape[0]
     BLOCK_N: gl.constexpr = ring_e.type.shape[1]
     BLOCK_V: gl.constexpr = ring_c.type.shape[1]
@@ -59,9 +59,15 @@ def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, ring_e, ring
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     m = gl.full([BLOCK_N], float("-inf"), gl.float32, row_layout)
     s = gl.zeros([BLOCK_N], gl.float32, row_layout)
+    j = 0
     for t in range(t_begin + WHICH, t_end, STEP):
         cnt = (t - t_begin) * k_steps
         acc = gl.zeros([BLOCK_N, BLOCK_V], gl.float32, acc_layout)
+        if STEP == 2:
+            # The other consumer's turn first: a stage's ready barrier is waited by parity, so
+            # no consumer may wait on a stage more than one use ahead of the other's waits
+            # (and the matmuls then run one after the other, as ping-pong wants).
+            mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
         for kk in range(k_steps):
             st = cnt % STAGES
             mbarrier.wait(ready.index(st), (cnt // STAGES) & 1)
@@ -71,6 +77,9 @@ def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, ring_e, ring
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), pred=kk > 0)
             cnt += 1
+        if STEP == 2:
+            mbarrier.arrive(turn.index(1 - WHICH))
+        j += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES))
         cols = t * BLOCK_V + gl.arange(0, BLOCK_V, layout=col_layout)
@@ -85,24 +94,24 @@ def _consume(WHICH: gl.constexpr, STEP: gl.constexpr, ready, empty, ring_e, ring
 
 
 @gluon.jit
-def _consumer0(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
-               k_steps, part_col, n_parts):
-    _consume(0, 2, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+def _consumer0(ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+               t_end, k_steps, part_col, n_parts):
+    _consume(0, 2, ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
              t_end, k_steps, part_col, n_parts)
 
 
 @gluon.jit
-def _consumer1(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin, t_end,
-               k_steps, part_col, n_parts):
-    _consume(1, 2, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+def _consumer1(ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+               t_end, k_steps, part_col, n_parts):
+    _consume(1, 2, ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
              t_end, k_steps, part_col, n_parts)
 
 
 @gluon.jit
-def _consumer_all(ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+def _consumer_all(ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
                   t_end, k_steps, part_col, n_parts):
     # One consumer takes every tile (no ping-pong; the other partial stays empty)
-    _consume(0, 1, ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
+    _consume(0, 1, ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
              t_end, k_steps, part_col, n_parts)
     rows = row0 + gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
     at = rows.to(gl.int64) * n_parts + part_col + 1
@@ -138,11 +147,14 @@ def ws_lse_kernel(e_desc, c_desc, part_m, part_s, n_rows, v, d, tiles_per_split,
     ring_c = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_V, BLOCK_K], c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    consumer_args = (ready, empty, ring_e, ring_c, part_m, part_s, n_rows, v, row0, t_begin,
-                     t_end, k_steps, split * 2, splits * 2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    consumer_args = (ready, empty, turn, ring_e, ring_c, part_m, part_s, n_rows, v, row0,
+                     t_begin, t_end, k_steps, split * 2, splits * 2)
     producer_args = (e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end,
                      k_steps)
     if PINGPONG:
