@@ -2,7 +2,8 @@
 p_target, lse's rounding residue and (asked for) the entropy, without the N x V logits.
 
 The route's forward kernel (Route.forward) computes each vocabulary split's partial (max, sum)
-per row: kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its tiles timed on
+per row: kernels/forward_ws.py ("ws": two partials per split, one per consumer warpgroup),
+kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its tiles timed on
 the GPU where the route says: Route.forward_tuned); kernels/target.py takes each row's target
 logit and kernels/lse_combine.py combines the splits into the rows' results. The grid (splits
 per row block, launch order) is plan.split_plan's for this launch's rows; with batch_invariant
@@ -68,6 +69,14 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         grid = route.forward_grid(num_sms(e.device), v)
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+    if route.forward == "ws":  # imported here: Gluon is a newer Triton's (route.gluon_hopper)
+        from own_kernel.kernels.forward_ws import forward_partials_ws
+
+        # every row, skip_ignored or not: combine() marks the ignored ones inert
+        part = torch.empty((sums.planes, 2 * grid.splits, n), device=e.device,
+                           dtype=torch.float32)
+        forward_partials_ws(e, c, part, grid, sums.zsum)
+        return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
     part = torch.empty((sums.planes, grid.parts(v), n), device=e.device, dtype=torch.float32)
     if tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,

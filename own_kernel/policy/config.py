@@ -80,6 +80,11 @@ class Forward:
     # TMA forward level alone and its loss+grad faster; slower without a softcap, so only with
     # one (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
+    # Plain logits (no bias, softcap, temperature or entropy) through the warp-specialised
+    # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
+    # the tensor cores, 1.00-1.04 floors where forward_tma.py took 1.06-1.10 at five heads on an
+    # H200 (results/notes/gluon-forward.md). Not the three-matmul path's shifted logits.
+    ws: bool = False
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
@@ -336,7 +341,7 @@ HOPPER_16BIT = Config(
     # 128 x 256 TMA tiles with nested loops: the fastest forward (results/notes/forward-tiles.md);
     # l2_mib 24: E's resident row blocks stay in L2 (19 -> 1.7 GB DRAM at N 32768; forward-l2.md).
     forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24,
-                    softcap_halves=True),
+                    softcap_halves=True, ws=True),
     dlogits=Tiles(128, 128, 64, num_warps=8, num_stages=4),
     dlogits_tiles_per_program=1,
     # Persistent, flattened: the next tile's loads overlap this one's epilogue; column sums of

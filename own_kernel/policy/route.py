@@ -25,7 +25,9 @@ paths/vocab_parallel.py).
 
 The kernels (properties of the Route, each derived once from the call and the config):
 
-- ``forward``: ``"tma"`` (kernels/forward_tma.py: the config asks for it and e and c are
+- ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run on plain logits,
+  the config asks for it and Triton has Gluon's Hopper API), ``"tma"``
+  (kernels/forward_tma.py: the config asks for it and e and c are
   16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
   TMA forward writes them); ``logits``: the three-matmul path's logits format;
@@ -51,6 +53,8 @@ show cannot skip (the rest's chunks: ``exact_chunks_from``), the chunks that fil
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -66,8 +70,19 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
                                     tail_width, tma_ready)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
+
+
+@functools.cache
+def gluon_hopper() -> bool:
+    """Triton has Gluon's Hopper API (triton >= 3.5), which kernels/forward_ws.py is written in."""
+    try:
+        return importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") \
+            is not None
+    except ImportError:
+        return False
+
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
-FORWARDS = ("tma", "pointer", "cublas")
+FORWARDS = ("ws", "tma", "pointer", "cublas")
 W_WRITERS = ("tma", "cublas", "pointer")
 LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
 
@@ -305,14 +320,27 @@ class Route:
 
     @cached_property
     def forward(self) -> str:
-        """The forward's kernel: "tma", "pointer", or "cublas" (three-matmul, unshifted)."""
+        """The forward's kernel: "ws", "tma", "pointer", or "cublas" (three-matmul,
+        unshifted)."""
         if self.fused is not None:
             return "tma" if self.fused.shifted else "cublas"
         if self.call.batch_invariant:  # by the target and D only (api.py copies unaligned views)
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
+        # forward_ws.py's 128-column tiles within split_plan's splits (multiples of block_v)
+        ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % 128 == 0
+        if tma and ws and self.plain_logits and gluon_hopper():
+            return "ws"
         return "tma" if tma else "pointer"
+
+    @property
+    def plain_logits(self) -> bool:
+        """The forward needs only (max, sum[, sum of logits]) of x = e @ c.T, on one GPU's
+        whole vocabulary: what forward_ws.py computes."""
+        c = self.call
+        return c.on_cuda and not (c.has_bias or c.softcap or c.temperature or c.entropy
+                                  or c.vocab_parallel or c.batch_invariant)
 
     @property
     def forward_tuned(self) -> bool:
