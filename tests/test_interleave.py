@@ -2,6 +2,7 @@
 Its parsing, its sweep order, and a whole run on the CPU (fp32 under the Triton interpreter)."""
 import csv
 import json
+import statistics
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ def test_heads_variants_and_budgets_parse_or_name_the_bad_argument():
             tool.parse_head(bad)
     assert tool.parse_variants(['fl={"forward": {"flatten": true}}']) == [
         ("base", {}), ("fl", {"forward": {"flatten": True}})]
-    for bad in ("fl", "base={}", "torch_compile={}", "a@b={}", "fl={", "fl=[1]"):
+    for bad in ("fl", "base={}", "torch_compile={}", "cublas_floor={}", "a@b={}", "fl={",
+                "fl=[1]"):
         with pytest.raises(SystemExit, match="--variants"):
             tool.parse_variants([bad])
     assert tool.parse_budgets("default,0,4096") == [None, 0, 4096]
@@ -63,6 +65,28 @@ def test_a_run_on_the_cpu_writes_a_row_per_entry_with_ratios_and_gradient_differ
     assert json.loads(rows[1]["overrides"]) == {"forward": {"flatten": True}}
     assert json.loads((out / "env.json").read_text())["device"] == "cpu"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypatch):
+    # The floors column divides times taken side by side: the floor's median of those sweeps.
+    seen = {}
+    sweeps = tool._sweeps
+
+    def recording(runs, inputs, reps, device):
+        times = sweeps(runs, inputs, reps, device)
+        seen.update({name: list(ms) for name, ms in times.items()})
+        return times
+
+    monkeypatch.setattr(tool, "_sweeps", recording)
+    out = tmp_path / "run"
+    assert cli.main(["kernel", "interleave", "--device", "cpu", "--dtype", "fp32",
+                     "--heads", "24x16x40", "--reps", "3", "--warmup", "0",
+                     "--out", str(out)]) == 0
+    (row,) = csv.DictReader(open(out / "interleave.csv"))
+    assert sorted(seen) == ["base", tool.FLOOR] and len(seen[tool.FLOOR]) == 3
+    assert float(row["floor_ms"]) == pytest.approx(statistics.median(seen[tool.FLOOR]))
+    assert float(row["floors"]) == pytest.approx(float(row["ms"]) / float(row["floor_ms"]),
+                                                 rel=1e-3)
 
 
 def test_a_failing_entry_is_its_rows_status_and_the_run_goes_on(tmp_path):

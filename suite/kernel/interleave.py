@@ -7,7 +7,9 @@ two configs are compared across processes (another clock state, another compile)
 process pays its compiles. Here every entry (a variant at a budget, and torch.compile's naive
 loss with --compile) is called once per sweep, in turn, the order reversed every other sweep,
 for --reps sweeps: drift of the GPU's clocks hits every entry alike, and the p20-p80 rule
-compares neighbours in time. The base variant (the config in force, `{}`) always runs.
+compares neighbours in time. The floor (one cuBLAS E @ C.T) is one more entry of the sweeps,
+so the floors column divides times taken side by side. The base variant (the config in force,
+`{}`) always runs.
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
@@ -32,6 +34,7 @@ FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "sta
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
           "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device"]
 COMPILE = "torch_compile"
+FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def parse_variants(items: list[str]) -> list[tuple[str, dict]]:
     variants = [("base", {})]
     for item in items:
         name, sep, text = item.partition("=")
-        if not sep or not name or name in ("base", COMPILE) or "@" in name:
+        if not sep or not name or name in ("base", COMPILE, FLOOR) or "@" in name:
             raise SystemExit(f"--variants: expected NAME=JSON (a new name without '@'), "
                              f"got {item!r}")
         try:
@@ -243,11 +246,11 @@ def head_rows(head: str, args, device) -> list[dict]:
     inputs = make_inputs("lm", n, d, v, args.dtype, seed=0, device=device, softcap=softcap)
     inputs["e"].requires_grad_(args.phase != "fwd")
     inputs["c"].requires_grad_(args.phase != "fwd")
-    floor = measure_floor(inputs["e"].detach(), inputs["c"].detach(), reps=args.reps,
-                          warmup=args.warmup)["ms"]
-    base = {"head": head, "n": n, "d": d, "v": v, "softcap": softcap or "", "floor_ms": floor,
+    e, c = inputs["e"].detach(), inputs["c"].detach()
+    measure_floor(e, c, reps=1, warmup=args.warmup)  # its warm-up; timed in the sweeps below
+    base = {"head": head, "n": n, "d": d, "v": v, "softcap": softcap or "",
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-    rows, runs, base_grads = [], {}, {}
+    rows, runs, base_grads = [], {FLOOR: lambda: torch.mm(e, c.T)}, {}
     for entry in entries(parse_variants(args.variants), parse_budgets(args.budgets),
                          args.compile):
         row, run = _prepare(entry, inputs, softcap, args, device, base_grads)
@@ -257,7 +260,9 @@ def head_rows(head: str, args, device) -> list[dict]:
     base_grads.clear()
     free_memory(device)
     times = _sweeps(runs, inputs, args.reps, device)
+    floor = time_stats(times.pop(FLOOR))["ms"]
     for row in rows:
+        row["floor_ms"] = floor
         if row["entry"] in times:
             row.update(time_stats(times[row["entry"]]))
             row.pop("ms_min", None)
