@@ -18,8 +18,8 @@ from own_kernel.paths import entries as ops, three_matmul as fused  # noqa: E402
 from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, PORTABLE, overridden,  # noqa: E402
                                use_target, with_overrides)
 from own_kernel.policy.options import FilterOptions  # noqa: E402
-from own_kernel.policy.plan import WS_BLOCK_V, fused_plan  # noqa: E402
-from own_kernel.policy.route import Call, route, ws_forward  # noqa: E402
+from own_kernel.policy.plan import fused_plan  # noqa: E402
+from own_kernel.policy.route import Call, route  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -43,10 +43,8 @@ def test_default_budget_decides_the_path(cfg, shape, dtype, path):
     fused = cfg.fused
     budget = fused.default_workspace_mib_fp32 if dtype == FP32 else fused.default_workspace_mib
     shift_ok = cfg.forward.tma and shape["d"] * dtype.itemsize % 16 == 0  # the TMA forward's rows
-    # the shifted logits' maxima per the forward's tile: forward_ws.py's where it runs
-    width = WS_BLOCK_V if ws_forward(Call(**shape, dtype=dtype), cfg) else 0
     plan, why = fused_plan(shape["n"], shape["v"], shape["d"], dtype.itemsize, budget * 2**20, cfg,
-                           shift_ok=shift_ok, shift_width=width)
+                           shift_ok=shift_ok)
     assert (r.fused == plan) and (plan is None) == (path == "recompute")
     if path == "recompute":  # the default budget went unused: the note says why
         assert r.note == f"workspace_mib={budget} unused: {why}"

@@ -24,20 +24,19 @@ Gluon has no interpreter: the CPU tests compile it for sm90; the GPU tests run i
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from own_kernel.policy.plan import WS_BLOCK_V, cdiv
+from own_kernel.policy.plan import cdiv
 
 LOG2E = gl.constexpr(1.4426950408889634)
-# Triton 3.6's names for TMA copies; later Tritons call them async_load and async_store only.
+# Triton 3.6's name for a TMA load into shared memory; later Tritons call it async_load only.
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-TMA_STORE = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 # 128 x 128 tiles per consumer, 64-wide k-slices, 4 stages of 32 KB; three stages were 1.2-1.35x
 # slower, five level (results/notes/gluon-forward.md). 12 warps (4 + 4 + the producer's
 # warpgroup) at 168 registers, re-split as 232 per consumer thread and 40 per producer's.
-BLOCK_N, BLOCK_V, BLOCK_K, STAGES = 128, WS_BLOCK_V, 64, 4
+BLOCK_N, BLOCK_V, BLOCK_K, STAGES = 128, 128, 64, 4
 MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 232, 40
 
 
@@ -80,31 +79,16 @@ def _tile_logits(ready, empty, ring_e, ring_c, cnt, k_steps, acc_layout: gl.cons
 
 
 @gluon.jit
-def _store_shifted(acc, x_max, y_smem, y_desc, m_ptr, m_stride, rows, n, row0, v0):
-    # M[rows, tile] = the tile's largest raw logit per row; Y[rows, tile's columns] = x - that,
-    # rounded (forward_tma.py's shifted logits, over this kernel's narrower tiles). TMA clips
-    # the store at Y's rows and columns; y_smem is this consumer's own staging buffer.
-    gl.store(m_ptr + rows.to(gl.int64) * m_stride + v0 // y_smem.type.shape[1], x_max,
-             mask=rows < n)
-    tma.store_wait(0)  # the previous tile's store has left y_smem
-    y_smem.store((acc - x_max[:, None]).to(y_desc.dtype))
-    fence_async_shared()
-    TMA_STORE(y_desc, [row0, v0], y_smem)
-
-
-@gluon.jit
-def _consume(WHICH: gl.constexpr, STORE_Y: gl.constexpr, bufs, part, plane, n, v, row0,
-             t_begin, t_end, k_steps, part_index, need_zsum, y_desc, m_ptr, m_stride):
+def _consume(WHICH: gl.constexpr, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0,
+             t_begin, t_end, k_steps, part_index, NEED_ZSUM: gl.constexpr):
     # Tiles t_begin + WHICH, + 2, ...; tile t's first k-slice is ring use (t - t_begin) k_steps
     # (the producer fills the ring in tile order). Base-2 online state; stored in natural units.
-    ready, empty, turn, ring_e, ring_c, y_smem = bufs
     stages: gl.constexpr = ring_e.type.shape[0]
     block_n: gl.constexpr = ring_e.type.shape[1]
     block_v: gl.constexpr = ring_c.type.shape[1]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, block_v, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    rows = row0 + gl.arange(0, block_n, layout=row_layout)
     m = gl.full([block_n], float("-inf"), gl.float32, row_layout)
     s = gl.zeros([block_n], gl.float32, row_layout)
     z_sum = gl.zeros([block_n], gl.float32, row_layout)
@@ -120,62 +104,54 @@ def _consume(WHICH: gl.constexpr, STORE_Y: gl.constexpr, bufs, part, plane, n, v
         mbarrier.arrive(empty.index((cnt + stages - 1) % stages))
         cols = t * block_v + gl.arange(0, block_v, layout=gl.SliceLayout(0, acc_layout))
         valid = (cols < v)[None, :]
-        x = gl.where(valid, acc, float("-inf"))
-        x_max = gl.max(x, axis=1)
-        m_new = gl.maximum(m, x_max * LOG2E)
-        s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(x * LOG2E - m_new[:, None]), axis=1)
+        x = gl.where(valid, acc * LOG2E, float("-inf"))
+        m_new = gl.maximum(m, gl.max(x, axis=1))
+        s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(x - m_new[:, None]), axis=1)
         m = m_new
-        if need_zsum != 0:
+        if NEED_ZSUM:
             z_sum += gl.sum(gl.where(valid, acc, 0.0), axis=1)
-        if STORE_Y:
-            _store_shifted(acc, x_max, y_smem.index(WHICH), y_desc, m_ptr, m_stride, rows, n,
-                           row0, t * block_v)
-    if STORE_Y:
-        tma.store_wait(0)
+    rows = row0 + gl.arange(0, block_n, layout=row_layout)
     at = (part_index + WHICH).to(gl.int64) * n + rows
     gl.store(part + at, m / LOG2E, mask=rows < n)
     gl.store(part + plane + at, s, mask=rows < n)
-    if need_zsum != 0:
+    if NEED_ZSUM:
         gl.store(part + 2 * plane + at, z_sum, mask=rows < n)
 
 
 # The partitions, one function each (a constexpr argument would not reach a worker's body):
-# consumer 0 or 1, writing the shifted logits or not.
+# consumer 0 or 1, with or without the sum of logits.
 @gluon.jit
-def _consumer0(bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index, need_zsum,
-               y_desc, m_ptr, m_stride):
-    _consume(0, False, bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index,
-             need_zsum, y_desc, m_ptr, m_stride)
-
-
-@gluon.jit
-def _consumer1(bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index, need_zsum,
-               y_desc, m_ptr, m_stride):
-    _consume(1, False, bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index,
-             need_zsum, y_desc, m_ptr, m_stride)
+def _consumer0(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+               k_steps, part_index):
+    _consume(0, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+             k_steps, part_index, False)
 
 
 @gluon.jit
-def _consumer0_y(bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index, need_zsum,
-                 y_desc, m_ptr, m_stride):
-    _consume(0, True, bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index,
-             need_zsum, y_desc, m_ptr, m_stride)
+def _consumer1(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+               k_steps, part_index):
+    _consume(1, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+             k_steps, part_index, False)
 
 
 @gluon.jit
-def _consumer1_y(bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index, need_zsum,
-                 y_desc, m_ptr, m_stride):
-    _consume(1, True, bufs, part, plane, n, v, row0, t_begin, t_end, k_steps, part_index,
-             need_zsum, y_desc, m_ptr, m_stride)
+def _consumer0_zsum(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+                    k_steps, part_index):
+    _consume(0, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+             k_steps, part_index, True)
 
 
-# Integers the workers receive are never specialised to constexprs (a 1 would be one, and a
-# constexpr does not cross warp_specialize's arguments).
-@gluon.jit(do_not_specialize=["plane", "n", "v", "need_zsum", "m_stride"])
+@gluon.jit
+def _consumer1_zsum(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+                    k_steps, part_index):
+    _consume(1, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
+             k_steps, part_index, True)
+
+
+@gluon.jit
 def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits, group_rows,
-                      need_zsum, y_desc, m_ptr, m_stride, STORE_Y: gl.constexpr,
-                      STAGES_: gl.constexpr, CONSUMER_REGS_: gl.constexpr,
-                      PRODUCER_REGS_: gl.constexpr):
+                      NEED_ZSUM: gl.constexpr, STAGES_: gl.constexpr,
+                      CONSUMER_REGS_: gl.constexpr, PRODUCER_REGS_: gl.constexpr):
     block_n: gl.constexpr = e_desc.block_type.shape[0]
     block_k: gl.constexpr = e_desc.block_type.shape[1]
     block_v: gl.constexpr = c_desc.block_type.shape[0]
@@ -201,44 +177,33 @@ def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits,
         mbarrier.init(turn.index(i), count=1)
     row0 = (first + local % rows_in_group) * block_n
     k_steps = gl.cdiv(d, block_k)
+    consumer_args = (ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,
+                     t_end, k_steps, split * 2)
     producer_args = (e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end, k_steps)
-    if STORE_Y:  # each consumer's staging buffer for its shifted logits
-        y_smem = gl.allocate_shared_memory(y_desc.dtype, [2] + y_desc.block_type.shape,
-                                           y_desc.layout)
-        consumer_args = ((ready, empty, turn, ring_e, ring_c, y_smem), part, plane, n, v, row0,
-                         t_begin, t_end, k_steps, split * 2, need_zsum, y_desc, m_ptr, m_stride)
-        gl.warp_specialize([(_consumer0_y, consumer_args), (_consumer1_y, consumer_args),
+    if NEED_ZSUM:
+        gl.warp_specialize([(_consumer0_zsum, consumer_args), (_consumer1_zsum, consumer_args),
                             (_producer, producer_args)], [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
     else:
-        consumer_args = ((ready, empty, turn, ring_e, ring_c, ring_e), part, plane, n, v, row0,
-                         t_begin, t_end, k_steps, split * 2, need_zsum, y_desc, m_ptr, m_stride)
         gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
                             (_producer, producer_args)], [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
 
 
-def forward_partials_ws(e, c, part, grid, zsum: bool, shifted=None):
+def forward_partials_ws(e, c, part, grid, zsum: bool):
     """Split k's two consumers' (max, sum[, sum of logits]) per row into part[:, 2k] and
     part[:, 2k + 1] (part: planes x 2 grid.splits x n fp32). grid: plan.ForwardGrid, whose
-    v_per_split is a multiple of BLOCK_V. shifted: None, or (Y, M) to write the shifted logits
-    into (Y: n x V in e's dtype, 16-byte aligned rows; M: n x cdiv(V, BLOCK_V) fp32, unit
-    stride along a row), as forward_tma.py's over BLOCK_V-column tiles."""
+    v_per_split is a multiple of BLOCK_V."""
     (n, d), v = e.shape, c.shape[0]
     if grid.v_per_split % BLOCK_V or part.shape[1] != 2 * grid.splits:
         raise ValueError(f"forward_partials_ws: v_per_split {grid.v_per_split} must be a "
                          f"multiple of {BLOCK_V} and part hold {2 * grid.splits} partials")
     dtype = gl.bfloat16 if e.dtype == torch.bfloat16 else gl.float16
 
-    def desc(t, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-        return TensorDescriptor.from_tensor(t, block, layout)
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, BLOCK_K], dtype)
+        return TensorDescriptor.from_tensor(t, [rows, BLOCK_K], layout)
 
-    e_desc = desc(e, [BLOCK_N, BLOCK_K])
-    y_desc, m, m_stride = e_desc, part, 0  # stand-ins, never touched without STORE_Y
-    if shifted is not None:
-        y, m = shifted
-        y_desc, m_stride = desc(y, [BLOCK_N, BLOCK_V]), m.stride(0)
     cce_fwd_ws_kernel[(cdiv(n, BLOCK_N) * grid.splits,)](
-        e_desc, desc(c, [BLOCK_V, BLOCK_K]), part, part.shape[1] * n, n, v, d, grid.v_per_split,
-        grid.splits, grid.group_rows, int(zsum), y_desc, m, m_stride,
-        STORE_Y=shifted is not None, STAGES_=STAGES, CONSUMER_REGS_=CONSUMER_REGS,
-        PRODUCER_REGS_=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        desc(e, BLOCK_N), desc(c, BLOCK_V), part, part.shape[1] * n, n, v, d, grid.v_per_split,
+        grid.splits, grid.group_rows, NEED_ZSUM=zsum, STAGES_=STAGES,
+        CONSUMER_REGS_=CONSUMER_REGS, PRODUCER_REGS_=PRODUCER_REGS, num_warps=4,
+        maxnreg=MAXNREG)

@@ -59,8 +59,8 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
     softcap, ignore_index = opts.softcap, opts.ignore_index
     sums = PartialSums(opts.label_smoothing > 0, opts.entropy, float(opts.temperature))
     tma = route.forward == "tma"
-    if shifted is not None and route.forward not in ("tma", "ws"):
-        raise ValueError("shifted logits are written by the TMA or ws forward only: needs "
+    if shifted is not None and not tma:
+        raise ValueError("shifted logits are written by the TMA forward only: needs "
                          "config.forward.tma and 16-byte aligned rows of e and c")
     cfg = route.cfg
     if route.forward_tuned:
@@ -75,7 +75,7 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         # every row, skip_ignored or not: combine() marks the ignored ones inert
         part = torch.empty((sums.planes, 2 * grid.splits, n), device=e.device,
                            dtype=torch.float32)
-        forward_partials_ws(e, c, part, grid, sums.zsum, shifted)
+        forward_partials_ws(e, c, part, grid, sums.zsum)
         return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
     part = torch.empty((sums.planes, grid.parts(v), n), device=e.device, dtype=torch.float32)
     if tma:

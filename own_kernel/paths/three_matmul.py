@@ -234,9 +234,9 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, rout
 
 def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts: Options,
                              route: Route, kept, row_round) -> None:
-    """The rows' shifted logits y and tile_max, with their losses, from the route's forward
-    (paths/forward.py: kernels/forward_tma.py or forward_ws.py, each with its tile width,
-    route.fused.shift_width), then their gradient over y (logits_grad.shifted_to_grad)."""
+    """The rows' shifted logits y and tile_max, with their losses, from the TMA forward
+    (paths/forward.py, kernels/forward_tma.py), then their gradient over y
+    (logits_grad.shifted_to_grad)."""
     cfg = route.cfg
     loss, lse, p_max, nll, lse_lo, _ = forward(e_rows, c, bias, targets, opts, route,
                                                shifted=(y, tile_max))
@@ -244,7 +244,7 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
     filt = route.filter
     if kept is not None:
         kept.zero_()
-    shifted_to_grad(y, tile_max, route.fused.shift_width, (lse, p_max, nll, lse_lo), targets,
+    shifted_to_grad(y, tile_max, cfg.forward.tiles.block_v, (lse, p_max, nll, lse_lo), targets,
                     ignore_index=opts.ignore_index, softcap=opts.softcap,
                     label_smoothing=opts.label_smoothing, kept=kept,
                     eps=filt.eps if filt else 0.0, flat_p_max=filt.min_p_max if filt else 0.0,

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from own_kernel.policy.config import Config
 
 WORKSPACE_ALIGN = 256  # bytes; every W or X slot inside dC starts on this boundary
-# kernels/forward_ws.py's tile width: its shifted logits' maxima are per this many columns
-WS_BLOCK_V = 128
 
 
 def cdiv(a: int, b: int) -> int:
@@ -452,14 +450,13 @@ class FusedPlan:
     # the chunk's own dE rows (tile_max_in_de: config.Fused.tile_max_in_de, where they fit)
     shifted: bool = False
     shift_tiles: int = 0
-    shift_width: int = 0     # columns per tile maximum (0 where not shifted)
     tile_max_in_de: bool = False
     row_align: int = 1       # rows per chunk a multiple of it where that keeps the chunks
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False, dc_fp32: bool = False, shift_ok: bool = False,
-               softcap: bool = False, shift_width: int = 0) -> tuple[FusedPlan | None, str]:
+               softcap: bool = False) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
@@ -486,16 +483,14 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
     16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
     in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
-    the logits in the budget). shift_width: the columns per maximum (the forward's tile width:
-    0 = config.forward.tiles.block_v, forward_tma.py's; WS_BLOCK_V for forward_ws.py's)."""
+    the logits in the budget)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
     logits_fp32 = not fp32 and not shifted and cfg.fused.logits_fp32  # 4 bytes a logit
     logit_elt = 4 if logits_fp32 else elt
     stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
-    width = (shift_width or cfg.forward.tiles.block_v) if shifted else 0
-    tiles = cdiv(v, width) if shifted else 0
+    tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
     # a chunk's dE rows (d elt bytes a row, 4-byte aligned) are written after its gradient
     # pass, the tile maxima's last reader
     in_de = shifted and cfg.fused.tile_max_in_de and (d * elt) % 4 == 0 and 4 * tiles <= d * elt
@@ -503,7 +498,7 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     per_row = stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
     cap = cfg.fused.max_rows or n
     kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
-                shift_width=width, tile_max_in_de=in_de, row_align=cfg.fused.row_align)
+                tile_max_in_de=in_de, row_align=cfg.fused.row_align)
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,

@@ -26,12 +26,11 @@ paths/vocab_parallel.py).
 The kernels (properties of the Route, each derived once from the call and the config):
 
 - ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run on plain logits,
-  the config asks for it and Triton has Gluon's Hopper API: ``ws_forward``), ``"tma"``
+  the config asks for it and Triton has Gluon's Hopper API), ``"tma"``
   (kernels/forward_tma.py: the config asks for it and e and c are
   16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
-  TMA or ws forward writes them, each with its own tile maxima); ``logits``: the three-matmul
-  path's logits format;
+  TMA forward writes them); ``logits``: the three-matmul path's logits format;
 - ``writer`` / ``tail_writer``: who writes the softmax gradient W of the chunks in dC's free
   rows and of the tail's chunks (``W_WRITERS``: paths/writers.py);
 - ``filter``: the gradient filter that runs (its threshold), or None: asked for, able to skip
@@ -68,7 +67,7 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
                                     chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
                                     fused_plan, invariant_chunk_plan, invariant_split_plan,
                                     invariant_tail, looks_ahead, low_memory_plan, split_plan,
-                                    tail_width, tma_ready, WS_BLOCK_V)
+                                    tail_width, tma_ready)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 
@@ -205,19 +204,7 @@ def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
     shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
     return fused_plan(call.n, call.v, call.d, call.elt, budget_bytes, cfg,
                       filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok,
-                      softcap=call.softcap,
-                      shift_width=WS_BLOCK_V if ws_forward(call, cfg) else 0)
-
-
-def ws_forward(call: Call, cfg: Config) -> bool:
-    """Where the TMA forward would run, whether kernels/forward_ws.py runs instead: the config
-    asks for it (its 128-column tiles within split_plan's splits), Triton has Gluon's Hopper
-    API, and the call needs only (max, sum[, sum of logits]) of x = e @ c.T (and the shifted
-    logits), on one GPU's whole vocabulary."""
-    return (cfg.forward.ws and cfg.forward.tiles.block_v % WS_BLOCK_V == 0 and call.on_cuda
-            and not (call.has_bias or call.softcap or call.temperature or call.entropy
-                     or call.vocab_parallel or call.batch_invariant)
-            and gluon_hopper())
+                      softcap=call.softcap)
 
 
 def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
@@ -335,17 +322,25 @@ class Route:
     def forward(self) -> str:
         """The forward's kernel: "ws", "tma", "pointer", or "cublas" (three-matmul,
         unshifted)."""
-        if self.fused is not None:  # the shifted logits' maxima are per its tile (plan)
-            if not self.fused.shifted:
-                return "cublas"
-            return "ws" if ws_forward(self.call, self.cfg) else "tma"
+        if self.fused is not None:
+            return "tma" if self.fused.shifted else "cublas"
         if self.call.batch_invariant:  # by the target and D only (api.py copies unaligned views)
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
-        if tma and ws_forward(self.call, self.cfg):
+        # forward_ws.py's 128-column tiles within split_plan's splits (multiples of block_v)
+        ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % 128 == 0
+        if tma and ws and self.plain_logits and gluon_hopper():
             return "ws"
         return "tma" if tma else "pointer"
+
+    @property
+    def plain_logits(self) -> bool:
+        """The forward needs only (max, sum[, sum of logits]) of x = e @ c.T, on one GPU's
+        whole vocabulary: what forward_ws.py computes."""
+        c = self.call
+        return c.on_cuda and not (c.has_bias or c.softcap or c.temperature or c.entropy
+                                  or c.vocab_parallel or c.batch_invariant)
 
     @property
     def forward_tuned(self) -> bool:
