@@ -82,9 +82,9 @@ class Forward:
     softcap_halves: bool = False
     # Plain logits (no bias, softcap, temperature or entropy) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
-    # the tensor cores. Faster than forward_tma.py at four heads of five on an H200, level at
-    # the fifth; 1.02-1.06 floors where it took 1.05-1.13 (results/notes/gluon-forward.md).
-    # Not the three-matmul path's shifted logits.
+    # the tensor cores. Faster than forward_tma.py at six shapes of seven on an H200, level at
+    # the seventh; 1.02-1.06 floors where it took 1.05-1.21 (results/notes/gluon-forward.md).
+    # Not the three-matmul path's shifted logits (tried: level or slower, the same note).
     ws: bool = False
 
     def __post_init__(self):
