@@ -74,7 +74,8 @@ PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 
 @functools.cache
 def gluon_hopper() -> bool:
-    """Triton has Gluon's Hopper API (triton >= 3.5), which kernels/forward_ws.py is written in."""
+    """Triton has Gluon's Hopper API, which kernels/forward_ws.py is written in (run with
+    Triton 3.6 on a GPU, compiled for sm90 with 3.9 by the CPU tests)."""
     try:
         return importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") \
             is not None
