@@ -69,16 +69,15 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         grid = route.forward_grid(num_sms(e.device), v)
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
-    if route.forward == "ws":  # imported here: Gluon is a newer Triton's (route.gluon_hopper)
+    ws = route.forward == "ws"  # two partials a split: one per consumer warpgroup
+    part = torch.empty((sums.planes, 2 * grid.splits if ws else grid.parts(v), n),
+                       device=e.device, dtype=torch.float32)
+    if ws:  # imported here: Gluon is a newer Triton's (route.gluon_hopper)
         from own_kernel.kernels.forward_ws import forward_partials_ws
 
         # every row, skip_ignored or not: combine() marks the ignored ones inert
-        part = torch.empty((sums.planes, 2 * grid.splits, n), device=e.device,
-                           dtype=torch.float32)
         forward_partials_ws(e, c, part, grid, sums.zsum)
-        return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
-    part = torch.empty((sums.planes, grid.parts(v), n), device=e.device, dtype=torch.float32)
-    if tma:
+    elif tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
                              skip_ignored, sums, shifted)
     else:

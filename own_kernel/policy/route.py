@@ -70,6 +70,10 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
                                     tail_width, tma_ready)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
+ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
+FORWARDS = ("ws", "tma", "pointer", "cublas")
+W_WRITERS = ("tma", "cublas", "pointer")
+LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
 
 
 @functools.cache
@@ -81,11 +85,6 @@ def gluon_hopper() -> bool:
             is not None
     except ImportError:
         return False
-
-ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
-FORWARDS = ("ws", "tma", "pointer", "cublas")
-W_WRITERS = ("tma", "cublas", "pointer")
-LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
 
 
 @dataclass(frozen=True)
