@@ -28,15 +28,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from own_kernel.policy.plan import cdiv
+from own_kernel.policy.plan import WS_BLOCK_V, cdiv
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # Triton 3.6's name for a TMA load into shared memory; later Tritons call it async_load only.
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# 128 x 128 tiles per consumer, 64-wide k-slices, 4 stages of 32 KB; three stages were 1.2-1.35x
-# slower, five level (results/notes/gluon-forward.md). 12 warps (4 + 4 + the producer's
-# warpgroup) at 168 registers, re-split as 232 per consumer thread and 40 per producer's.
-BLOCK_N, BLOCK_V, BLOCK_K, STAGES = 128, 128, 64, 4
+# 128 x 128 tiles per consumer, 64-wide k-slices, 4 stages of 32 KB; three stages were
+# 1.22-1.34x slower, five level or slower (results/notes/gluon-forward.md). 12 warps (4 + 4 +
+# the producer's warpgroup) at 168 registers, re-split as 232 per consumer thread and 40 per
+# producer's.
+BLOCK_N, BLOCK_V, BLOCK_K, STAGES = 128, WS_BLOCK_V, 64, 4
 MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 232, 40
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from own_kernel.policy.config import Config
 
 WORKSPACE_ALIGN = 256  # bytes; every W or X slot inside dC starts on this boundary
+WS_BLOCK_V = 128  # kernels/forward_ws.py's tile width (the route keeps its tiles within splits)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -67,7 +67,7 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
                                     chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
                                     fused_plan, invariant_chunk_plan, invariant_split_plan,
                                     invariant_tail, looks_ahead, low_memory_plan, split_plan,
-                                    tail_width, tma_ready)
+                                    tail_width, tma_ready, WS_BLOCK_V)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
@@ -328,8 +328,8 @@ class Route:
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
-        # forward_ws.py's 128-column tiles within split_plan's splits (multiples of block_v)
-        ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % 128 == 0
+        # forward_ws.py's tiles within split_plan's splits (multiples of block_v)
+        ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % WS_BLOCK_V == 0
         if tma and ws and self.plain_logits and gluon_hopper():
             return "ws"
         return "tma" if tma else "pointer"
