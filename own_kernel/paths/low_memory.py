@@ -39,9 +39,9 @@ from own_kernel.policy.route import Route
 
 
 class _WriteW:
-    """The softmax-gradient launches of both passes, by the route's writer: "tma"
-    (kernels/dlogits_tma.py) where the inputs allow TMA and the config asks for it, else
-    "pointer" (kernels/dlogits.py, any strides). Exact (no filter)."""
+    """The softmax-gradient launches of both passes, by the route's writer: "ws" or "tma"
+    (kernels/dlogits_ws.py, dlogits_tma.py) where the inputs allow TMA and the config asks for
+    it, else "pointer" (kernels/dlogits.py, any strides). Exact (no filter)."""
 
     def __init__(self, e, c, bias, rows, sums, opts, route: Route):
         self.rows, self.sums = rows, sums
@@ -123,7 +123,7 @@ def backward_low_memory(e, c, bias, rows: Rows, opts: Options, route: Route, *, 
     if scaled is not None:  # dbias from the scaled-back rows; no rounding sums to add
         if bias is not None:
             dbias.copy_(scaled.col_sum * scale_f)
-    elif route.writer != "tma" or cfg.recompute.col_round:
+    elif route.col_round_summed:
         rank1_dc(dc, sums.col_round, e_mean, scale_f)
     return de, dc, dbias
 

@@ -8,11 +8,12 @@ A chunk's W (N x width, the input dtype) lives in dC's rows that no chunk has wr
 their end (plan.chunk_plan): wide chunks keep the GEMMs near peak at no memory beyond the
 gradients. It is written by the route's writer (Route.writer; paths/writers.py):
 - "tma": kernels/dlogits_tma.py recomputes the logits on the tensor cores and writes W (Hopper);
+- "ws": kernels/dlogits_ws.py does the same for plain logits, warp-specialised (Gluon, Hopper);
 - "cublas": cuBLAS writes fp32 logits X beside W, kernels/softmax_grad.py turns X into W (any
   GPU, and inputs TMA cannot read).
 Once dC's free rows are too few, the rest (the tail) goes one chunk at a time through a buffer of
-its own or dE's output buffer, by the route's tail writer: "tma" on the tma route, "pointer"
-(kernels/dlogits.py, pointer loads) otherwise. The GEMMs are cuBLAS's (torch), accumulating in
+its own or dE's output buffer, by the route's tail writer: the same on the TMA writers' route,
+"pointer" (kernels/dlogits.py, pointer loads) otherwise. The GEMMs are cuBLAS's (torch), accumulating in
 fp32. The chunks, the filter and its threshold are the route's (policy/route.py).
 
 What rounding W to 16 bits removes goes back through the mean rows of C and E (finalize_de.py,
@@ -198,7 +199,7 @@ class ChunkWriter:
                 self.tail_work = _tail_work(e, self.route)
             w = self.tail_work[:, :ch.width]
             self.in_tail.write(w, *args)
-        elif self.route.writer == "tma":
+        elif self.route.w_by_tma:
             at = self.slots[ch.v_start]
             w = self.dc_bytes[at:at + elt * n * ch.width].view(e.dtype).view(n, ch.width)
             self.in_dc.write(w, *args, filters=filters)
@@ -249,7 +250,7 @@ class FilteredRun:
     def __init__(self, writer: ChunkWriter, decision: FilterDecision, scale):
         self.writer, self.decision, self.scale = writer, decision, scale
         e = writer.e
-        self.tma = writer.route.writer == "tma"
+        self.tma = writer.route.w_by_tma
         self.lookahead = writer.route.lookahead
         self.pinned = ([torch.empty(1, dtype=torch.int32, pin_memory=True) for _ in range(2)]
                        if e.is_cuda else None)
@@ -444,8 +445,7 @@ def _assemble(writer: ChunkWriter, scale, filtered: bool, means, de):
     finalize_de(g.de32, sums.row_round, c_mean, de, scale_f,
                 row_skip=sums.row_skip if filtered else None, c_skip_mean=c_skip_mean,
                 row_scale=g.row_scale)
-    # The tma writer sums ColRound only when configured to (recompute.col_round).
-    if writer.route.writer != "tma" or cfg.recompute.col_round:
+    if writer.route.col_round_summed:
         rank1_dc(g.dc, sums.col_round, e_mean, scale_f, a2=skipped, x2=e_skip_mean)
     elif filtered:
         rank1_dc(g.dc, skipped, e_skip_mean, scale_f)

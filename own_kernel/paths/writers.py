@@ -5,6 +5,7 @@ the call's Sums. The recompute path (paths/recompute.py) and the low-memory path
 (paths/low_memory.py) place W and run the GEMMs; the writer only launches.
 
 - ``"tma"``: kernels/dlogits_tma.py recomputes the logits on the tensor cores with TMA loads;
+- ``"ws"``: kernels/dlogits_ws.py does so for plain logits, warp-specialised (Gluon, Hopper);
 - ``"pointer"``: kernels/dlogits.py, pointer loads (any strides), its tiles timed on the GPU
   where the route says (Route.pointer_tuned);
 - ``"cublas"``: cuBLAS writes the chunk's fp32 logits X, kernels/softmax_grad.py turns X into W
@@ -36,6 +37,20 @@ class TmaWriter:
             e_rows, [self.tiles.block_n, self.tiles.block_d])
         self.launcher.write(w, rows, sums, v_start, filters=filters, col_round=col_round,
                             e_desc=e_desc)
+
+
+class WsWriter:
+    """W of plain logits by the warp-specialised Gluon kernel; exact, no column sums (the
+    route sends it neither a filter, a bias nor recompute.col_round)."""
+
+    def __init__(self, e, c, bias, opts: Options, route: Route):
+        # imported here: the module needs Gluon's Hopper API, which the route checked
+        from own_kernel.kernels.dlogits_ws import RecomputeWs
+        self.launcher = RecomputeWs(e, c, opts.label_smoothing, route.cfg.recompute.group_n)
+
+    def write(self, w, rows, sums, v_start, *, filters=False, col_round=True, e_rows=None):
+        assert not filters, "the ws writer does not filter (the route sends it exact calls)"
+        self.launcher.write(w, rows, sums, v_start, e_rows=e_rows)
 
 
 class PointerWriter:
@@ -74,7 +89,7 @@ class CublasWriter:
                             temperature=o.temperature)
 
 
-WRITERS = {"tma": TmaWriter, "pointer": PointerWriter, "cublas": CublasWriter}
+WRITERS = {"ws": WsWriter, "tma": TmaWriter, "pointer": PointerWriter, "cublas": CublasWriter}
 
 
 def writers_of(route: Route, e, c, bias, opts: Options) -> tuple:

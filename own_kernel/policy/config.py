@@ -108,11 +108,18 @@ class Recompute:
     flatten: bool = False
     col_round: bool = True   # sum what rounding W removed per column (dC's correction)
     warp_specialize: bool = False  # the tile loop in Triton's producer/consumer warp groups
+    # W of plain logits (no bias, softcap, temperature, entropy, filter; not deterministic)
+    # by the warp-specialised Gluon kernel (dlogits_ws.py), where Triton has Gluon's Hopper
+    # API; it sums no column rounding, so only with col_round off.
+    ws: bool = False
 
     def __post_init__(self):
         if self.subtiles not in (1, 2, 4) or self.tiles.block_v % self.subtiles:
             raise ValueError(f"recompute.subtiles: expected 1, 2 or 4 dividing block_v, got "
                              f"{self.subtiles}")
+        if self.ws and self.col_round:
+            raise ValueError("recompute.ws: the Gluon writer sums no column rounding; set "
+                             "recompute.col_round to False with it")
 
 
 @dataclass(frozen=True)
@@ -349,7 +356,7 @@ HOPPER_16BIT = Config(
     # the rounding residual cost the most and change dC the least (recompute-kernel.md,
     # column-rounding.md).
     recompute=Recompute(Tiles(128, 256, 64, num_warps=8, num_stages=3), subtiles=4, group_n=8,
-                        persistent=True, flatten=True, col_round=False),
+                        persistent=True, flatten=True, col_round=False, ws=True),
     # 16 x 128: 3-4 programs per SM; 32 x 256 ran at 25 % occupancy (softmax-grad-tiles.md).
     softmax_grad=SoftmaxGrad(16, 128, num_warps=8, stages=4, waves=8, tma=True),
     # 2048-column tail chunks in dE's buffer beat 1024 at N 32768 (tail-chunks.md).

@@ -72,7 +72,7 @@ from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
 FORWARDS = ("ws", "tma", "pointer", "cublas")
-W_WRITERS = ("tma", "cublas", "pointer")
+W_WRITERS = ("ws", "tma", "cublas", "pointer")
 LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
 
 
@@ -120,6 +120,7 @@ class Call:
     on_cuda: bool = True                # the portable target tunes its tiles on a GPU only
     softcap: bool = False               # the logits are softcapped (fewer dC chunks: plan.py)
     batch_invariant: bool = False       # every choice pinned independent of the batch
+    deterministic: bool = False         # the backward's sums in a fixed order, not by atomics
 
     def __post_init__(self):
         if self.filter is not None and not self.filtered:
@@ -153,7 +154,7 @@ def call_of(e: torch.Tensor, c: torch.Tensor, bias, opts: Options, *, reduction:
                 temperature=opts.temperature != 1.0, fp32_weight=fp32_weight,
                 e_tma_ready=e_tma_ready, c_tma_ready=c_tma_ready, filter=opts.filter,
                 on_cuda=e.device.type == "cuda", batch_invariant=opts.batch_invariant,
-                softcap=opts.softcap is not None)
+                softcap=opts.softcap is not None, deterministic=opts.deterministic)
 
 
 def _entry(call: Call) -> str:
@@ -359,7 +360,7 @@ class Route:
         """batch_invariant: the kernels are pinned by the target, so an e or c view TMA
         cannot read is copied rather than sent to other kernels (whose bits differ)."""
         c = self.call
-        return c.batch_invariant and (self.forward == "tma" or self.writer == "tma") and \
+        return c.batch_invariant and (self.forward == "tma" or self.w_by_tma) and \
             (c.e_tma_ready is False or c.c_tma_ready is False)
 
     def forward_grid(self, slots: int, v: int | None = None) -> ForwardGrid:
@@ -400,13 +401,28 @@ class Route:
         if self.call.batch_invariant:  # every chunk in the tail: one writer, pinned by the target
             return "tma" if self.cfg.chunks.recompute == "tma" and self.d_aligned else "pointer"
         if self.cfg.chunks.recompute == "tma" and self.call.tma_ready:
-            return "tma"
+            c = self.call
+            ws = self.cfg.recompute.ws and self.plain_logits and not (c.filtered or
+                                                                      c.deterministic)
+            return "ws" if ws and gluon_hopper() else "tma"
         return "cublas" if self.path == "recompute" else "pointer"
 
     @property
     def tail_writer(self) -> str | None:
         """Who writes the W of the recompute path's tail chunks (and of the low-memory path)."""
-        return None if self.writer is None else "tma" if self.writer == "tma" else "pointer"
+        return None if self.writer is None else self.writer if self.w_by_tma else "pointer"
+
+    @property
+    def w_by_tma(self) -> bool:
+        """W is written by a kernel that recomputes the logits with TMA loads ("tma", or "ws"
+        on plain logits): the chunks' W slots and widths are planned for TMA's alignment."""
+        return self.writer in ("tma", "ws")
+
+    @property
+    def col_round_summed(self) -> bool:
+        """The writer sums what rounding W removed per column (dC's rank-1 correction): the
+        TMA writers only where the config asks for it (recompute.col_round)."""
+        return not self.w_by_tma or self.cfg.recompute.col_round
 
     @property
     def pointer_tuned(self) -> bool:
@@ -438,7 +454,7 @@ class Route:
         if self.path != "recompute" or f is None or f.eps <= 0:
             return None
         c = self.call
-        can_skip = filter_can_skip(c.n, c.v, c.d, c.elt, self.cfg, self.writer == "tma",
+        can_skip = filter_can_skip(c.n, c.v, c.d, c.elt, self.cfg, self.w_by_tma,
                                    vocab_parallel=c.vocab_parallel)
         return f if can_skip else None
 
@@ -459,26 +475,26 @@ class Route:
         c = self.call
         if c.batch_invariant:
             return tuple(invariant_chunk_plan(c.v, c.d, self.cfg))
-        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma"))
+        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.w_by_tma))
 
     @cached_property
     def _filtered_chunks(self) -> tuple[Chunk, ...]:
         c = self.call
-        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma",
+        return tuple(chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.w_by_tma,
                                 filtered=True))
 
     def exact_chunks_from(self, v_first: int) -> list[Chunk]:
         """The chunks of columns [v_first, V) as an exact call runs them (wider: one W slot),
         for a filtered run that finds it cannot skip after its first chunk."""
         c = self.call
-        return chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.writer == "tma",
+        return chunk_plan(c.n, c.v, c.d, c.elt, self.cfg, tma=self.w_by_tma,
                           v_first=v_first, lookahead=False)
 
     @property
     def lookahead(self) -> bool:
         """Filtered chunks queue the next chunk's W before this one's GEMMs (plan.looks_ahead
         on the tma writer; the cuBLAS writer always does)."""
-        return looks_ahead(self.call.n, self.cfg, True) if self.writer == "tma" else True
+        return looks_ahead(self.call.n, self.cfg, True) if self.w_by_tma else True
 
     def chunk_filters(self, chunk: Chunk) -> bool:
         """Whether a chunk of a filtered run filters (plan.chunk_filters)."""
