@@ -31,8 +31,6 @@ def record():
         cls.write = write
 
 
-record()
-
 
 def fp64_grads(e, c, t):
     n = e.shape[0]
@@ -55,29 +53,35 @@ def rel(a, b):
     return float((a.double() - b).norm() / b.norm())
 
 
-for head in sys.argv[1].split(","):
-    n, d, v = map(int, head.split("x"))
-    inp = make_inputs("lm", n, d, v, torch.bfloat16, seed=0, device="cuda")
-    e, c, t = inp["e"], inp["c"], inp["targets"]
-    ref = fp64_grads(e, c, t)
-    logs = {}
-    for ws in (True, False):
-        LOG.clear()
-        with overridden({"recompute": {"ws": ws}, "fused": {"zero_budget": "recompute"}}):
-            ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
-            r = own_kernel.plan(ee, cc, t, workspace_mib=0)
-            linear_cross_entropy(ee, cc, t, workspace_mib=0).backward()
-        torch.cuda.synchronize()
-        print(head, "ws" if ws else "tma", r.path, r.writer, r.tail_writer, r.chunks,
-              "dE", f"{rel(ee.grad, ref[0]):.3e}", "dC", f"{rel(cc.grad, ref[1]):.3e}",
-              flush=True)
-        logs[ws] = list(LOG)
-    a, b = LAST["WsWriter"].double(), LAST["TmaWriter"].double()
-    nz = b.abs() > 0
-    print("  RowRound ws / tma: median", float((a[nz] / b[nz]).median()), "rel diff",
-          rel(a, b) if b.norm() > 0 else None, "|tma|", float(b.norm()))
-    for i, (a, b) in enumerate(zip(logs[True], logs[False])):
-        if i < 3 or a[3:] != b[3:]:
-            print("  chunk", i, "ws", a, "\n         tma", b)
-        if a[3:] != b[3:]:
-            break
+def main():
+    record()
+    for head in sys.argv[1].split(","):
+        n, d, v = map(int, head.split("x"))
+        inp = make_inputs("lm", n, d, v, torch.bfloat16, seed=0, device="cuda")
+        e, c, t = inp["e"], inp["c"], inp["targets"]
+        ref = fp64_grads(e, c, t)
+        logs = {}
+        for ws in (True, False):
+            LOG.clear()
+            with overridden({"recompute": {"ws": ws}, "fused": {"zero_budget": "recompute"}}):
+                ee, cc = e.clone().requires_grad_(), c.clone().requires_grad_()
+                r = own_kernel.plan(ee, cc, t, workspace_mib=0)
+                linear_cross_entropy(ee, cc, t, workspace_mib=0).backward()
+            torch.cuda.synchronize()
+            print(head, "ws" if ws else "tma", r.path, r.writer, r.tail_writer, r.chunks,
+                  "dE", f"{rel(ee.grad, ref[0]):.3e}", "dC", f"{rel(cc.grad, ref[1]):.3e}",
+                  flush=True)
+            logs[ws] = list(LOG)
+        a, b = LAST["WsWriter"].double(), LAST["TmaWriter"].double()
+        nz = b.abs() > 0
+        print("  RowRound ws / tma: median", float((a[nz] / b[nz]).median()), "rel diff",
+              rel(a, b) if b.norm() > 0 else None, "|tma|", float(b.norm()))
+        for i, (a, b) in enumerate(zip(logs[True], logs[False])):
+            if i < 3 or a[3:] != b[3:]:
+                print("  chunk", i, "ws", a, "\n         tma", b)
+            if a[3:] != b[3:]:
+                break
+
+
+if __name__ == "__main__":
+    main()
