@@ -31,7 +31,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from own_kernel.kernels.forward_ws import (BLOCK_K, BLOCK_N, BLOCK_V, CONSUMER_REGS, LOG2E,
                                            MAXNREG, PRODUCER_REGS, STAGES, TMA_LOAD,
-                                           _tile_logits)
+                                           _tile_logits, ring_and_barriers)
 from own_kernel.kernels.tile import num_sms
 from own_kernel.policy.plan import cdiv
 
@@ -154,24 +154,13 @@ def cce_dlogits_ws_kernel(e_desc, c_desc, w_desc, lse, lse_lo, nll, weight, weig
                           row_round, n, v, v_start, width, d, group_n, smooth,
                           STAGES_: gl.constexpr, CONSUMER_REGS_: gl.constexpr,
                           PRODUCER_REGS_: gl.constexpr):
-    block_n: gl.constexpr = e_desc.block_type.shape[0]
-    block_k: gl.constexpr = e_desc.block_type.shape[1]
-    block_v: gl.constexpr = c_desc.block_type.shape[0]
-    ring_e = gl.allocate_shared_memory(e_desc.dtype, [STAGES_, block_n, block_k], e_desc.layout)
-    ring_c = gl.allocate_shared_memory(c_desc.dtype, [STAGES_, block_v, block_k], c_desc.layout)
+    ring_e, ring_c, ready, empty, turn = ring_and_barriers(e_desc, c_desc, STAGES_)
+    # each consumer's staging buffer for its tile of W
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [2] + w_desc.block_type.shape,
                                        w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    num_nb = gl.cdiv(n, block_n)
-    num_vb = gl.cdiv(width, block_v)
-    k_steps = gl.cdiv(d, block_k)
+    num_nb = gl.cdiv(n, e_desc.block_type.shape[0])
+    num_vb = gl.cdiv(width, c_desc.block_type.shape[0])
+    k_steps = gl.cdiv(d, e_desc.block_type.shape[1])
     consumer_args = ((ready, empty, turn, ring_e, ring_c, w_smem), w_desc,
                      (lse, lse_lo, nll, weight, weight_p, targets), row_round, n, v, v_start,
                      width, num_nb, num_vb, group_n, k_steps, smooth)

@@ -150,6 +150,26 @@ def _consumer1_zsum(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0,
 
 
 @gluon.jit
+def ring_and_barriers(e_desc, c_desc, STAGES_: gl.constexpr):
+    # The producer's ring of (E, C) k-slices, a ready and an empty barrier per stage, and the
+    # two consumers' turn barriers, initialised (dlogits_ws.py's kernel has the same).
+    block_n: gl.constexpr = e_desc.block_type.shape[0]
+    block_k: gl.constexpr = e_desc.block_type.shape[1]
+    block_v: gl.constexpr = c_desc.block_type.shape[0]
+    ring_e = gl.allocate_shared_memory(e_desc.dtype, [STAGES_, block_n, block_k], e_desc.layout)
+    ring_c = gl.allocate_shared_memory(c_desc.dtype, [STAGES_, block_v, block_k], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    return ring_e, ring_c, ready, empty, turn
+
+
+@gluon.jit
 def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits, group_rows,
                       NEED_ZSUM: gl.constexpr, STAGES_: gl.constexpr,
                       CONSUMER_REGS_: gl.constexpr, PRODUCER_REGS_: gl.constexpr):
@@ -166,16 +186,7 @@ def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits,
     t_begin = split * (v_per_split // block_v)
     t_end = gl.minimum(t_begin + v_per_split // block_v, gl.cdiv(v, block_v))
 
-    ring_e = gl.allocate_shared_memory(e_desc.dtype, [STAGES_, block_n, block_k], e_desc.layout)
-    ring_c = gl.allocate_shared_memory(c_desc.dtype, [STAGES_, block_v, block_k], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    ring_e, ring_c, ready, empty, turn = ring_and_barriers(e_desc, c_desc, STAGES_)
     row0 = (first + local % rows_in_group) * block_n
     k_steps = gl.cdiv(d, block_k)
     consumer_args = (ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,

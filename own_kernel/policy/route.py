@@ -32,7 +32,9 @@ The kernels (properties of the Route, each derived once from the call and the co
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
   TMA forward writes them); ``logits``: the three-matmul path's logits format;
 - ``writer`` / ``tail_writer``: who writes the softmax gradient W of the chunks in dC's free
-  rows and of the tail's chunks (``W_WRITERS``: paths/writers.py);
+  rows and of the tail's chunks (``W_WRITERS``: paths/writers.py): ``"ws"``
+  (kernels/dlogits_ws.py) where ``"tma"`` would on plain logits, exact and not deterministic,
+  the config asks for it and Triton has Gluon's Hopper API;
 - ``filter``: the gradient filter that runs (its threshold), or None: asked for, able to skip
   something at this shape (plan.filter_can_skip); ``vocab_chunks``, ``low_memory_plan``,
   ``fused``: the path's chunks.
