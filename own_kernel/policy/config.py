@@ -110,7 +110,8 @@ class Recompute:
     warp_specialize: bool = False  # the tile loop in Triton's producer/consumer warp groups
     # W of plain logits (no bias, softcap, temperature, entropy, filter; not deterministic)
     # by the warp-specialised Gluon kernel (dlogits_ws.py), where Triton has Gluon's Hopper
-    # API; it sums no column rounding, so only with col_round off.
+    # API; it sums no column rounding, so only with col_round off. On an H200 faster than
+    # dlogits_tma.py at two heads, level at two, never slower (results/notes/gluon-writer.md).
     ws: bool = False
 
     def __post_init__(self):
