@@ -4,10 +4,7 @@ interpreter), and, on a Hopper GPU (CCE_TEST_DEVICE=cuda), the gradients it give
 recompute and low-memory paths against fp64 and against the TMA writer's."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,16 +19,12 @@ from own_kernel.policy import route as route_mod  # noqa: E402
 from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides  # noqa: E402
 from own_kernel.policy.options import Options, auto_filter  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
+from tests.gluon_sm90 import DEV, NEEDS_HOPPER, compiled_for_sm90  # noqa: E402
 
 BF16 = torch.bfloat16
 PLAIN = dict(n=8192, v=262144, d=1152, dtype=BF16, workspace_mib=0, e_tma_ready=True,
              c_tma_ready=True)
 RECOMPUTE = with_overrides(HOPPER_16BIT, {"fused": {"zero_budget": "recompute"}})
-DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
-ON_HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability(DEV)[0] == 9
-NEEDS_HOPPER = pytest.mark.skipif(
-    not ON_HOPPER, reason="runs the Gluon kernel: needs CCE_TEST_DEVICE=cuda on an sm90 GPU "
-                          "(Gluon has no CPU interpreter; test_compiles_for_sm90 checks it here)")
 
 
 # ---- the route (pure) -----------------------------------------------------------------------
@@ -109,12 +102,7 @@ print(json.dumps({"ptx": k.asm["ptx"], "consumer_regs": ws.CONSUMER_REGS,
 def test_compiles_for_sm90():
     """Compiled to sm90 PTX in a process without the interpreter, which would turn the Gluon
     functions into interpreted ones."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = compiled_for_sm90(_COMPILE)
     ptx = got["ptx"]
     # two consumers' 128 x 128 tiles: four 16-deep MMAs per 64-wide k-slice, in two m64 halves
     assert ptx.count("wgmma.mma_async") == 16

@@ -6,10 +6,7 @@ backward on its lse."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,15 +20,11 @@ from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.policy import route as route_mod  # noqa: E402
 from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
+from tests.gluon_sm90 import DEV, NEEDS_HOPPER, compiled_for_sm90  # noqa: E402
 
 BF16 = torch.bfloat16
 PLAIN = dict(n=8192, v=128256, d=4096, dtype=BF16, needs_grad=False, e_tma_ready=True,
              c_tma_ready=True)
-DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
-ON_HOPPER = DEV.type == "cuda" and torch.cuda.get_device_capability(DEV)[0] == 9
-NEEDS_HOPPER = pytest.mark.skipif(
-    not ON_HOPPER, reason="runs the Gluon kernel: needs CCE_TEST_DEVICE=cuda on an sm90 GPU "
-                          "(Gluon has no CPU interpreter; test_compiles_for_sm90 checks it here)")
 
 
 # ---- the route (pure) -----------------------------------------------------------------------
@@ -103,13 +96,7 @@ print(json.dumps({"ptx": k.asm["ptx"], "consumer_regs": ws.CONSUMER_REGS,
 def test_compiles_for_sm90(zsum):
     """Compiled to sm90 PTX (the bundled ptxas too) in a process without the interpreter,
     which would turn the Gluon functions into interpreted ones."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = subprocess.run([sys.executable, "-c", _COMPILE, zsum], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = compiled_for_sm90(_COMPILE, zsum)
     ptx = got["ptx"]
     # two consumers' 128 x 128 tiles: four 16-deep MMAs per 64-wide k-slice, in two m64 halves
     assert ptx.count("wgmma.mma_async") == 16
