@@ -58,6 +58,10 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
 
 "$PYTHON" -c "import liger_kernel, cut_cross_entropy; print('peers import')" >> "$LOG" 2>&1 || \
   echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
+# torch's F.linear_cross_entropy: the carried module files and version.py load (a run without
+# version.py once recorded it as unavailable at every shape)
+"$PYTHON" -c "from suite.providers.torch_native import resolve; resolve(); print('torch_native loads')" \
+  >> "$LOG" 2>&1 || echo "warning: torch_native does not load (its rows say why)" | tee -a "$LOG"
 [ "${TESTS:-0}" = 1 ] && gpu_tests_step
 for shape in $SHAPES; do
   args=$(cell_args "$shape") || continue
