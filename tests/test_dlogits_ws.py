@@ -16,7 +16,8 @@ if not torch.cuda.is_available():  # before triton is imported
 import own_kernel  # noqa: E402
 from own_kernel import linear_cross_entropy  # noqa: E402
 from own_kernel.policy import route as route_mod  # noqa: E402
-from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides  # noqa: E402
+from own_kernel.policy.config import (HOPPER_16BIT, PORTABLE, overridden,  # noqa: E402
+                                      with_overrides)
 from own_kernel.policy.options import Options, auto_filter  # noqa: E402
 from own_kernel.policy.route import Call, route  # noqa: E402
 from tests.gluon_sm90 import DEV, NEEDS_HOPPER, compiled_for_sm90  # noqa: E402

@@ -13,8 +13,8 @@ gradients. It is written by the route's writer (Route.writer; paths/writers.py):
   GPU, and inputs TMA cannot read).
 Once dC's free rows are too few, the rest (the tail) goes one chunk at a time through a buffer of
 its own or dE's output buffer, by the route's tail writer: the same on the TMA writers' route,
-"pointer" (kernels/dlogits.py, pointer loads) otherwise. The GEMMs are cuBLAS's (torch), accumulating in
-fp32. The chunks, the filter and its threshold are the route's (policy/route.py).
+"pointer" (kernels/dlogits.py, pointer loads) otherwise. The GEMMs are cuBLAS's (torch),
+accumulating in fp32. The chunks, the filter and its threshold are the route's (policy/route.py).
 
 What rounding W to 16 bits removes goes back through the mean rows of C and E (finalize_de.py,
 rank1_dc.py): it keeps dE right when all hidden states share a large component.

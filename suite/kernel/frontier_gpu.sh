@@ -60,7 +60,7 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
   echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
 # torch's F.linear_cross_entropy: the carried module files and version.py load (a run without
 # version.py once recorded it as unavailable at every shape)
-"$PYTHON" -c "from suite.providers.torch_native import resolve; resolve(); print('torch_native loads')" \
+"$PYTHON" -c "from suite.providers.torch_native import resolve; resolve(); print('torch_native')" \
   >> "$LOG" 2>&1 || echo "warning: torch_native does not load (its rows say why)" | tee -a "$LOG"
 [ "${TESTS:-0}" = 1 ] && gpu_tests_step
 for shape in $SHAPES; do
