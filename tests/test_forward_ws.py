@@ -36,9 +36,14 @@ def test_plain_logits_on_hopper_take_the_ws_forward(needs_grad):
     assert r.forward == "ws" and r.path == ("recompute" if needs_grad else "forward-only")
 
 
+@pytest.mark.parametrize("change", [dict(softcap=True), dict(temperature=True)])
+def test_a_softcap_or_temperature_takes_the_ws_forward(change):
+    assert route(Call(**{**PLAIN, **change}), HOPPER_16BIT).forward == "ws"
+
+
 @pytest.mark.parametrize("change", [
-    dict(has_bias=True), dict(softcap=True), dict(temperature=True), dict(entropy=True),
-    dict(vocab_parallel=True), dict(batch_invariant=True), dict(on_cuda=False),
+    dict(has_bias=True), dict(entropy=True), dict(vocab_parallel=True),
+    dict(batch_invariant=True), dict(on_cuda=False),
 ])
 def test_what_forward_ws_does_not_compute_keeps_the_tma_forward(change):
     assert route(Call(**{**PLAIN, **change}), HOPPER_16BIT).forward == "tma"
@@ -75,14 +80,15 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from own_kernel.kernels import forward_ws as ws
 
 fn = ws.cce_fwd_ws_kernel
-const = dict(NEED_ZSUM=sys.argv[1] == "1", STAGES_=ws.STAGES, CONSUMER_REGS_=ws.CONSUMER_REGS,
+const = dict(HAS_SOFTCAP=sys.argv[1] == "1", STAGES_=ws.STAGES, CONSUMER_REGS_=ws.CONSUMER_REGS,
              PRODUCER_REGS_=ws.PRODUCER_REGS)
 
 def desc(rows):
     layout = gl.NVMMASharedLayout.get_default_for([rows, ws.BLOCK_K], gl.bfloat16)
     return f"tensordesc<bf16[{rows}, {ws.BLOCK_K}],{layout!r}>"
 
-sig = {"e_desc": desc(ws.BLOCK_N), "c_desc": desc(ws.BLOCK_V), "part": "*fp32"}
+sig = {"e_desc": desc(ws.BLOCK_N), "c_desc": desc(ws.BLOCK_V), "part": "*fp32",
+       "tanh_scale": "fp32", "cap": "fp32"}
 sig.update({a: "constexpr" if a in const else "i32" for a in fn.arg_names if a not in sig})
 k = triton_compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                    options=dict(num_warps=4, maxnreg=ws.MAXNREG))
@@ -92,14 +98,16 @@ print(json.dumps({"ptx": k.asm["ptx"], "consumer_regs": ws.CONSUMER_REGS,
 
 
 @pytest.mark.skipif(not route_mod.gluon_hopper(), reason="this Triton has no Gluon Hopper API")
-@pytest.mark.parametrize("zsum", ["0", "1"])
-def test_compiles_for_sm90(zsum):
+@pytest.mark.parametrize("softcap", ["0", "1"])
+def test_compiles_for_sm90(softcap):
     """Compiled to sm90 PTX (the bundled ptxas too) in a process without the interpreter,
     which would turn the Gluon functions into interpreted ones."""
-    got = compiled_for_sm90(_COMPILE, zsum)
+    got = compiled_for_sm90(_COMPILE, softcap)
     ptx = got["ptx"]
     # two consumers' 128 x 128 tiles: four 16-deep MMAs per 64-wide k-slice, in two m64 halves
     assert ptx.count("wgmma.mma_async") == 16
+    # each consumer's 128 logits a thread take one exp2 (the sum) or two (the softcap's tanh)
+    assert ptx.count("ex2.approx") >= 2 * 128 * (2 if softcap == "1" else 1)
     assert f"setmaxnreg.inc.sync.aligned.u32 \t{got['consumer_regs']}" in ptx
     assert f"setmaxnreg.dec.sync.aligned.u32 \t{got['producer_regs']}" in ptx
 
@@ -115,8 +123,11 @@ def _inputs(n, d, v, dtype, seed=0):
     return e, c, t
 
 
-def _fp64(e, c, t, label_smoothing):
+def _fp64(e, c, t, label_smoothing, softcap=None, temperature=1.0):
     z = e.double() @ c.double().T
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    z = z / temperature
     loss = F.cross_entropy(z, t, ignore_index=-100, reduction="none",
                            label_smoothing=label_smoothing)
     return loss, torch.logsumexp(z, dim=1)
@@ -145,6 +156,32 @@ def test_losses_and_lse_match_fp64_as_the_tma_forward_does(n, d, v, dtype, label
         torch.testing.assert_close(lse[used].double(), ref_lse[used], rtol=0, atol=tol)
         torch.testing.assert_close(loss.double(), ref_loss, rtol=0, atol=tol)
     torch.testing.assert_close(got[True][1][used], got[False][1][used], rtol=0, atol=tol)
+
+
+@NEEDS_HOPPER
+@pytest.mark.parametrize("softcap, temperature", [(30.0, 1.0), (None, 0.7), (20.0, 1.5)])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_a_softcap_and_temperature_match_fp64_as_the_tma_forward_does(softcap, temperature,
+                                                                       label_smoothing):
+    n, d, v = 1000, 520, 8000
+    e, c, t = _inputs(n, d, v, BF16)
+    e = e * 4   # logits of tens: the softcap bends them
+    ref_loss, ref_lse = _fp64(e, c, t, label_smoothing, softcap, temperature)
+    kw = dict(reduction="none", return_lse=True, label_smoothing=label_smoothing,
+              softcap=softcap, temperature=temperature)
+    got = {}
+    for ws in (True, False):
+        with overridden({"forward": {"ws": ws}}), torch.no_grad():
+            assert own_kernel.plan(e, c, t, **kw).forward == ("ws" if ws else "tma")
+            got[ws] = linear_cross_entropy(e, c, t, **kw)
+    # as above, and tanh's exp2 form: a few ulps of 1 in tanh, times softcap / T per logit
+    scale = ref_lse.abs().max().item()
+    tol = 2.0**-24 * (d**0.5 + v**0.5) * 8 * scale + 2.0**-20 * (softcap or 0) / temperature
+    used = t != -100
+    for ws in (True, False):
+        loss, lse = got[ws]
+        torch.testing.assert_close(lse[used].double(), ref_lse[used], rtol=0, atol=tol)
+        torch.testing.assert_close(loss.double(), ref_loss, rtol=0, atol=tol)
 
 
 @NEEDS_HOPPER

@@ -1,7 +1,8 @@
 """Forward partials by a warp-specialised Gluon kernel on Hopper: forward_tma.py's (max, sum[,
 sum of logits]) per row and split, its epilogue under the tensor cores.
 
-    x = E[rows] @ C[cols].T,  (m, s[, z_sum]) <- online max, sum of exp(x - m)[, sum of x]
+    x = E[rows] @ C[cols].T,  z = softcap(x) / T,
+    (m, s[, z_sum]) <- online max, sum of exp(z - m)[, sum of z]
 
 Why: Triton 3.6 does not split forward_tma.py's loop into producer and consumer warps on Hopper
 (results/notes/warp-specialize.md), so each tile's log-sum-exp epilogue runs between its
@@ -16,8 +17,9 @@ stage more than one use ahead (the stages' barriers are waited by phase parity).
 stores its state as one partial: split k's two consumers are partials 2k and 2k + 1 of
 lse_combine.py's layout (plane x partial x row).
 
-Plain logits only (the route sends bias, softcap, temperature and the entropy's sum to
-forward_tma.py): what forward.py's docstring defines for them, in natural-log units. Needs
+No bias and no entropy's sum (the route sends those to forward_tma.py): what forward.py's
+docstring defines, in natural-log units. The softcap's tanh is tile.py's exp2 form; its cost
+(an exp2 and a division per logit more) runs under the other consumer's matmul as the rest. Needs
 16-bit E and C through TMA (16-byte aligned bases and rows, unit stride along D) and sm90.
 Gluon has no interpreter: the CPU tests compile it for sm90; the GPU tests run it.
 """
@@ -28,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from own_kernel.kernels.tile import softcap_scalars
 from own_kernel.policy.plan import WS_BLOCK_V, cdiv
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -81,9 +84,12 @@ def _tile_logits(ready, empty, ring_e, ring_c, cnt, k_steps, acc_layout: gl.cons
 
 @gluon.jit
 def _consume(WHICH: gl.constexpr, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0,
-             t_begin, t_end, k_steps, part_index, NEED_ZSUM: gl.constexpr):
+             t_begin, t_end, k_steps, part_index, tanh_scale, cap, need_zsum,
+             HAS_SOFTCAP: gl.constexpr):
     # Tiles t_begin + WHICH, + 2, ...; tile t's first k-slice is ring use (t - t_begin) k_steps
     # (the producer fills the ring in tile order). Base-2 online state; stored in natural units.
+    # tanh_scale, cap: tile.softcap_scalars's; need_zsum: a runtime flag (a uniform branch per
+    # tile), so that two consumers' functions serve both sums.
     stages: gl.constexpr = ring_e.type.shape[0]
     block_n: gl.constexpr = ring_e.type.shape[1]
     block_v: gl.constexpr = ring_c.type.shape[1]
@@ -105,48 +111,52 @@ def _consume(WHICH: gl.constexpr, ready, empty, turn, ring_e, ring_c, part, plan
         mbarrier.arrive(empty.index((cnt + stages - 1) % stages))
         cols = t * block_v + gl.arange(0, block_v, layout=gl.SliceLayout(0, acc_layout))
         valid = (cols < v)[None, :]
-        x = gl.where(valid, acc * LOG2E, float("-inf"))
+        if HAS_SOFTCAP:  # z = cap tanh(x / s) = cap (1 - 2 / (2^(x tanh_scale) + 1))
+            z = (1.0 - 2.0 / (gl.exp2(acc * tanh_scale) + 1.0)) * cap
+        else:
+            z = acc * cap
+        if need_zsum:  # before x, so that x can take z's registers
+            z_sum += gl.sum(gl.where(valid, z, 0.0), axis=1)
+        x = gl.where(valid, z * LOG2E, float("-inf"))
         m_new = gl.maximum(m, gl.max(x, axis=1))
         s = s * gl.exp2(m - m_new) + gl.sum(gl.exp2(x - m_new[:, None]), axis=1)
         m = m_new
-        if NEED_ZSUM:
-            z_sum += gl.sum(gl.where(valid, acc, 0.0), axis=1)
     rows = row0 + gl.arange(0, block_n, layout=row_layout)
     at = (part_index + WHICH).to(gl.int64) * n + rows
     gl.store(part + at, m / LOG2E, mask=rows < n)
     gl.store(part + plane + at, s, mask=rows < n)
-    if NEED_ZSUM:
+    if need_zsum:
         gl.store(part + 2 * plane + at, z_sum, mask=rows < n)
 
 
-# The partitions, one function each (a constexpr argument would not reach a worker's body):
-# consumer 0 or 1, with or without the sum of logits.
+# The partitions, one function each: a constexpr in a partition's arguments does not reach
+# the worker's body as one in Triton 3.6 (a False one arrives as a runtime i1 that fails to lower).
 @gluon.jit
 def _consumer0(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-               k_steps, part_index):
+               k_steps, part_index, tanh_scale, cap, need_zsum):
     _consume(0, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-             k_steps, part_index, False)
+             k_steps, part_index, tanh_scale, cap, need_zsum, False)
 
 
 @gluon.jit
 def _consumer1(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-               k_steps, part_index):
+               k_steps, part_index, tanh_scale, cap, need_zsum):
     _consume(1, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-             k_steps, part_index, False)
+             k_steps, part_index, tanh_scale, cap, need_zsum, False)
 
 
 @gluon.jit
-def _consumer0_zsum(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-                    k_steps, part_index):
+def _consumer0_softcap(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,
+                       t_end, k_steps, part_index, tanh_scale, cap, need_zsum):
     _consume(0, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-             k_steps, part_index, True)
+             k_steps, part_index, tanh_scale, cap, need_zsum, True)
 
 
 @gluon.jit
-def _consumer1_zsum(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-                    k_steps, part_index):
+def _consumer1_softcap(ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,
+                       t_end, k_steps, part_index, tanh_scale, cap, need_zsum):
     _consume(1, ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin, t_end,
-             k_steps, part_index, True)
+             k_steps, part_index, tanh_scale, cap, need_zsum, True)
 
 
 @gluon.jit
@@ -169,9 +179,10 @@ def ring_and_barriers(e_desc, c_desc, STAGES_: gl.constexpr):
     return ring_e, ring_c, ready, empty, turn
 
 
-@gluon.jit
+# need_zsum: 0 or 1, not specialised (a constexpr 1 would not cross into the partitions)
+@gluon.jit(do_not_specialize=["need_zsum"])
 def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits, group_rows,
-                      NEED_ZSUM: gl.constexpr, STAGES_: gl.constexpr,
+                      tanh_scale, cap, need_zsum, HAS_SOFTCAP: gl.constexpr, STAGES_: gl.constexpr,
                       CONSUMER_REGS_: gl.constexpr, PRODUCER_REGS_: gl.constexpr):
     block_n: gl.constexpr = e_desc.block_type.shape[0]
     block_k: gl.constexpr = e_desc.block_type.shape[1]
@@ -190,20 +201,21 @@ def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits,
     row0 = (first + local % rows_in_group) * block_n
     k_steps = gl.cdiv(d, block_k)
     consumer_args = (ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,
-                     t_end, k_steps, split * 2)
+                     t_end, k_steps, split * 2, tanh_scale, cap, need_zsum)
     producer_args = (e_desc, c_desc, ready, empty, ring_e, ring_c, row0, t_begin, t_end, k_steps)
-    if NEED_ZSUM:
-        gl.warp_specialize([(_consumer0_zsum, consumer_args), (_consumer1_zsum, consumer_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
+    if HAS_SOFTCAP:
+        gl.warp_specialize([(_consumer0_softcap, consumer_args),
+                            (_consumer1_softcap, consumer_args), (_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
     else:
         gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
                             (_producer, producer_args)], [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
 
 
-def forward_partials_ws(e, c, part, grid, zsum: bool):
-    """Split k's two consumers' (max, sum[, sum of logits]) per row into part[:, 2k] and
-    part[:, 2k + 1] (part: planes x 2 grid.splits x n fp32). grid: plan.ForwardGrid, whose
-    v_per_split is a multiple of BLOCK_V."""
+def forward_partials_ws(e, c, part, grid, zsum: bool, softcap=None, temperature=1.0):
+    """Split k's two consumers' (max, sum[, sum of logits]) per row of z = softcap(x) / T into
+    part[:, 2k] and part[:, 2k + 1] (part: planes x 2 grid.splits x n fp32). grid:
+    plan.ForwardGrid, whose v_per_split is a multiple of BLOCK_V."""
     (n, d), v = e.shape, c.shape[0]
     if grid.v_per_split % BLOCK_V or part.shape[1] != 2 * grid.splits:
         raise ValueError(f"forward_partials_ws: v_per_split {grid.v_per_split} must be a "
@@ -216,6 +228,7 @@ def forward_partials_ws(e, c, part, grid, zsum: bool):
 
     cce_fwd_ws_kernel[(cdiv(n, BLOCK_N) * grid.splits,)](
         desc(e, BLOCK_N), desc(c, BLOCK_V), part, part.shape[1] * n, n, v, d, grid.v_per_split,
-        grid.splits, grid.group_rows, NEED_ZSUM=zsum, STAGES_=STAGES,
+        grid.splits, grid.group_rows, *softcap_scalars(softcap, temperature),
+        int(zsum), HAS_SOFTCAP=softcap is not None, STAGES_=STAGES,
         CONSUMER_REGS_=CONSUMER_REGS, PRODUCER_REGS_=PRODUCER_REGS, num_warps=4,
         maxnreg=MAXNREG)

@@ -76,7 +76,7 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         from own_kernel.kernels.forward_ws import forward_partials_ws
 
         # every row, skip_ignored or not: combine() marks the ignored ones inert
-        forward_partials_ws(e, c, part, grid, sums.zsum)
+        forward_partials_ws(e, c, part, grid, sums.zsum, softcap, sums.temperature)
     elif tma:
         forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
                              skip_ignored, sums, shifted)

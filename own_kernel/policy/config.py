@@ -80,10 +80,11 @@ class Forward:
     # TMA forward level alone and its loss+grad faster; slower without a softcap, so only with
     # one (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
-    # Plain logits (no bias, softcap, temperature or entropy) through the warp-specialised
-    # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
-    # the tensor cores. Faster than forward_tma.py at six shapes of seven on an H200, level at
-    # the seventh; 1.02-1.06 floors where it took 1.05-1.21 (results/notes/gluon-forward.md).
+    # Logits without a bias or the entropy's sum (a softcap and temperature included) through
+    # the warp-specialised Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API:
+    # its epilogue runs under the tensor cores. Faster than forward_tma.py at six shapes of seven
+    # on an H200, level at the seventh; 1.02-1.06 floors where it took 1.05-1.21
+    # (results/notes/gluon-forward.md).
     # Not the three-matmul path's shifted logits (tried: level or slower, the same note).
     ws: bool = False
 

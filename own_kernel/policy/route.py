@@ -25,8 +25,8 @@ paths/vocab_parallel.py).
 
 The kernels (properties of the Route, each derived once from the call and the config):
 
-- ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run on plain logits,
-  the config asks for it and Triton has Gluon's Hopper API), ``"tma"``
+- ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run without a bias or
+  the entropy's sum, the config asks for it and Triton has Gluon's Hopper API), ``"tma"``
   (kernels/forward_tma.py: the config asks for it and e and c are
   16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
@@ -333,17 +333,23 @@ class Route:
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
         # forward_ws.py's tiles within split_plan's splits (multiples of block_v)
         ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % WS_BLOCK_V == 0
-        if tma and ws and self.plain_logits and gluon_hopper():
+        if tma and ws and self.ws_forward_logits and gluon_hopper():
             return "ws"
         return "tma" if tma else "pointer"
 
     @property
-    def plain_logits(self) -> bool:
-        """The forward needs only (max, sum[, sum of logits]) of x = e @ c.T, on one GPU's
-        whole vocabulary: what forward_ws.py computes."""
+    def ws_forward_logits(self) -> bool:
+        """The forward needs only (max, sum[, sum of logits]) of z = softcap(e @ c.T) / T, on
+        one GPU's whole vocabulary: what forward_ws.py computes."""
         c = self.call
-        return c.on_cuda and not (c.has_bias or c.softcap or c.temperature or c.entropy
-                                  or c.vocab_parallel or c.batch_invariant)
+        return c.on_cuda and not (c.has_bias or c.entropy or c.vocab_parallel
+                                  or c.batch_invariant)
+
+    @property
+    def plain_logits(self) -> bool:
+        """The logits are x = e @ c.T, with no softcap or temperature: what dlogits_ws.py
+        differentiates (beside ws_forward_logits)."""
+        return self.ws_forward_logits and not (self.call.softcap or self.call.temperature)
 
     @property
     def forward_tuned(self) -> bool:
