@@ -10,9 +10,7 @@ DEADLINE=${DEADLINE:-520}
 PYTHON=python3
 source suite/kernel/deadline_steps.sh
 start_run ${NAME:-softcap}
-GPU_TESTS="tests/test_forward_ws.py tests/test_dlogits_ws.py tests/test_correctness.py \
-tests/test_autograd_paths.py tests/test_entropy.py" TESTS_CAP_S=200 \
-  capped_step "gpu tests" 200 env CCE_TEST_DEVICE=cuda python3 -m pytest -q -rs -n 8 \
+capped_step "gpu tests" 200 env CCE_TEST_DEVICE=cuda python3 -m pytest -q -rs -n 8 \
   -p no:cacheprovider tests/test_forward_ws.py tests/test_dlogits_ws.py \
   tests/test_correctness.py tests/test_autograd_paths.py tests/test_entropy.py \
   -k "ws or softcap or temperature"
