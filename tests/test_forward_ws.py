@@ -37,8 +37,10 @@ def test_plain_logits_on_hopper_take_the_ws_forward(needs_grad):
 
 
 @pytest.mark.parametrize("change", [dict(softcap=True), dict(temperature=True)])
-def test_a_softcap_or_temperature_takes_the_ws_forward(change):
-    assert route(Call(**{**PLAIN, **change}), HOPPER_16BIT).forward == "ws"
+def test_a_softcap_or_temperature_takes_the_ws_forward_where_the_config_asks(change):
+    scaled = with_overrides(HOPPER_16BIT, {"forward": {"ws_scaled_logits": True}})
+    assert route(Call(**{**PLAIN, **change}), scaled).forward == "ws"
+    assert route(Call(**{**PLAIN, **change}), HOPPER_16BIT).forward == "tma"
 
 
 @pytest.mark.parametrize("change", [
@@ -171,7 +173,7 @@ def test_a_softcap_and_temperature_match_fp64_as_the_tma_forward_does(softcap, t
               softcap=softcap, temperature=temperature)
     got = {}
     for ws in (True, False):
-        with overridden({"forward": {"ws": ws}}), torch.no_grad():
+        with overridden({"forward": {"ws": ws, "ws_scaled_logits": True}}), torch.no_grad():
             assert own_kernel.plan(e, c, t, **kw).forward == ("ws" if ws else "tma")
             got[ws] = linear_cross_entropy(e, c, t, **kw)
     # as above, and tanh's exp2 form: a few ulps of 1 in tanh, times softcap / T per logit

@@ -80,13 +80,16 @@ class Forward:
     # TMA forward level alone and its loss+grad faster; slower without a softcap, so only with
     # one (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
-    # Logits without a bias or the entropy's sum (a softcap and temperature included) through
-    # the warp-specialised Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API:
-    # its epilogue runs under the tensor cores. Faster than forward_tma.py at six shapes of seven
-    # on an H200, level at the seventh; 1.02-1.06 floors where it took 1.05-1.21
-    # (results/notes/gluon-forward.md).
+    # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
+    # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
+    # the tensor cores. Faster than forward_tma.py at six shapes of seven on an H200, level at
+    # the seventh; 1.02-1.06 floors where it took 1.05-1.21 (results/notes/gluon-forward.md).
     # Not the three-matmul path's shifted logits (tried: level or slower, the same note).
     ws: bool = False
+    # ws also with a softcap or a temperature. Off: at Gemma 2's three softcapped heads it was
+    # faster than forward_tma.py interleaved in one process (0.90-0.94x) but level or slower a
+    # process per provider (results/notes/gluon-forward.md#the-softcap).
+    ws_scaled_logits: bool = False
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)

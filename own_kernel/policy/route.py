@@ -25,8 +25,9 @@ paths/vocab_parallel.py).
 
 The kernels (properties of the Route, each derived once from the call and the config):
 
-- ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run without a bias or
-  the entropy's sum, the config asks for it and Triton has Gluon's Hopper API), ``"tma"``
+- ``forward``: ``"ws"`` (kernels/forward_ws.py: where ``"tma"`` would run on plain logits, or
+  with a softcap or temperature under ``forward.ws_scaled_logits``, the config asks for it and
+  Triton has Gluon's Hopper API), ``"tma"``
   (kernels/forward_tma.py: the config asks for it and e and c are
   16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
   ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
@@ -340,10 +341,12 @@ class Route:
     @property
     def ws_forward_logits(self) -> bool:
         """The forward needs only (max, sum[, sum of logits]) of z = softcap(e @ c.T) / T, on
-        one GPU's whole vocabulary: what forward_ws.py computes."""
+        one GPU's whole vocabulary: what forward_ws.py computes; a softcap or a temperature
+        only where the config asks for them there (forward.ws_scaled_logits)."""
         c = self.call
+        scaled = (c.softcap or c.temperature) and not self.cfg.forward.ws_scaled_logits
         return c.on_cuda and not (c.has_bias or c.entropy or c.vocab_parallel
-                                  or c.batch_invariant)
+                                  or c.batch_invariant or scaled)
 
     @property
     def plain_logits(self) -> bool:
