@@ -82,13 +82,15 @@ class Forward:
     softcap_halves: bool = False
     # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
-    # the tensor cores. Faster than forward_tma.py at six shapes of seven on an H200, level at
-    # the seventh; 1.02-1.06 floors where it took 1.05-1.21 (results/notes/gluon-forward.md).
-    # Not the three-matmul path's shifted logits (tried: level or slower, the same note).
+    # the tensor cores. On an H200, faster than forward_tma.py interleaved in one process at
+    # six shapes of seven (1.02-1.06 floors where it took 1.05-1.21), but level or slower a
+    # process per provider, and level or faster in every loss+grad measured
+    # (results/notes/gluon-forward.md). Not the three-matmul path's shifted logits (tried: level
+    # or slower, the same note).
     ws: bool = False
     # ws also with a softcap or a temperature. Off: at Gemma 2's three softcapped heads it was
-    # faster than forward_tma.py interleaved in one process (0.90-0.94x) but level or slower a
-    # process per provider (results/notes/gluon-forward.md#the-softcap).
+    # faster than forward_tma.py interleaved (0.90-0.94x), but level or slower forward-only a
+    # process per provider and level inside loss+grad (the same note's softcap section).
     ws_scaled_logits: bool = False
 
     def __post_init__(self):
