@@ -17,10 +17,11 @@ stage more than one use ahead (the stages' barriers are waited by phase parity).
 stores its state as one partial: split k's two consumers are partials 2k and 2k + 1 of
 lse_combine.py's layout (plane x partial x row).
 
-No bias and no entropy's sum (the route sends those to forward_tma.py): what forward.py's
-docstring defines, in natural-log units. The softcap's tanh is tile.py's exp2 form; its cost
-(an exp2 and a division per logit more) runs under the other consumer's matmul as the rest. Needs
-16-bit E and C through TMA (16-byte aligned bases and rows, unit stride along D) and sm90.
+No bias and no entropy's sum (the route sends those to forward_tma.py, and a softcap or a
+temperature unless config.Forward.ws_scaled_logits): what forward.py's docstring defines, in
+natural-log units. The softcap's tanh is tile.py's exp2 form, an exp2 and a division per logit
+more, which the other consumer's matmul does not wholly hide (results/notes/gluon-forward.md).
+Needs 16-bit E and C through TMA (16-byte aligned bases and rows, unit stride along D) and sm90.
 Gluon has no interpreter: the CPU tests compile it for sm90; the GPU tests run it.
 """
 import torch
