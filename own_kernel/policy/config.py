@@ -89,8 +89,8 @@ class Forward:
     # or slower, the same note).
     ws: bool = False
     # ws also with a softcap or a temperature. Off: at Gemma 2's three softcapped heads it was
-    # faster than forward_tma.py interleaved (0.90-0.94x), but level or slower forward-only a
-    # process per provider and level inside loss+grad (the same note's softcap section).
+    # faster than forward_tma.py interleaved, but level or slower forward-only a process per
+    # provider, and level inside loss+grad (the same note's softcap section).
     ws_scaled_logits: bool = False
 
     def __post_init__(self):

@@ -9,7 +9,10 @@ loss with --compile) is called once per sweep, in turn, the order reversed every
 for --reps sweeps: drift of the GPU's clocks hits every entry alike, and the p20-p80 rule
 compares neighbours in time. The floor (one cuBLAS E @ C.T) is one more entry of the sweeps,
 so the floors column divides times taken side by side. The base variant (the config in force,
-`{}`) always runs.
+`{}`) always runs. The two methods can disagree beyond their noise: a kernel's time may depend
+on the other kernels run between its calls. The TMA forward was slower here than a process per
+provider (results/notes/gluon-forward.md#the-softcap-and-the-two-methods), so check a default's
+change with both.
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
