@@ -180,7 +180,8 @@ def ring_and_barriers(e_desc, c_desc, STAGES_: gl.constexpr):
     return ring_e, ring_c, ready, empty, turn
 
 
-# need_zsum: 0 or 1, not specialised (a constexpr 1 would not cross into the partitions)
+# need_zsum: 0 or 1, kept a runtime int (Triton would make a 1 a constexpr, which a partition's
+# arguments do not carry reliably: see above)
 @gluon.jit(do_not_specialize=["need_zsum"])
 def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits, group_rows,
                       tanh_scale, cap, need_zsum, HAS_SOFTCAP: gl.constexpr, STAGES_: gl.constexpr,
