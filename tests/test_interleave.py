@@ -44,6 +44,19 @@ def test_each_sweep_calls_every_entry_once_in_turn_reversed_every_other_sweep():
     assert {name: len(ms) for name, ms in times.items()} == {"a": 3, "b": 3, "c": 3}
 
 
+def test_blocked_calls_each_entry_back_to_back_half_in_order_half_reversed():
+    # A kernel that follows itself, as in a process of its own, in the same process as the rest.
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    e = torch.zeros(2, requires_grad=True)
+    times = tool._sweeps(runs, {"e": e, "c": e}, reps=3, device=torch.device("cpu"),
+                         order="blocked")
+    assert calls == ["a", "a", "b", "b", "b", "a"]
+    assert {name: len(ms) for name, ms in times.items()} == {"a": 3, "b": 3}
+    with pytest.raises(ValueError, match="order"):
+        tool.call_order(["a"], 2, "random")
+
+
 def test_a_run_on_the_cpu_writes_a_row_per_entry_with_ratios_and_gradient_differences(
         tmp_path, capsys):
     # fp32 under the interpreter: a config variant that only reschedules the same arithmetic
@@ -72,17 +85,18 @@ def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypa
     seen = {}
     sweeps = tool._sweeps
 
-    def recording(runs, inputs, reps, device):
-        times = sweeps(runs, inputs, reps, device)
+    def recording(runs, inputs, reps, device, order="interleaved"):
+        times = sweeps(runs, inputs, reps, device, order)
         seen.update({name: list(ms) for name, ms in times.items()})
         return times
 
     monkeypatch.setattr(tool, "_sweeps", recording)
     out = tmp_path / "run"
     assert cli.main(["kernel", "interleave", "--device", "cpu", "--dtype", "fp32",
-                     "--heads", "24x16x40", "--reps", "3", "--warmup", "0",
-                     "--out", str(out)]) == 0
+                     "--heads", "24x16x40", "--reps", "3", "--warmup", "0", "--order",
+                     "blocked", "--out", str(out)]) == 0
     (row,) = csv.DictReader(open(out / "interleave.csv"))
+    assert row["order"] == "blocked"
     assert sorted(seen) == ["base", tool.FLOOR] and len(seen[tool.FLOOR]) == 3
     assert float(row["floor_ms"]) == pytest.approx(statistics.median(seen[tool.FLOOR]))
     assert float(row["floors"]) == pytest.approx(float(row["ms"]) / float(row["floor_ms"]),

@@ -12,7 +12,8 @@ so the floors column divides times taken side by side. The base variant (the con
 `{}`) always runs. The two methods can disagree beyond their noise: a kernel's time may depend
 on the other kernels run between its calls. The TMA forward was slower here than a process per
 provider (results/notes/gluon-forward.md#the-softcap-and-the-two-methods), so check a default's
-change with both.
+change with both; `--order blocked` times each entry's calls back to back in this process, which
+tells a dependence on the neighbouring kernels from one on the process.
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
@@ -35,7 +36,8 @@ import torch
 MIB = 2**20
 FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "status", "path",
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
-          "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device"]
+          "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device",
+          "order"]
 COMPILE = "torch_compile"
 FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
@@ -117,6 +119,10 @@ def add_arguments(ap) -> None:
     ap.add_argument("--phase", choices=("loss+grad", "fwd"), default="loss+grad",
                     help="fwd: the loss under torch.no_grad (the forward-only route)")
     ap.add_argument("--reps", type=int, default=20, help="sweeps (timed calls per entry)")
+    ap.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+                    help="blocked: each entry's calls back to back (half in entry order, half "
+                         "reversed), so a kernel follows itself: beside an interleaved run, "
+                         "whether a time depends on the kernels run between its calls")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--device", default="cuda",
@@ -177,22 +183,34 @@ def _peak_and_grads(run, inputs: dict, device) -> tuple[float, tuple]:
     return peak, grads
 
 
-def _sweeps(runs: dict, inputs: dict, reps: int, device) -> dict:
-    """{name: [ms, ...]}: every run once per sweep, in turn, the order reversed every other
-    sweep, gradients cleared and the L2 flushed outside the timed region."""
+def call_order(names: list[str], reps: int, order: str = "interleaved") -> list[str]:
+    """The timed calls' sequence. "interleaved": every name once per sweep, in turn, the order
+    reversed every other sweep. "blocked": each name's calls back to back, the first half of
+    its reps in name order and the rest in reverse (A A B B | B B A A), so a kernel follows
+    itself, as in a process of its own, and drift still reaches every name alike."""
+    if order == "interleaved":
+        return [n for sweep in range(reps) for n in (names if sweep % 2 == 0 else names[::-1])]
+    if order == "blocked":
+        first = (reps + 1) // 2
+        return ([n for n in names for _ in range(first)]
+                + [n for n in names[::-1] for _ in range(reps - first)])
+    raise ValueError(f"order: expected 'interleaved' or 'blocked', got {order!r}")
+
+
+def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleaved") -> dict:
+    """{name: [ms, ...]}: reps calls of every run in call_order's sequence, gradients cleared
+    and the L2 flushed outside the timed region."""
     from suite.measure import L2_FLUSH_BYTES, RegionTimer
 
     timers = {name: RegionTimer(device) for name in runs}
     flush = (torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
              if device.type == "cuda" else None)
-    order = list(runs)
-    for sweep in range(reps):
-        for name in (order if sweep % 2 == 0 else order[::-1]):
-            inputs["e"].grad = inputs["c"].grad = None
-            if flush is not None:
-                flush.zero_()
-            with timers[name].region():
-                runs[name]()
+    for name in call_order(list(runs), reps, order):
+        inputs["e"].grad = inputs["c"].grad = None
+        if flush is not None:
+            flush.zero_()
+        with timers[name].region():
+            runs[name]()
     inputs["e"].grad = inputs["c"].grad = None
     return {name: timer.times() for name, timer in timers.items()}
 
@@ -253,7 +271,8 @@ def head_rows(head: str, args, device) -> list[dict]:
     for _ in range(args.warmup):  # the floor's warm-up; it is timed in the sweeps below
         torch.mm(e, c.T)
     base = {"head": head, "n": n, "d": d, "v": v, "softcap": softcap or "",
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "order": args.order}
     rows, runs, base_grads = [], {FLOOR: lambda: torch.mm(e, c.T)}, {}
     for entry in entries(parse_variants(args.variants), parse_budgets(args.budgets),
                          args.compile):
@@ -263,7 +282,7 @@ def head_rows(head: str, args, device) -> list[dict]:
             runs[entry.name] = run
     base_grads.clear()
     free_memory(device)
-    times = _sweeps(runs, inputs, args.reps, device)
+    times = _sweeps(runs, inputs, args.reps, device, order=args.order)
     floor = time_stats(times.pop(FLOOR))["ms"]
     for row in rows:
         row["floor_ms"] = floor
