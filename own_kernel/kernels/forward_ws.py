@@ -31,10 +31,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from own_kernel.kernels.tile import softcap_scalars
+from own_kernel.kernels.tile import LOG2E_F, softcap_scalars
 from own_kernel.policy.plan import WS_BLOCK_V, cdiv
 
-LOG2E = gl.constexpr(1.4426950408889634)
+LOG2E = gl.constexpr(LOG2E_F)
 # Triton 3.6's name for a TMA load into shared memory; later Tritons call it async_load only.
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # 128 x 128 tiles per consumer, 64-wide k-slices, 4 stages of 32 KB; three stages were

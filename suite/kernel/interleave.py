@@ -259,7 +259,8 @@ def _relate(rows: list[dict]) -> None:
 
 
 def head_rows(head: str, args, device) -> list[dict]:
-    """One head's rows: every entry prepared, then timed in interleaved sweeps."""
+    """One head's rows: every entry prepared, then timed beside the floor in --order's
+    sequence (call_order)."""
     from suite.inputs import make_inputs
     from suite.measure import free_memory, time_stats
 
