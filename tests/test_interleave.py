@@ -85,8 +85,8 @@ def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypa
     seen = {}
     sweeps = tool._sweeps
 
-    def recording(runs, inputs, reps, device, order="interleaved"):
-        times = sweeps(runs, inputs, reps, device, order)
+    def recording(runs, inputs, reps, device, order="interleaved", clocks=None):
+        times = sweeps(runs, inputs, reps, device, order, clocks)
         seen.update({name: list(ms) for name, ms in times.items()})
         return times
 
@@ -119,3 +119,50 @@ def test_cuda_is_asked_for_by_name_where_there_is_none(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         cli.main(["kernel", "interleave", "--heads", "8x8x8", "--out", str(tmp_path)])
+
+
+# ---- --clocks: the SM clock and power while each entry's calls run -----------------------------
+
+def test_clock_samples_summarise_to_medians_and_the_limiting_reasons_by_name():
+    from suite.kernel.clocks import Sample, summary
+    power_cap, idle = 0x4, 0x1   # NVML's SwPowerCap and GpuIdle bits
+    got = summary([Sample(1980, 500.0, 0), Sample(1755, 700.0, power_cap),
+                   Sample(1830, 690.0, power_cap | 0x20), Sample(1980, 120.0, idle)])
+    assert got == {"sm_mhz": 1905.0, "power_w": 595.0, "clock_limited": 0.5,
+                   "clock_reasons": "power_cap+sw_thermal"}
+    assert summary([]) == {}
+
+
+def test_the_log_reads_while_the_stream_has_work_and_once_after_a_call_too_short_for_that(
+        monkeypatch):
+    from suite.kernel import clocks
+    busy = iter([False, False, True, True])
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: type("S", (), {"query": lambda self: next(busy)})())
+    log = object.__new__(clocks.ClockLog)
+    log.samples, reads = {}, iter(range(1, 10))
+    log.read = lambda: clocks.Sample(next(reads), 0.0, 0)
+    log.during("a", "cuda")     # two queries with work, then idle: two reads
+    log.during("b", "cuda")     # idle at once: the one read after
+    assert [s.sm_mhz for s in log.samples["a"]] == [1, 2]
+    assert [s.sm_mhz for s in log.samples["b"]] == [3]
+
+
+def test_each_calls_clock_samples_go_to_the_entry_that_made_it():
+    calls, logged = [], []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    log = type("Log", (), {"during": lambda self, name, device: logged.append(name)})()
+    e = torch.zeros(2, requires_grad=True)
+    tool._sweeps(runs, {"e": e, "c": e}, reps=2, device=torch.device("cpu"), clocks=log)
+    assert logged == calls == ["a", "b", "b", "a"]
+
+
+def test_clocks_are_refused_by_name_without_nvml_or_a_gpu(monkeypatch, tmp_path):
+    import sys
+    from suite.kernel import clocks
+    monkeypatch.setitem(sys.modules, "pynvml", None)    # import pynvml raises ImportError
+    with pytest.raises(SystemExit, match="nvidia-ml-py"):
+        clocks.ClockLog(torch.device("cpu"))
+    with pytest.raises(SystemExit, match="--clocks"):
+        cli.main(["kernel", "interleave", "--device", "cpu", "--heads", "8x8x8", "--clocks",
+                  "--out", str(tmp_path)])

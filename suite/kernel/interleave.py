@@ -13,7 +13,9 @@ so the floors column divides times taken side by side. The base variant (the con
 on the other kernels run between its calls. The TMA forward was slower here than a process per
 provider (results/notes/gluon-forward.md#the-softcap-and-the-two-methods), so check a default's
 change with both; `--order blocked` times each entry's calls back to back in this process, which
-tells a dependence on the neighbouring kernels from one on the process.
+tells a dependence on the neighbouring kernels from one on the process, and `--clocks` reads
+the SM clock and power while each call runs (suite/kernel/clocks.py: a kernel that draws more
+power may run at a lower clock alone than between other kernels).
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
@@ -22,7 +24,9 @@ over torch.compile's at the same budget, the peak MiB beyond the inputs of one c
 gradients included), and dE's and dC's relative difference from the base variant's at the
 same budget (0 where a variant only reschedules the same arithmetic). A failing entry (OOM, a
 compile error) is recorded as its row's status and the run goes on. DIR/env.json records the
-environment. lm inputs (suite.inputs), bf16 unless --dtype says.
+environment. lm inputs (suite.inputs), bf16 unless --dtype says. With --clocks, the median SM
+clock (MHz) and power (W) of the entry's samples, and the fraction of them and the names of the
+reasons NVML gave for a limited clock.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ MIB = 2**20
 FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "status", "path",
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
           "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device",
-          "order"]
+          "order", "sm_mhz", "power_w", "clock_limited", "clock_reasons"]
 COMPILE = "torch_compile"
 FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
@@ -123,6 +127,10 @@ def add_arguments(ap) -> None:
                     help="blocked: each entry's calls back to back (half in entry order, half "
                          "reversed), so a kernel follows itself: beside an interleaved run, "
                          "whether a time depends on the kernels run between its calls")
+    ap.add_argument("--clocks", action="store_true",
+                    help="also each entry's SM clock, power and clock-limiting reasons, read by "
+                         "NVML while its calls run (suite/kernel/clocks.py; needs nvidia-ml-py); "
+                         "each call then waits for the one before")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--device", default="cuda",
@@ -197,9 +205,11 @@ def call_order(names: list[str], reps: int, order: str = "interleaved") -> list[
     raise ValueError(f"order: expected 'interleaved' or 'blocked', got {order!r}")
 
 
-def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleaved") -> dict:
+def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleaved",
+            clocks=None) -> dict:
     """{name: [ms, ...]}: reps calls of every run in call_order's sequence, gradients cleared
-    and the L2 flushed outside the timed region."""
+    and the L2 flushed outside the timed region; clocks (a clocks.ClockLog): read while each
+    call runs."""
     from suite.measure import L2_FLUSH_BYTES, RegionTimer
 
     timers = {name: RegionTimer(device) for name in runs}
@@ -211,6 +221,8 @@ def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleav
             flush.zero_()
         with timers[name].region():
             runs[name]()
+        if clocks is not None:
+            clocks.during(name, device)
     inputs["e"].grad = inputs["c"].grad = None
     return {name: timer.times() for name, timer in timers.items()}
 
@@ -262,6 +274,7 @@ def head_rows(head: str, args, device) -> list[dict]:
     """One head's rows: every entry prepared, then timed beside the floor in --order's
     sequence (call_order)."""
     from suite.inputs import make_inputs
+    from suite.kernel.clocks import ClockLog, summary
     from suite.measure import free_memory, time_stats
 
     n, d, v, softcap = parse_head(head)
@@ -283,12 +296,14 @@ def head_rows(head: str, args, device) -> list[dict]:
             runs[entry.name] = run
     base_grads.clear()
     free_memory(device)
-    times = _sweeps(runs, inputs, args.reps, device, order=args.order)
+    clocks = ClockLog(device) if args.clocks else None
+    times = _sweeps(runs, inputs, args.reps, device, order=args.order, clocks=clocks)
     floor = time_stats(times.pop(FLOOR))["ms"]
     for row in rows:
         row["floor_ms"] = floor
         if row["entry"] in times:
             row.update(time_stats(times[row["entry"]]))
+            row.update(summary(clocks.samples.get(row["entry"], [])) if clocks else {})
             row.pop("ms_min", None)
             row["floors"] = round(row["ms"] / floor, 4) if floor > 0 else ""
     _relate(rows)
@@ -303,6 +318,8 @@ def main(args) -> int:
         raise SystemExit("python -m suite kernel interleave: --device cuda needs a CUDA device")
     if args.reps < 1 or args.warmup < 0:
         raise SystemExit("--reps must be >= 1 and --warmup >= 0")
+    if args.clocks and device.type != "cuda":
+        raise SystemExit("--clocks reads a GPU's clock through NVML: it needs --device cuda")
     heads = [h for h in args.heads.split(",") if h.strip()]
     for h in heads:  # a malformed argument is an error before anything runs
         parse_head(h)
@@ -329,5 +346,6 @@ def _print(rows: list[dict]) -> None:
         cells = [r["head"], r["entry"], r["status"][:40], r.get("path", ""), r.get("chunks", "")]
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else str(r.get(k, ""))
                   for k in ("ms", "ms_p20", "ms_p80", "floors", "ms_over_base",
-                            "ms_over_compile", "peak_mib")]
+                            "ms_over_compile", "peak_mib", "sm_mhz", "power_w",
+                            "clock_limited")]
         print(" ".join(str(x) for x in cells), flush=True)
