@@ -95,6 +95,7 @@ def environment(device: str | None = None) -> dict:
         env["gpu_name"] = torch.cuda.get_device_name(index)
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
         env["driver"] = _nvidia_driver()
+        env.update(gpu_board(index))
     else:
         env["cpu"] = platform.processor() or platform.machine()
         env["cpu_threads"] = torch.get_num_threads()
@@ -108,6 +109,25 @@ def _nvidia_driver() -> str | None:
         return out.strip().splitlines()[0] if out.strip() else None
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
+
+
+def gpu_board(index: int) -> dict:
+    """Which board ran: its UUID, power limit and highest SM clock. Boards of one model differ in
+    the clock they hold at the power limit, where these kernels run, so times compare within
+    one board (results/notes/gluon-forward.md#the-power-cap)."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    board = {"gpu_uuid": uuid, "power_limit_w": None, "sm_clock_max_mhz": None}
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", f"GPU-{uuid}", "--format=csv,noheader,nounits",
+                              "--query-gpu=power.limit,clocks.max.sm"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        limit, clock = (x.strip() for x in out.strip().splitlines()[0].split(","))
+        board.update(power_limit_w=float(limit), sm_clock_max_mhz=int(clock))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        pass   # no nvidia-smi, or a board that does not report them: the UUID still names it
+    return board
 
 
 def device_label(device) -> str:

@@ -294,3 +294,31 @@ def test_the_own_kernels_config_overrides_are_recorded(monkeypatch):
     assert environment("cpu")["own_config_overrides"] is None
     monkeypatch.setenv("CCE_OWN_CONFIG", '{"fused": {"block": 4096}}')
     assert environment("cpu")["own_config_overrides"] == '{"fused": {"block": 4096}}'
+
+
+def test_a_gpu_run_names_its_board_by_uuid_power_limit_and_clock(monkeypatch):
+    # Boards of one model hold different clocks at their power limit: a run must say which ran.
+    import subprocess
+    from types import SimpleNamespace
+
+    from suite import results
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(uuid="6f1c-aa"))
+    asked = []
+
+    def smi(cmd, **kw):
+        asked.append(cmd)
+        return SimpleNamespace(stdout="700.00, 1980\n")
+
+    monkeypatch.setattr(subprocess, "run", smi)
+    assert results.gpu_board(0) == {"gpu_uuid": "6f1c-aa", "power_limit_w": 700.0,
+                                    "sm_clock_max_mhz": 1980}
+    assert asked[0][:3] == ["nvidia-smi", "-i", "GPU-6f1c-aa"]
+
+    def missing(cmd, **kw):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert results.gpu_board(0) == {"gpu_uuid": "6f1c-aa", "power_limit_w": None,
+                                    "sm_clock_max_mhz": None}

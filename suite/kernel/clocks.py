@@ -7,9 +7,7 @@ that keeps the tensor cores busier draws more power and may run at a lower clock
 kernel. Timed in a process of its own, each kernel runs at the clock its own power sets; timed
 between other kernels, at the clock their mix sets. ClockLog.during() reads the clock while the
 device's stream still has the call's work (it waits for that work, so the next call starts on
-an idle GPU); the samples are kept per entry. Where the board counts its energy (NVML's total
-energy, Volta on), ClockLog.begin() reads the counter on an idle GPU before each call and
-during() after it: the joules a call took, which at the power cap set its time.
+an idle GPU); the samples are kept per entry.
 
 NVML's Python module is nvidia-ml-py (`import pynvml`), one pure-Python wheel, loaded only here.
 Power is nvmlDeviceGetPowerUsage's, which recent boards average over about a second: it follows
@@ -34,10 +32,9 @@ class Sample:
     reasons: int        # NVML's clock-event reason bits
 
 
-def summary(samples: list[Sample], joules: list[float] = ()) -> dict:
+def summary(samples: list[Sample]) -> dict:
     """An entry's columns: the median SM clock and power of its samples, the fraction of them
-    with a limiting reason set, those reasons by name, and the mean joules of its calls (a
-    mean, as the counter's steps are coarse against one call)."""
+    with a limiting reason set, and those reasons by name."""
     if not samples:
         return {}
     seen = 0
@@ -48,8 +45,7 @@ def summary(samples: list[Sample], joules: list[float] = ()) -> dict:
             "clock_limited": round(sum(bool(s.reasons & sum(LIMITING_REASONS)) for s in samples)
                                    / len(samples), 3),
             "clock_reasons": "+".join(name for bit, name in LIMITING_REASONS.items()
-                                      if seen & bit),
-            "j_per_call": round(statistics.fmean(joules), 4) if joules else ""}
+                                      if seen & bit)}
 
 
 class ClockLog:
@@ -71,21 +67,6 @@ class ClockLog:
         self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         self.samples: dict[str, list[Sample]] = {}
-        self.joules: dict[str, list[float]] = {}
-        self._mj_before = None
-
-    def _energy_mj(self):
-        try:
-            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-        except self._nvml.NVMLError:     # a board without the counter: no joules column
-            return None
-
-    def begin(self, device) -> None:
-        """Before a call: waits for the work queued so far (the L2 flush), then reads the
-        energy counter."""
-        import torch
-        torch.cuda.synchronize(device)
-        self._mj_before = self._energy_mj()
 
     def read(self) -> Sample:
         nv, h = self._nvml, self._handle
@@ -104,7 +85,3 @@ class ClockLog:
             taken = True
         if not taken:
             got.append(self.read())
-        after = self._energy_mj()
-        if after is not None and self._mj_before is not None:
-            self.joules.setdefault(name, []).append((after - self._mj_before) / 1000.0)
-        self._mj_before = None

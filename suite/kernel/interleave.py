@@ -26,8 +26,7 @@ same budget (0 where a variant only reschedules the same arithmetic). A failing 
 compile error) is recorded as its row's status and the run goes on. DIR/env.json records the
 environment. lm inputs (suite.inputs), bf16 unless --dtype says. With --clocks, the median SM
 clock (MHz) and power (W) of the entry's samples, and the fraction of them and the names of the
-reasons NVML gave for a limited clock, and the mean joules of a call (the board's energy counter
-read on an idle GPU before and after it).
+reasons NVML gave for a limited clock.
 """
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ MIB = 2**20
 FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "status", "path",
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
           "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device",
-          "order", "sm_mhz", "power_w", "clock_limited", "clock_reasons", "j_per_call"]
+          "order", "sm_mhz", "power_w", "clock_limited", "clock_reasons"]
 COMPILE = "torch_compile"
 FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
@@ -220,8 +219,6 @@ def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleav
         inputs["e"].grad = inputs["c"].grad = None
         if flush is not None:
             flush.zero_()
-        if clocks is not None:
-            clocks.begin(device)
         with timers[name].region():
             runs[name]()
         if clocks is not None:
@@ -306,9 +303,7 @@ def head_rows(head: str, args, device) -> list[dict]:
         row["floor_ms"] = floor
         if row["entry"] in times:
             row.update(time_stats(times[row["entry"]]))
-            if clocks is not None:
-                row.update(summary(clocks.samples.get(row["entry"], []),
-                                   clocks.joules.get(row["entry"], [])))
+            row.update(summary(clocks.samples.get(row["entry"], [])) if clocks else {})
             row.pop("ms_min", None)
             row["floors"] = round(row["ms"] / floor, 4) if floor > 0 else ""
     _relate(rows)
@@ -352,5 +347,5 @@ def _print(rows: list[dict]) -> None:
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else str(r.get(k, ""))
                   for k in ("ms", "ms_p20", "ms_p80", "floors", "ms_over_base",
                             "ms_over_compile", "peak_mib", "sm_mhz", "power_w",
-                            "clock_limited", "j_per_call")]
+                            "clock_limited")]
         print(" ".join(str(x) for x in cells), flush=True)
