@@ -84,7 +84,8 @@ class Forward:
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
     # the tensor cores. On an H200, faster than forward_tma.py interleaved in one process at
     # six shapes of seven (1.02-1.06 floors where it took 1.05-1.21), but level or slower a
-    # process per provider, and level or faster in every loss+grad measured
+    # process per provider, and level or faster in every loss+grad measured: it takes fewer
+    # cycles and draws more power, so alone at the power cap its clock is lower
     # (results/notes/gluon-forward.md). Not the three-matmul path's shifted logits (tried: level
     # or slower, the same note).
     ws: bool = False

@@ -9,13 +9,13 @@ loss with --compile) is called once per sweep, in turn, the order reversed every
 for --reps sweeps: drift of the GPU's clocks hits every entry alike, and the p20-p80 rule
 compares neighbours in time. The floor (one cuBLAS E @ C.T) is one more entry of the sweeps,
 so the floors column divides times taken side by side. The base variant (the config in force,
-`{}`) always runs. The two methods can disagree beyond their noise: a kernel's time may depend
-on the other kernels run between its calls. The TMA forward was slower here than a process per
-provider (results/notes/gluon-forward.md#the-softcap-and-the-two-methods), so check a default's
-change with both; `--order blocked` times each entry's calls back to back in this process, which
-tells a dependence on the neighbouring kernels from one on the process, and `--clocks` reads
-the SM clock and power while each call runs (suite/kernel/clocks.py: a kernel that draws more
-power may run at a lower clock alone than between other kernels).
+`{}`) always runs. The two methods can disagree beyond their noise: large matmuls run at the
+GPU's power cap, where interleaved entries share the clock their mix sets, and a kernel that
+draws more power than its neighbours gets a clock it would not get alone
+(results/notes/gluon-forward.md#the-power-cap-why-the-two-methods-disagree). So check a
+default's change with both: `--order blocked` times each entry's calls back to back in this
+process, at the clock its own power sets, and `--clocks` reads the SM clock, power and NVML's
+clock-limiting reasons while each call runs (suite/kernel/clocks.py).
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
