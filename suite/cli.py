@@ -177,6 +177,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "JSON as provider PROVIDER@NAME, beside the unchanged one (list it in "
                         "--providers; repeatable), e.g. own@notma='{\"forward\": {\"tma\": "
                         "false}}'")
+    p.add_argument("--clocks", action="store_true",
+                   help="each row also records the median SM clock its timed calls ran at and "
+                        "how often it was limited (power cap, thermal): large matmuls run at "
+                        "the power cap, where the clock follows each kernel's power "
+                        "(suite/clocks.py; needs nvidia-ml-py and a GPU)")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, so the providers it registers can be measured "
@@ -383,7 +388,8 @@ def _run_rounds(args, parser, cells, providers, out, device, phases, reps, warmu
         try:
             runner.run(cells, order, phases, folder, resume=args.resume, reps=reps,
                        warmup=warmup, device=device, isolate=isolate, quiet=args.quiet,
-                       plugins=args.plugin, rerun=args.rerun, variants=args.variant)
+                       plugins=args.plugin, rerun=args.rerun, variants=args.variant,
+                       clocks=args.clocks)
         except FileExistsError as err:
             parser.error(f"--out: {err}")
         except ValueError as err:
@@ -423,7 +429,7 @@ def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int
         parser.error(f"--vocab-parallel: {reason}")
     for flag, value in (("--isolate", args.isolate), ("--rerun", args.rerun),
                         ("--plugin", args.plugin), ("--rounds", args.rounds > 1),
-                        ("--variant", args.variant)):
+                        ("--variant", args.variant), ("--clocks", args.clocks)):
         if value:
             parser.error(f"{flag} is not available with --vocab-parallel")
     out = Path(args.out) if args.out else default_out(f"{preset}-vp{k}", device, args.resume)

@@ -111,24 +111,28 @@ def accuracy(phase: str, loss: float, x, ref: dict) -> tuple[dict, list[str]]:
                 bad.append(key if got is not None else f"{key} missing")
     return errors, bad
 
-def time_calls(run, *, device, reps, prepare=None, flush_l2=True) -> list[float]:
+def time_calls(run, *, device, reps, prepare=None, flush_l2=True, sampling=None) -> list[float]:
     """Milliseconds of ``run(state)`` for ``reps`` repetitions, ``state = prepare()`` untimed;
-    on a GPU the L2 cache is flushed before each (``flush_l2``), outside the timed region."""
+    on a GPU the L2 cache is flushed before each (``flush_l2``), outside the timed region.
+    ``sampling``: a context (clocks.ClockLog.sampling) held while the calls run, until the GPU
+    has finished them."""
     device = torch.device(device)
     prepare = prepare or (lambda: None)
     timer = RegionTimer(device)
     flush = None
     if device.type == "cuda" and flush_l2:
         flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-    for _ in range(reps):
-        state = prepare()
-        if flush is not None:
-            flush.zero_()
-        with timer.region():
-            run(state)
-        del state
+    with sampling or contextlib.nullcontext():
+        for _ in range(reps):
+            state = prepare()
+            if flush is not None:
+                flush.zero_()
+            with timer.region():
+                run(state)
+            del state
+        times = timer.times()   # waits for the GPU
     del flush
-    return timer.times()
+    return times
 
 
 def percentile(xs, q):
@@ -227,9 +231,20 @@ def _memory_run(phase, fn, x: _Leaves, kwargs, device):
     return float(loss.detach()), (peak - before) / MIB, peak / MIB
 
 
+def clock_columns(clocks, name: str) -> dict:
+    """The schema's clock columns of the samples clocks holds under name (taken out of it)."""
+    if clocks is None:
+        return {}
+    from suite.clocks import summary
+
+    got = summary(clocks.samples.pop(name, []))
+    return {k: got[k] for k in ("sm_mhz", "clock_limited") if k in got}
+
+
 def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, reps, warmup,
-                     floor_ms, n, v, d) -> list[dict]:
-    """One dict of metrics (schema names) per phase for ``provider`` on ``inputs``."""
+                     floor_ms, n, v, d, clocks=None) -> list[dict]:
+    """One dict of metrics (schema names) per phase for ``provider`` on ``inputs``; clocks (a
+    clocks.ClockLog): the SM clock sampled while the timed calls run (sm_mhz, clock_limited)."""
     device = inputs["e"].device
     bias = inputs["bias"] is not None
     reason = provider.unavailable_reason(device)
@@ -257,8 +272,11 @@ def measure_provider(provider, inputs, ref, *, phases, softcap, ignore_index, re
             if bad:
                 row.update(status="nan", error="non-finite " + ", ".join(bad))
             else:
-                stats = time_stats(time_calls(run, device=device, reps=reps, prepare=prepare))
+                sampling = clocks.sampling(phase) if clocks is not None else None
+                stats = time_stats(time_calls(run, device=device, reps=reps, prepare=prepare,
+                                              sampling=sampling))
                 row.update(stats)
+                row.update(clock_columns(clocks, phase))
                 row["status"] = "ok"
                 row["tokens_per_s"] = n / (stats["ms"] / 1e3)
                 row["tflops"] = PHASE_MATMULS[phase] * 2 * n * v * d / (stats["ms"] / 1e3) / 1e12

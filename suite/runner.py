@@ -13,6 +13,7 @@ vocabulary over K ranks, each a process of its own (suite/ranks.py).
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import datetime as dt
 import importlib
@@ -114,8 +115,11 @@ def _reset_compiled():
 
 
 def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer, run_id,
-                 progress=None, inflight_path=None) -> None:
+                 progress=None, inflight_path=None, clocks=False) -> None:
     device = torch.device(device)
+    from suite.clocks import ClockLog
+
+    clock_log = ClockLog(device) if clocks else None   # run() checked the device
     label = _device_label(device)
     stamp = lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
     base = {**cell.fields(), "device": label, "run_id": run_id}
@@ -168,7 +172,7 @@ def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer,
             inflight_path.write_text(json.dumps([cell.cell_id, p.name]))
         metric_rows = measure_provider(
             p, inputs, ref, phases=phases, softcap=cell.softcap, ignore_index=-100, reps=reps,
-            warmup=warmup, floor_ms=floor["ms"], n=cell.n, v=cell.v, d=cell.d)
+            warmup=warmup, floor_ms=floor["ms"], n=cell.n, v=cell.v, d=cell.d, clocks=clock_log)
         emit(p.name, metric_rows, extra)
     if inflight_path is not None and inflight_path.exists():
         inflight_path.unlink()
@@ -187,7 +191,7 @@ def _device_label(device) -> str:
 def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False, reps=None,
         warmup=None, device=None, isolate=False, quiet=False, plugins=(), rerun=(),
         select=None, summary=True, world_size=None, variants=(),
-        collective_timeout_s=ranks.COLLECTIVE_TIMEOUT_S) -> Path:
+        collective_timeout_s=ranks.COLLECTIVE_TIMEOUT_S, clocks=False) -> Path:
     """Measure ``providers`` (names) on ``cells`` into ``out_dir``; returns the run folder.
 
     ``select(cell, provider) -> bool``: only the pairs it accepts are measured (the gate runs
@@ -205,12 +209,15 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     ``world_size`` (K >= 2): C sharded by vocabulary over K ranks, one process per rank
     launched here (suite/ranks.py; ``bench --vocab-parallel K``), into a folder of its own
     (rows of another world size there are refused); not with isolate, rerun, plugins,
-    variants or select."""
+    variants or select.
+
+    ``clocks``: each row also records the SM clock its timed calls ran at (suite/clocks.py;
+    needs nvidia-ml-py and a GPU; not with world_size)."""
     device = str(device or default_device())
     variants = [list(v) for v in variants]
     if world_size is not None:
         _check_sharded(world_size, device, isolate=isolate, rerun=rerun, plugins=plugins,
-                       select=select, variants=variants)
+                       select=select, variants=variants, clocks=clocks)
     load_extras(plugins, variants)
     d_reps, d_warmup = default_reps(device)
     reps = d_reps if reps is None else reps
@@ -219,6 +226,8 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
                                                  rerun, resume)
     out = Path(out_dir)
     _check_out(out, resume, world_size)
+    if clocks:
+        _check_clocks(out, device)
     done = {pair for pair in done_pairs(out, phases) if pair[1] not in rerun} if resume else set()
     if world_size is not None:
         sharded = dict(world_size=world_size, collective_timeout_s=collective_timeout_s)
@@ -233,7 +242,8 @@ def run(cells, providers, phases=PHASES, out_dir="results/run", *, resume=False,
     if skipped and not quiet:
         print(f"resume: {skipped} finished (cell, provider) pairs skipped")
 
-    plan = _write_plan(out, cells, providers, phases, reps, warmup, device, plugins, variants)
+    plan = _write_plan(out, cells, providers, phases, reps, warmup, device, plugins, variants,
+                       clocks=bool(clocks))
     t0 = time.time()
     _measure_all(out, plan, todo, isolate, quiet)
     if summary and not quiet:
@@ -271,6 +281,23 @@ def _check_out(out: Path, resume: bool, world_size) -> None:
         if other:
             raise ValueError(f"--out: {out} holds rows of world size {sorted(other)}; a "
                              f"--vocab-parallel {world_size} run needs a folder of its own")
+
+
+def _check_clocks(out: Path, device: str) -> None:
+    """clocks: a GPU, NVML's module, and a results.csv (if any) with the clock columns."""
+    if torch.device(device).type != "cuda":
+        raise ValueError("--clocks reads a GPU's clock through NVML: it needs a CUDA device")
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        raise ValueError("--clocks needs NVML's Python module: pip install nvidia-ml-py") \
+            from None
+    path = out / "results.csv"
+    if path.exists() and path.stat().st_size:
+        with open(path, newline="") as f:
+            if "sm_mhz" not in next(csv.reader(f), []):
+                raise ValueError(f"--clocks: {path} was written before the clock columns; "
+                                 f"measure into another folder")
 
 
 def _check_sharded(world_size: int, device: str, **not_with) -> None:
@@ -333,7 +360,8 @@ def _measure_all(out: Path, plan: dict, todo, isolate, quiet: bool) -> None:
             else:
                 measure_cell(cell, pending, plan["phases"], device=plan["device"],
                              reps=plan["reps"], warmup=plan["warmup"], writer=writer,
-                             run_id=plan["run_id"], progress=bar)
+                             run_id=plan["run_id"], progress=bar,
+                             clocks=plan.get("clocks", False))
     bar.close()
     print_held(held)
 
@@ -463,7 +491,8 @@ def measure_job(job: dict) -> dict:
     with held_messages() as held:  # handed to the parent, which prints them after its bar
         measure_cell(cells[job["cell"]], job["providers"], plan["phases"], device=plan["device"],
                      reps=plan["reps"], warmup=plan["warmup"], writer=writer,
-                     run_id=plan["run_id"], inflight_path=out / INFLIGHT)
+                     run_id=plan["run_id"], inflight_path=out / INFLIGHT,
+                     clocks=plan.get("clocks", False))
     return {"status": "ok", "messages": held}
 
 

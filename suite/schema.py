@@ -54,6 +54,10 @@ ROW_FIELDS = CELL_FIELDS + [
     "tflops",            # model FLOPs of the phase (PHASE_MATMULS * 2NVD) / median time
     "floor_ms",          # one cuBLAS E @ C.T of the same shape, same run (median ms)
     "floor_ratio",       # ms / floor_ms: how many E @ C.T matmuls' worth of time
+    "sm_mhz",            # with bench --clocks: the median SM clock sampled while the timed calls
+                         # ran (suite/clocks.py); at the power cap it follows the kernel's power
+    "clock_limited",     # with bench --clocks: the fraction of those samples with the clock
+                         # limited (power cap, thermal, slowdown)
     "loss_rel_err",      # |loss - ref| / |ref|
     "de_rel_err",        # ||dE - dE_ref|| / ||dE_ref||
     "dc_rel_err",        # ||dC - dC_ref|| / ||dC_ref||
@@ -73,7 +77,7 @@ ROW_FIELDS = CELL_FIELDS + [
 
 # Columns added after results were first written, with the value an older row means; readers
 # fill them in (an older results.csv lacks them, and stays readable and resumable).
-ROW_FIELD_DEFAULTS = {"world_size": "1", "ran": ""}
+ROW_FIELD_DEFAULTS = {"world_size": "1", "ran": "", "sm_mhz": "", "clock_limited": ""}
 
 # Model FLOPs of each phase in units of one E @ C.T (2*N*V*D): forward 1, backward dE + dC = 2.
 # (A kernel that keeps no N x V values also recomputes the logits: 4 matmuls for loss+grad.)

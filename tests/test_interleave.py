@@ -124,18 +124,18 @@ def test_cuda_is_asked_for_by_name_where_there_is_none(monkeypatch, tmp_path):
 # ---- --clocks: the SM clock and power while each entry's calls run -----------------------------
 
 def test_clock_samples_summarise_to_medians_and_the_limiting_reasons_by_name():
-    from suite.kernel.clocks import Sample, summary
+    from suite.clocks import Sample, summary
     power_cap, idle = 0x4, 0x1   # NVML's SwPowerCap and GpuIdle bits
     got = summary([Sample(1980, 500.0, 0), Sample(1755, 700.0, power_cap),
                    Sample(1830, 690.0, power_cap | 0x20), Sample(1980, 120.0, idle)])
-    assert got == {"sm_mhz": 1905.0, "power_w": 595.0, "clock_limited": 0.5,
+    assert got == {"sm_mhz": 1905, "power_w": 595.0, "clock_limited": 0.5,
                    "clock_reasons": "power_cap+sw_thermal"}
     assert summary([]) == {}
 
 
 def test_the_log_reads_while_the_stream_has_work_and_once_after_a_call_too_short_for_that(
         monkeypatch):
-    from suite.kernel import clocks
+    from suite import clocks
     busy = iter([False, False, True, True])
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device: type("S", (), {"query": lambda self: next(busy)})())
@@ -159,7 +159,7 @@ def test_each_calls_clock_samples_go_to_the_entry_that_made_it():
 
 def test_clocks_are_refused_by_name_without_nvml_or_a_gpu(monkeypatch, tmp_path):
     import sys
-    from suite.kernel import clocks
+    from suite import clocks
     monkeypatch.setitem(sys.modules, "pynvml", None)    # import pynvml raises ImportError
     with pytest.raises(SystemExit, match="nvidia-ml-py"):
         clocks.ClockLog(torch.device("cpu"))

@@ -12,7 +12,8 @@
 # softcap; none without it). A softcapped shape runs without torch_native, which lacks one.
 # PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
-# bf16), REPS (default 10), PYTHON (default python3); FORWARD=0 skips the forward step; TESTS=1
+# bf16), REPS (default 10), PYTHON (default python3); CLOCKS (default 1 where pynvml imports:
+# each row's SM clock, `bench --clocks`); FORWARD=0 skips the forward step; TESTS=1
 # first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
 # TESTS_CAP_S). Steps run under what is left of FRONTIER_DEADLINE_S (default 540 s from the
 # start), so one slow step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
@@ -56,6 +57,11 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
   esac
 }
 
+if [ -z "${CLOCKS:-}" ]; then
+  "$PYTHON" -c "import pynvml" 2> /dev/null && CLOCKS=1 || CLOCKS=0
+fi
+CLOCK_ARGS=()
+[ "$CLOCKS" = 1 ] && CLOCK_ARGS=(--clocks)
 "$PYTHON" -c "import liger_kernel, cut_cross_entropy; print('peers import')" >> "$LOG" 2>&1 || \
   echo "warning: a peer does not import (its rows say why)" | tee -a "$LOG"
 # torch's F.linear_cross_entropy: the carried module files and version.py load (a run without
@@ -72,7 +78,7 @@ for shape in $SHAPES; do
   # shellcheck disable=SC2086
   step "frontier $shape" "$PYTHON" -m suite bench --plugin suite.frontier --dist lm \
     --phases loss+grad --isolate --reps "$REPS" --dtype "$DTYPE" --providers "$providers" $args \
-    --out "$RUN/frontier-$shape-$GPU" --resume --quiet
+    "${CLOCK_ARGS[@]}" --out "$RUN/frontier-$shape-$GPU" --resume --quiet
 done
 if [ "${FORWARD:-1}" = 1 ]; then
   for shape in $SHAPES; do
@@ -80,7 +86,7 @@ if [ "${FORWARD:-1}" = 1 ]; then
     # shellcheck disable=SC2086
     step "forward $shape" "$PYTHON" -m suite bench --dist lm --phases fwd --isolate \
       --reps "$REPS" --dtype "$DTYPE" --providers "$FORWARD_PROVIDERS" $args \
-      --out "$RUN/forward-$GPU" --resume --quiet
+      "${CLOCK_ARGS[@]}" --out "$RUN/forward-$GPU" --resume --quiet
   done
 fi
 for folder in "$RUN"/frontier-*; do

@@ -15,7 +15,7 @@ draws more power than its neighbours gets a clock it would not get alone
 (results/notes/gluon-forward.md#the-power-cap-why-the-two-methods-disagree). So check a
 default's change with both: `--order blocked` times each entry's calls back to back in this
 process, at the clock its own power sets, and `--clocks` reads the SM clock, power and NVML's
-clock-limiting reasons while each call runs (suite/kernel/clocks.py).
+clock-limiting reasons while each call runs (suite/clocks.py).
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
@@ -129,7 +129,7 @@ def add_arguments(ap) -> None:
                          "whether a time depends on the kernels run between its calls")
     ap.add_argument("--clocks", action="store_true",
                     help="also each entry's SM clock, power and clock-limiting reasons, read by "
-                         "NVML while its calls run (suite/kernel/clocks.py; needs nvidia-ml-py); "
+                         "NVML while its calls run (suite/clocks.py; needs nvidia-ml-py); "
                          "each call then waits for the one before")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
@@ -274,7 +274,7 @@ def head_rows(head: str, args, device) -> list[dict]:
     """One head's rows: every entry prepared, then timed beside the floor in --order's
     sequence (call_order)."""
     from suite.inputs import make_inputs
-    from suite.kernel.clocks import ClockLog, summary
+    from suite.clocks import ClockLog, summary
     from suite.measure import free_memory, time_stats
 
     n, d, v, softcap = parse_head(head)

@@ -1,13 +1,15 @@
 """The GPU's SM clock, board power and clock-event reasons, read through NVML while timed calls
-run (`python -m suite kernel interleave --clocks`): whether a kernel's time moves with the clock
-it ran at, and why the clock was where it was.
+run (`python -m suite kernel interleave --clocks`, `python -m suite bench --clocks`): whether a
+kernel's time moves with the clock it ran at, and why the clock was where it was.
 
 A Hopper board runs its SMs below their boost clock when it reaches its power limit; a kernel
 that keeps the tensor cores busier draws more power and may run at a lower clock than a slower
 kernel. Timed in a process of its own, each kernel runs at the clock its own power sets; timed
 between other kernels, at the clock their mix sets. ClockLog.during() reads the clock while the
 device's stream still has the call's work (it waits for that work, so the next call starts on
-an idle GPU); the samples are kept per entry.
+an idle GPU); the samples are kept per entry. ClockLog.sampling() reads them from a thread
+while a block of calls runs unsynchronised (suite bench's timed calls), so the calls' timing is
+unchanged but for the thread's reads, which hold the GIL only between NVML calls.
 
 NVML's Python module is nvidia-ml-py (`import pynvml`), one pure-Python wheel, loaded only here.
 Power is nvmlDeviceGetPowerUsage's, which recent boards average over about a second: it follows
@@ -15,7 +17,9 @@ a block of one entry's calls, not one call among others.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 LIMITING_REASONS = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
                     0x40: "hw_thermal", 0x80: "power_brake"}
 POLL_S = 0.0005
+SAMPLING_PERIOD_S = 0.002   # sampling(): about 5 reads per millisecond-scale call would be noise
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,8 @@ def summary(samples: list[Sample]) -> dict:
     seen = 0
     for s in samples:
         seen |= s.reasons
-    return {"sm_mhz": statistics.median(s.sm_mhz for s in samples),
+    # the median's int: an even count's median is a float, which the CSV would print apart
+    return {"sm_mhz": round(statistics.median(s.sm_mhz for s in samples)),
             "power_w": round(statistics.median(s.power_w for s in samples), 1),
             "clock_limited": round(sum(bool(s.reasons & sum(LIMITING_REASONS)) for s in samples)
                                    / len(samples), 3),
@@ -85,3 +91,23 @@ class ClockLog:
             taken = True
         if not taken:
             got.append(self.read())
+
+    @contextlib.contextmanager
+    def sampling(self, name: str, period_s: float = SAMPLING_PERIOD_S):
+        """Samples under name every period_s from a thread, while the block runs (one read as
+        it ends, where the block was too short for the thread's first)."""
+        got, stop = self.samples.setdefault(name, []), threading.Event()
+
+        def loop():
+            while not stop.wait(period_s):
+                got.append(self.read())
+
+        thread = threading.Thread(target=loop, name="nvml-clocks", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            if not got:
+                got.append(self.read())
