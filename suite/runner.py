@@ -288,10 +288,14 @@ def _check_clocks(out: Path, device: str) -> None:
     if torch.device(device).type != "cuda":
         raise ValueError("--clocks reads a GPU's clock through NVML: it needs a CUDA device")
     try:
-        import pynvml  # noqa: F401
+        import pynvml
     except ImportError:
         raise ValueError("--clocks needs NVML's Python module: pip install nvidia-ml-py") \
             from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise ValueError(f"--clocks: NVML does not answer here ({exc})") from None
     path = out / "results.csv"
     if path.exists() and path.stat().st_size:
         with open(path, newline="") as f:

@@ -90,7 +90,17 @@ def test_clocks_are_refused_naming_the_flag(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with pytest.raises(ValueError, match="nvidia-ml-py"):
         runner._check_clocks(tmp_path, "cuda")
-    monkeypatch.setitem(sys.modules, "pynvml", type(sys)("pynvml"))
+    nvml = type(sys)("pynvml")
+    nvml.NVMLError = type("NVMLError", (Exception,), {})
+
+    def no_driver():
+        raise nvml.NVMLError("NVML Shared Library Not Found")
+
+    nvml.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with pytest.raises(ValueError, match="--clocks: NVML does not answer.*Library Not Found"):
+        runner._check_clocks(tmp_path, "cuda")
+    nvml.nvmlInit = lambda: None
     old = tmp_path / "results.csv"
     old.write_text("cell_id,provider,phase,ms\nx,own,fwd,1.0\n")
     with pytest.raises(ValueError, match="--clocks.*before the clock columns"):

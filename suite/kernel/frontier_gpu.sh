@@ -12,7 +12,7 @@
 # softcap; none without it). A softcapped shape runs without torch_native, which lacks one.
 # PROVIDERS (default every exact peer and own point), FORWARD_PROVIDERS (default
 # own,own_portable,torch_compile: the forward alone, phase fwd, under no_grad), DTYPE (default
-# bf16), REPS (default 10), PYTHON (default python3); CLOCKS (default 1 where pynvml imports:
+# bf16), REPS (default 10), PYTHON (default python3); CLOCKS (default 1 where NVML answers:
 # each row's SM clock, `bench --clocks`); FORWARD=0 skips the forward step; TESTS=1
 # first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
 # TESTS_CAP_S). Steps run under what is left of FRONTIER_DEADLINE_S (default 540 s from the
@@ -58,7 +58,7 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
 }
 
 if [ -z "${CLOCKS:-}" ]; then
-  "$PYTHON" -c "import pynvml" 2> /dev/null && CLOCKS=1 || CLOCKS=0
+  "$PYTHON" -c "import pynvml; pynvml.nvmlInit()" 2> /dev/null && CLOCKS=1 || CLOCKS=0
 fi
 CLOCK_ARGS=()
 [ "$CLOCKS" = 1 ] && CLOCK_ARGS=(--clocks)
