@@ -2,7 +2,7 @@
 run (`python -m suite kernel interleave --clocks`, `python -m suite bench --clocks`): whether a
 kernel's time moves with the clock it ran at, and why the clock was where it was.
 
-A Hopper board runs its SMs below their boost clock when it reaches its power limit; a kernel
+A GPU runs its SMs below their boost clock when the board reaches its power limit; a kernel
 that keeps the tensor cores busier draws more power and may run at a lower clock than a slower
 kernel. Timed in a process of its own, each kernel runs at the clock its own power sets; timed
 between other kernels, at the clock their mix sets. ClockLog.during() reads the clock while the
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 LIMITING_REASONS = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
                     0x40: "hw_thermal", 0x80: "power_brake"}
 POLL_S = 0.0005
-SAMPLING_PERIOD_S = 0.002   # sampling(): about 5 reads per millisecond-scale call would be noise
+SAMPLING_PERIOD_S = 0.002   # sampling(): reads more often would take the GIL from launches more
 
 
 @dataclass(frozen=True)

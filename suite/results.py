@@ -114,7 +114,7 @@ def _nvidia_driver() -> str | None:
 def gpu_board(index: int) -> dict:
     """Which board ran: its UUID, power limit and highest SM clock. Boards of one model differ in
     the clock they hold at the power limit, where these kernels run, so times compare within
-    one board (results/notes/gluon-forward.md#the-power-cap)."""
+    one board (results/notes/gluon-forward.md#the-power-cap-why-the-two-methods-disagree)."""
     import torch
 
     uuid = str(torch.cuda.get_device_properties(index).uuid)
