@@ -57,6 +57,23 @@ def test_blocked_calls_each_entry_back_to_back_half_in_order_half_reversed():
         tool.call_order(["a"], 2, "random")
 
 
+def test_settle_calls_each_block_untimed_first_and_only_blocked_takes_it(tmp_path):
+    # At the power cap the clock lags a change of kernel: a block's first calls would run at
+    # the clock the previous entry's power set.
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    e = torch.zeros(2, requires_grad=True)
+    times = tool._sweeps(runs, {"e": e, "c": e}, reps=4, device=torch.device("cpu"),
+                         order="blocked", settle=2)
+    # a a | b b b b | a a: each run of one entry's calls after two untimed ones
+    assert calls == ["a"] * 4 + ["b"] * 6 + ["a"] * 4
+    assert {name: len(ms) for name, ms in times.items()} == {"a": 4, "b": 4}
+    for bad in (["--settle", "2"], ["--settle", "-1", "--order", "blocked"]):
+        with pytest.raises(SystemExit, match="--settle"):
+            cli.main(["kernel", "interleave", "--device", "cpu", "--heads", "8x8x8",
+                      "--out", str(tmp_path)] + bad)
+
+
 def test_a_run_on_the_cpu_writes_a_row_per_entry_with_ratios_and_gradient_differences(
         tmp_path, capsys):
     # fp32 under the interpreter: a config variant that only reschedules the same arithmetic
@@ -85,8 +102,8 @@ def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypa
     seen = {}
     sweeps = tool._sweeps
 
-    def recording(runs, inputs, reps, device, order="interleaved", clocks=None):
-        times = sweeps(runs, inputs, reps, device, order, clocks)
+    def recording(runs, inputs, reps, device, order="interleaved", clocks=None, settle=0):
+        times = sweeps(runs, inputs, reps, device, order, clocks, settle)
         seen.update({name: list(ms) for name, ms in times.items()})
         return times
 

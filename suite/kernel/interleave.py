@@ -14,7 +14,8 @@ GPU's power cap, where interleaved entries share the clock their mix sets, and a
 draws more power than its neighbours gets a clock it would not get alone
 (results/notes/gluon-forward.md#the-power-cap-why-the-two-methods-disagree). So check a
 default's change with both: `--order blocked` times each entry's calls back to back in this
-process, at the clock its own power sets, and `--clocks` reads the SM clock, power and NVML's
+process, at the clock its own power sets (`--settle K`: after K untimed calls per block, as the
+clock lags a change of kernel), and `--clocks` reads the SM clock, power and NVML's
 clock-limiting reasons while each call runs (suite/clocks.py).
 
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
@@ -30,6 +31,7 @@ reasons NVML gave for a limited clock.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -41,7 +43,7 @@ MIB = 2**20
 FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "status", "path",
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
           "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device",
-          "order", "sm_mhz", "power_w", "clock_limited", "clock_reasons"]
+          "order", "settle", "sm_mhz", "power_w", "clock_limited", "clock_reasons"]
 COMPILE = "torch_compile"
 FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
@@ -127,6 +129,9 @@ def add_arguments(ap) -> None:
                     help="blocked: each entry's calls back to back (half in entry order, half "
                          "reversed), so a kernel follows itself: beside an interleaved run, "
                          "whether a time depends on the kernels run between its calls")
+    ap.add_argument("--settle", type=int, default=0, metavar="K",
+                    help="with --order blocked: K untimed calls before each block, so that at the "
+                         "power cap the clock has moved to the entry's own before it is timed")
     ap.add_argument("--clocks", action="store_true",
                     help="also each entry's SM clock, power and clock-limiting reasons, read by "
                          "NVML while its calls run (suite/clocks.py; needs nvidia-ml-py); "
@@ -206,21 +211,29 @@ def call_order(names: list[str], reps: int, order: str = "interleaved") -> list[
 
 
 def _sweeps(runs: dict, inputs: dict, reps: int, device, order: str = "interleaved",
-            clocks=None) -> dict:
+            clocks=None, settle: int = 0) -> dict:
     """{name: [ms, ...]}: reps calls of every run in call_order's sequence, gradients cleared
     and the L2 flushed outside the timed region; clocks (a clocks.ClockLog): read while each
-    call runs."""
+    call runs; settle: untimed calls before each block of one run's calls (--order blocked)."""
     from suite.measure import L2_FLUSH_BYTES, RegionTimer
 
     timers = {name: RegionTimer(device) for name in runs}
     flush = (torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
              if device.type == "cuda" else None)
-    for name in call_order(list(runs), reps, order):
+
+    def call(name, timer=None):
         inputs["e"].grad = inputs["c"].grad = None
         if flush is not None:
             flush.zero_()
-        with timers[name].region():
+        with timer.region() if timer is not None else contextlib.nullcontext():
             runs[name]()
+
+    previous = None
+    for name in call_order(list(runs), reps, order):
+        for _ in range(settle if name != previous else 0):
+            call(name)   # untimed: the clock settles where this kernel's power takes it
+        previous = name
+        call(name, timers[name])
         if clocks is not None:
             clocks.during(name, device)
     inputs["e"].grad = inputs["c"].grad = None
@@ -286,7 +299,7 @@ def head_rows(head: str, args, device) -> list[dict]:
         torch.mm(e, c.T)
     base = {"head": head, "n": n, "d": d, "v": v, "softcap": softcap or "",
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "order": args.order}
+            "order": args.order, "settle": args.settle}
     rows, runs, base_grads = [], {FLOOR: lambda: torch.mm(e, c.T)}, {}
     for entry in entries(parse_variants(args.variants), parse_budgets(args.budgets),
                          args.compile):
@@ -297,7 +310,8 @@ def head_rows(head: str, args, device) -> list[dict]:
     base_grads.clear()
     free_memory(device)
     clocks = ClockLog(device) if args.clocks else None
-    times = _sweeps(runs, inputs, args.reps, device, order=args.order, clocks=clocks)
+    times = _sweeps(runs, inputs, args.reps, device, order=args.order, clocks=clocks,
+                    settle=args.settle)
     floor = time_stats(times.pop(FLOOR))["ms"]
     for row in rows:
         row["floor_ms"] = floor
@@ -318,6 +332,8 @@ def main(args) -> int:
         raise SystemExit("python -m suite kernel interleave: --device cuda needs a CUDA device")
     if args.reps < 1 or args.warmup < 0:
         raise SystemExit("--reps must be >= 1 and --warmup >= 0")
+    if args.settle < 0 or (args.settle and args.order != "blocked"):
+        raise SystemExit("--settle: K >= 0 untimed calls before each block of --order blocked")
     if args.clocks and device.type != "cuda":
         raise SystemExit("--clocks reads a GPU's clock through NVML: it needs --device cuda")
     heads = [h for h in args.heads.split(",") if h.strip()]
