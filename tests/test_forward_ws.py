@@ -23,7 +23,7 @@ from own_kernel.policy.route import Call, route  # noqa: E402
 from tests.gluon_sm90 import DEV, NEEDS_HOPPER, compiled_for_sm90  # noqa: E402
 
 BF16 = torch.bfloat16
-PLAIN = dict(n=8192, v=128256, d=4096, dtype=BF16, needs_grad=False, e_tma_ready=True,
+PLAIN = dict(n=8192, v=128256, d=2048, dtype=BF16, needs_grad=False, e_tma_ready=True,
              c_tma_ready=True)
 
 
@@ -59,6 +59,18 @@ def test_the_config_and_tiles_decide_and_unaligned_inputs_take_the_pointer_forwa
     assert route(Call(**PLAIN), narrow).forward == "tma"   # splits of 64 columns
     assert route(Call(**PLAIN), PORTABLE).forward in ("tma", "pointer")
     assert route(Call(**{**PLAIN, "e_tma_ready": False}), HOPPER_16BIT).forward == "pointer"
+
+
+def test_above_ws_max_d_the_tma_forward_runs():
+    # At the power cap forward_tma.py was faster from D 3584 (results/notes/gluon-forward.md).
+    limit = HOPPER_16BIT.forward.ws_max_d
+    assert limit > 0
+    assert route(Call(**{**PLAIN, "d": limit}), HOPPER_16BIT).forward == "ws"
+    assert route(Call(**{**PLAIN, "d": limit + 8}), HOPPER_16BIT).forward == "tma"
+    anyd = with_overrides(HOPPER_16BIT, {"forward": {"ws_max_d": 0}})
+    assert route(Call(**{**PLAIN, "d": 8192}), anyd).forward == "ws"
+    with pytest.raises(ValueError, match="forward.ws_max_d"):
+        with_overrides(HOPPER_16BIT, {"forward": {"ws_max_d": -1}})
 
 
 def test_without_gluon_the_tma_forward_runs(monkeypatch):

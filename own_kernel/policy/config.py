@@ -89,6 +89,11 @@ class Forward:
     # (results/notes/gluon-forward.md). Not the three-matmul path's shifted logits (tried: level
     # or slower, the same note).
     ws: bool = False
+    # ws up to this hidden size (0: any). At the power cap, each kernel timed at the clock its
+    # own power sets (blocked after untimed calls, or a process per provider), forward_tma.py
+    # was faster at D 3584-5120 and level at D 1152, where the Gluon kernel was faster
+    # interleaved and level or faster blocked up to D 3072 (the same note's power-cap section).
+    ws_max_d: int = 0
     # ws also with a softcap or a temperature. Off: at Gemma 2's three softcapped heads it was
     # faster than forward_tma.py interleaved, but level or slower forward-only a process per
     # provider, and level inside loss+grad (the same note's softcap section).
@@ -96,6 +101,8 @@ class Forward:
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
+        if self.ws_max_d < 0:
+            raise ValueError(f"forward.ws_max_d: expected >= 0 (0: any D), got {self.ws_max_d}")
         if self.l2_group not in ("budget", "splits"):
             raise ValueError(f"forward.l2_group: expected 'budget' or 'splits', got "
                              f"{self.l2_group!r}")
@@ -357,7 +364,7 @@ HOPPER_16BIT = Config(
     # 128 x 256 TMA tiles with nested loops: the fastest forward (results/notes/forward-tiles.md);
     # l2_mib 24: E's resident row blocks stay in L2 (19 -> 1.7 GB DRAM at N 32768; forward-l2.md).
     forward=Forward(Tiles(128, 256, 64, num_warps=8, num_stages=3), tma=True, l2_mib=24,
-                    softcap_halves=True, ws=True),
+                    softcap_halves=True, ws=True, ws_max_d=3072),
     dlogits=Tiles(128, 128, 64, num_warps=8, num_stages=4),
     dlogits_tiles_per_program=1,
     # Persistent, flattened: the next tile's loads overlap this one's epilogue; column sums of

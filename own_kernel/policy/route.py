@@ -332,8 +332,10 @@ class Route:
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
         tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
-        # forward_ws.py's tiles within split_plan's splits (multiples of block_v)
-        ws = self.cfg.forward.ws and self.cfg.forward.tiles.block_v % WS_BLOCK_V == 0
+        # forward_ws.py's tiles within split_plan's splits (multiples of block_v), up to its D
+        fwd = self.cfg.forward
+        ws = (fwd.ws and fwd.tiles.block_v % WS_BLOCK_V == 0
+              and (fwd.ws_max_d == 0 or self.call.d <= fwd.ws_max_d))
         if tma and ws and self.ws_forward_logits and gluon_hopper():
             return "ws"
         return "tma" if tma else "pointer"
