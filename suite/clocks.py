@@ -54,19 +54,33 @@ def summary(samples: list[Sample]) -> dict:
                                       if seen & bit)}
 
 
+def unavailable(device) -> str:
+    """Why NVML cannot read this device's clock here, or "" where it can (NVML initialised)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return "NVML reads a GPU's clock: it needs a CUDA device"
+    try:
+        import pynvml
+    except ImportError:
+        return "needs NVML's Python module: pip install nvidia-ml-py"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"NVML does not answer here ({exc})"
+    return ""
+
+
 class ClockLog:
     """NVML samples per entry name, for one device (found by its PCI bus id, as NVML numbers
     devices without CUDA_VISIBLE_DEVICES)."""
 
     def __init__(self, device):
         import torch
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise SystemExit("--clocks needs NVML's Python module: pip install nvidia-ml-py") \
-                from exc
+        reason = unavailable(device)   # "" leaves NVML initialised
+        if reason:
+            raise SystemExit(f"--clocks: {reason}")
+        import pynvml
         self._nvml = pynvml
-        pynvml.nvmlInit()
         p = torch.cuda.get_device_properties(device)
         bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
         self._handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)

@@ -284,18 +284,13 @@ def _check_out(out: Path, resume: bool, world_size) -> None:
 
 
 def _check_clocks(out: Path, device: str) -> None:
-    """clocks: a GPU, NVML's module, and a results.csv (if any) with the clock columns."""
-    if torch.device(device).type != "cuda":
-        raise ValueError("--clocks reads a GPU's clock through NVML: it needs a CUDA device")
-    try:
-        import pynvml
-    except ImportError:
-        raise ValueError("--clocks needs NVML's Python module: pip install nvidia-ml-py") \
-            from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise ValueError(f"--clocks: NVML does not answer here ({exc})") from None
+    """clocks: NVML answering for the device, and a results.csv (if any) with the clock
+    columns."""
+    from suite.clocks import unavailable
+
+    reason = unavailable(device)
+    if reason:
+        raise ValueError(f"--clocks: {reason}")
     path = out / "results.csv"
     if path.exists() and path.stat().st_size:
         with open(path, newline="") as f:

@@ -179,7 +179,7 @@ def test_clocks_are_refused_by_name_without_nvml_or_a_gpu(monkeypatch, tmp_path)
     from suite import clocks
     monkeypatch.setitem(sys.modules, "pynvml", None)    # import pynvml raises ImportError
     with pytest.raises(SystemExit, match="nvidia-ml-py"):
-        clocks.ClockLog(torch.device("cpu"))
+        clocks.ClockLog(torch.device("cuda"))   # refused before any device is asked
     with pytest.raises(SystemExit, match="--clocks"):
         cli.main(["kernel", "interleave", "--device", "cpu", "--heads", "8x8x8", "--clocks",
                   "--out", str(tmp_path)])

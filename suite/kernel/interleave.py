@@ -334,8 +334,11 @@ def main(args) -> int:
         raise SystemExit("--reps must be >= 1 and --warmup >= 0")
     if args.settle < 0 or (args.settle and args.order != "blocked"):
         raise SystemExit("--settle: K >= 0 untimed calls before each block of --order blocked")
-    if args.clocks and device.type != "cuda":
-        raise SystemExit("--clocks reads a GPU's clock through NVML: it needs --device cuda")
+    if args.clocks:
+        from suite.clocks import unavailable
+
+        if reason := unavailable(device):
+            raise SystemExit(f"--clocks: {reason}")
     heads = [h for h in args.heads.split(",") if h.strip()]
     for h in heads:  # a malformed argument is an error before anything runs
         parse_head(h)
