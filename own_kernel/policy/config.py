@@ -92,7 +92,9 @@ class Forward:
     # ws up to this hidden size (0: any). At the power cap, each kernel timed at the clock its
     # own power sets (blocked after untimed calls, or a process per provider), forward_tma.py
     # was faster at D 3584-5120 and level at D 1152, where the Gluon kernel was faster
-    # interleaved and level or faster blocked up to D 3072 (the same note's power-cap section).
+    # interleaved and level or faster blocked up to D 3072 (the same note's power-cap section);
+    # checked since at heads no preset names: faster or level at D 7168 and 8192, level at
+    # D 2048 and 3072.
     ws_max_d: int = 0
     # ws also with a softcap or a temperature. Off: at Gemma 2's three softcapped heads it was
     # faster than forward_tma.py interleaved, but level or slower forward-only a process per
