@@ -324,6 +324,10 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     assert {float(r["softcap"]) for r in capped} == {30.0}
     # the table of the shape's cell (its rows need a GPU's peak memory: none on the CPU)
     assert "**N 32, D 16, V 97, fp32, lm inputs**" in res.stdout and "| verdict |" in res.stdout
+    # then the forward step's rows, their cells whole (print_rows): both shapes, both providers
+    printed = res.stdout.splitlines()
+    head = printed.index("run n d v softcap provider status ms ms_p20 ms_p80 floor_ratio sm_mhz")
+    assert sum(line.startswith("forward-test 32 16 97 ") for line in printed[head:]) == 4
 
 
 def _run_device_script(name, tmp_path, out, run, **knobs):
@@ -406,6 +410,25 @@ def test_the_device_scripts_label_folders_with_the_gpus_short_name(tmp_path, nam
     for script_name in ("heads_gpu.sh", "frontier_gpu.sh", "headline_gpu.sh"):
         text = (ROOT / "suite" / "kernel" / script_name).read_text()
         assert "start_run " in text and "nvidia-smi" not in text, script_name
+
+
+def test_print_rows_prints_every_rows_cells_whole_and_the_board(tmp_path):
+    # deadline_steps.sh's print_rows, the table device scripts print last: cells as the CSV has
+    # them (a rounded 1755.0 once hid a flaky median), each row named by its folder, sorted; a
+    # column a CSV lacks prints empty; the first run's board last
+    for name, ms in (("round-2", "12.3456789"), ("round-1", "7.25")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "interleave.csv").write_text(f"head,ms\n8192x4096x128256,{ms}\n")
+    (tmp_path / "round-1" / "env.json").write_text('{"gpu_uuid": "abc", "power_limit_w": 700}')
+    script = (f"source {ROOT}/suite/kernel/deadline_steps.sh; "
+              f"print_rows '{tmp_path}/*/interleave.csv' head ms sm_mhz")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == [
+        "run head ms sm_mhz",
+        "round-1 8192x4096x128256 7.25 ",
+        "round-2 8192x4096x128256 12.3456789 ",
+        "{'gpu_uuid': 'abc', 'power_limit_w': 700, 'sm_clock_max_mhz': None, "
+        "'git_commit': None}"], done.stdout + done.stderr
 
 
 def test_a_capped_step_stops_at_its_cap_and_a_short_deadline_skips_it(tmp_path):

@@ -1,9 +1,10 @@
 # Sourced by the device scripts (heads_gpu.sh, frontier_gpu.sh, headline_gpu.sh, peers_gpu.sh):
 # steps that run under what is left of one deadline, so one slow step cannot take the others'
-# rows with it, and the run's folders (start_run, gpu_label). Before a step, the caller sets
-# START (its $SECONDS at the start), DEADLINE (seconds from START), LOG (the log file), RUN (the
-# run folder), PACK (the tar under $OUT that RUN is packed into after every step; start_run
-# sets these three) and, optionally, STEP_MIN_S (default 30: a step with less left is skipped).
+# rows with it, the run's folders (start_run, gpu_label) and the table printed last (print_rows).
+# Before a step, the caller sets START (its $SECONDS at the start), DEADLINE (seconds from
+# START), LOG (the log file), RUN (the run folder), PACK (the tar under $OUT that RUN is packed
+# into after every step; start_run sets these three) and, optionally, STEP_MIN_S (default 30: a
+# step with less left is skipped).
 
 # head_args NxDxV[xS]: the bench arguments of a head named by its sizes, S its softcap (none
 # without it)
@@ -69,4 +70,28 @@ capped_step() {
   STEP_RC=$?
   echo "   $name: exit $STEP_RC at $(( SECONDS - START )) s" | tee -a "$LOG"
   tar -C "$(dirname "$RUN")" -cf "$PACK" "$(basename "$RUN")"
+}
+
+# print_rows GLOB KEY...: the table a device script prints last, whole cells (never rounded):
+# a header, then each row of the CSVs GLOB matches (sorted), its folder's name first and then
+# its KEY cells (empty where a CSV lacks the column); last, the board of the first CSV's
+# env.json, where there is one
+print_rows() {
+  "${PYTHON:-python3}" - "$@" <<'PY'
+import csv, glob, json, os, sys
+
+pattern, keys = sys.argv[1], sys.argv[2:]
+files = sorted(glob.glob(pattern))
+print("run", *keys)
+for path in files:
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            print(os.path.basename(os.path.dirname(path)), *(row.get(k, "") for k in keys))
+env = os.path.join(os.path.dirname(files[0]), "env.json") if files else ""
+if env and os.path.exists(env):
+    with open(env) as f:
+        board = json.load(f)
+    print({k: board.get(k) for k in ("gpu_uuid", "power_limit_w", "sm_clock_max_mhz",
+                                      "git_commit")})
+PY
 }

@@ -18,7 +18,8 @@
 # TESTS_CAP_S). Steps run under what is left of FRONTIER_DEADLINE_S (default 540 s from the
 # start), so one slow step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
 # (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
-# step, $OUT/<RUN's name>.tar of it and $OUT/frontier.log; prints the frontier tables last.
+# step, $OUT/<RUN's name>.tar of it and $OUT/frontier.log; prints the frontier tables last,
+# then the forward step's rows (deadline_steps.sh's print_rows).
 set -uo pipefail
 : "${OUT:?OUT: the folder whose files come back}"
 START=$SECONDS
@@ -92,3 +93,7 @@ fi
 for folder in "$RUN"/frontier-*; do
   [ -d "$folder" ] && "$PYTHON" -m suite frontier "$folder" 2>&1 | tail -n 40 | tee -a "$LOG"
 done
+if [ "${FORWARD:-1}" = 1 ] && [ -f "$RUN/forward-$GPU/results.csv" ]; then
+  print_rows "$RUN/forward-$GPU/results.csv" n d v softcap provider status ms ms_p20 ms_p80 \
+    floor_ratio sm_mhz | tee -a "$LOG"
+fi
