@@ -20,15 +20,17 @@ class Section:
     tables: tuple[str, ...]  # `python -m suite report` arguments, one table (or set) each
 
 
+# Links here are written from the repository's root, as the report prints its own;
+# render_document rebases them all to results/ (readme.rebase_links).
 HEAD = f"""# Results
 
 Every table below is printed by the `python -m suite report ...` command above it, from the run
 folders in this directory (the curated runs: `suite/report/curated.py`; older runs are in git,
-see [PROVENANCE.md](PROVENANCE.md)); this file is rewritten whole by
+see [PROVENANCE.md](results/PROVENANCE.md)); this file is rewritten whole by
 `python -m suite report --results-doc`, and a test checks that doing so changes nothing. The
-[README](../README.md) shows one compact table per GPU; the measurement notes behind the
-kernel's tuned values are in [notes/](notes/README.md); the figures in [plots/](../plots/) come
-from the same runs (`python -m suite plots`).
+[README](README.md) shows one compact table per GPU; the measurement notes behind the
+kernel's tuned values are in [notes/](results/notes/README.md); the figures in
+[plots/](plots/) come from the same runs (`python -m suite plots`).
 
 How to read them: memory is the peak over what was allocated just before the call (MiB); time
 is the median of the timed calls (CUDA events, L2 flushed); ×floor is the time over one cuBLAS
@@ -76,7 +78,7 @@ SECTIONS = (
         "Every table gives the dE error of each provider; here the own kernel's targets at the "
         "Gemma 2 (2B) shape of the headline run, its errors over the naive baseline's among "
         "them. Every route's loss and gradient errors against fp64, on confident and large "
-        "logits: [notes/accuracy-by-route.md](notes/accuracy-by-route.md).",
+        "logits: [notes/accuracy-by-route.md](results/notes/accuracy-by-route.md).",
         ("results/headline-h200 --targets",)),
     Section(
         "Without a Hopper GPU?",
@@ -105,7 +107,7 @@ SECTIONS = (
         "a second seed, the tensor-parallel head at K = 4, and the largest batch per rank at "
         "K = 4. "
         "What larger counts would give, from these measurements: "
-        "[notes/scaling.md](notes/scaling.md).",
+        "[notes/scaling.md](results/notes/scaling.md).",
         ("results/multigpu-2xh100", "results/multigpu-2xh200", "results/multigpu-2xh200-2",
          "results/multigpu-4xh200", "results/multigpu-4xh200-2")),
     Section(
@@ -137,7 +139,7 @@ SECTIONS = (
 )
 
 
-def _anchor(title: str) -> str:
+def github_anchor(title: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
@@ -145,7 +147,7 @@ def _anchor(title: str) -> str:
 def render_document(table_text) -> str:
     """The whole document; ``table_text(arguments)``: what `python -m suite report <arguments>`
     prints (suite.report.results_doc_text passes it, so this module needs no parser)."""
-    toc = "\n".join(f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS)
+    toc = "\n".join(f"- [{s.title}](#{github_anchor(s.title)})" for s in SECTIONS)
     parts = [HEAD, toc]
     for s in SECTIONS:
         parts.append(f"## {s.title}\n\n{s.intro}")
