@@ -1,6 +1,8 @@
-"""Every relative link in the user's and the developers' documents reaches a file of the
-checkout, and every #anchor a heading of its target (GitHub's anchors), so a renamed note, a
-retitled section or a link written from the wrong folder fails here, not in a reader's browser."""
+"""Every relative link in the checkout's markdown (README, the kernel's README, RESULTS,
+PROVENANCE, the notes, the runs' own notes) reaches a file of the checkout, and every #anchor a
+heading of its target (GitHub's anchors), so a renamed note, a retitled section or a link written
+from the wrong folder fails here, not in a reader's browser."""
+import os
 import re
 from pathlib import Path
 
@@ -9,9 +11,20 @@ import pytest
 from suite.report.document import github_anchor
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "own_kernel" / "README.md",
-               ROOT / "results" / "RESULTS.md", ROOT / "results" / "PROVENANCE.md",
-               *(ROOT / "results" / "notes").glob("*.md")])
+
+
+def _markdown_files() -> list[Path]:
+    """Every .md of the checkout outside hidden folders (.venv, .nox, .git), virtual
+    environments and build outputs: not ours."""
+    skipped = {"build", "dist", "__pycache__", "venv", "site-packages"}
+    found = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in skipped]
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
+
+
+DOCS = _markdown_files()
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
