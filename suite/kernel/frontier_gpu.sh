@@ -58,8 +58,9 @@ cell_args() {  # the shape's cell, as frontier.md's command names it
   esac
 }
 
-if [ -z "${CLOCKS:-}" ]; then
-  "$PYTHON" -c "import pynvml; pynvml.nvmlInit()" 2> /dev/null && CLOCKS=1 || CLOCKS=0
+if [ -z "${CLOCKS:-}" ]; then  # suite.clocks.unavailable: the check bench --clocks makes
+  "$PYTHON" -c "import sys; from suite.clocks import unavailable
+sys.exit(bool(unavailable('cuda')))" 2> /dev/null && CLOCKS=1 || CLOCKS=0
 fi
 CLOCK_ARGS=()
 [ "$CLOCKS" = 1 ] && CLOCK_ARGS=(--clocks)
