@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from suite.report.document import github_anchor
+from suite.report.readme import MARKDOWN_LINK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,6 @@ def _markdown_files() -> list[Path]:
 
 
 DOCS = _markdown_files()
-LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
 
@@ -48,7 +48,7 @@ def anchors(path: Path) -> set[str]:
 
 def broken_links(doc: Path) -> list[str]:
     broken = []
-    for target in LINK.findall(_prose(doc.read_text(encoding="utf-8"))):
+    for target in MARKDOWN_LINK.findall(_prose(doc.read_text(encoding="utf-8"))):
         if re.match(r"^[a-z]+:", target):  # https:, mailto: ...
             continue
         path, _, fragment = target.partition("#")

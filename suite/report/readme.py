@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"
 RESULTS_DOC = ROOT / "results" / "RESULTS.md"
+# A markdown link's target: "](path#anchor)" up to the closing parenthesis
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def rebase_links(text: str, doc: Path) -> str:
@@ -26,7 +28,7 @@ def rebase_links(text: str, doc: Path) -> str:
             return match.group(0)
         return f"]({Path(os.path.relpath(ROOT / target, folder)).as_posix()})"
 
-    return re.sub(r"\]\(([^)\s]+)\)", rebase, text)
+    return MARKDOWN_LINK.sub(rebase, text)
 
 
 def update_markers(text: str, section: str, path) -> None:
