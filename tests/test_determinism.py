@@ -54,3 +54,43 @@ def test_deterministic_sums_match_the_atomics(route, aligned, kw):
             assert torch.equal(x, y)
         else:  # the atomics' order differs: the same up to rounding
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+# ---- the atomics' memory order (CPU: compiled for sm90) ---------------------------------------
+
+_ACCUMULATE_PTX = '''
+import importlib.util, json, os, sys, tempfile
+from triton import compile as triton_compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+# a kernel of one tile.accumulate, in a file (Triton reads a kernel's source)
+SOURCE = """
+import triton
+import triton.language as tl
+from own_kernel.kernels.tile import accumulate
+
+@triton.jit
+def add_rows(Sums, Part, Val, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    accumulate(Sums + offs, Part + offs, tl.load(Val + offs), offs < BLOCK, False)
+"""
+path = os.path.join(tempfile.mkdtemp(), "accumulate_probe.py")
+open(path, "w").write(SOURCE)
+spec = importlib.util.spec_from_file_location("accumulate_probe", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+src = ASTSource(mod.add_rows, {"Sums": "*fp32", "Part": "*fp32", "Val": "*fp32",
+                               "BLOCK": "constexpr"}, {"BLOCK": 128})
+print(json.dumps({"ptx": triton_compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]}))
+'''
+
+
+def test_tile_sums_are_fire_and_forget_atomics():
+    """The kernels' sums (tile.accumulate) are relaxed reductions (PTX red): Triton's default
+    acq_rel atomic returns the old value, and each tile waited on that round trip to L2 (0.17
+    of a floor in the Gluon W writer at D 1152, results/notes/relaxed-atomics.md)."""
+    from tests.gluon_sm90 import compiled_for_sm90
+    ptx = compiled_for_sm90(_ACCUMULATE_PTX)["ptx"]
+    assert "red.global.gpu.relaxed.add.f32" in ptx
+    assert "acq_rel" not in ptx

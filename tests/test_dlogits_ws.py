@@ -108,6 +108,8 @@ def test_compiles_for_sm90():
     # two consumers' 128 x 128 tiles: four 16-deep MMAs per 64-wide k-slice, in two m64 halves
     assert ptx.count("wgmma.mma_async") == 16
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == 2   # each consumer's W store
+    # RowRound's adds fire and forget: an acq_rel atomic waits for its old value every tile
+    assert "red.global.gpu.relaxed.add.f32" in ptx and "acq_rel" not in ptx
     assert f"setmaxnreg.inc.sync.aligned.u32 \t{got['consumer_regs']}" in ptx
     assert f"setmaxnreg.dec.sync.aligned.u32 \t{got['producer_regs']}" in ptx
 

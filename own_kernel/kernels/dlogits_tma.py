@@ -69,7 +69,7 @@ def _subtile_grad(x, out, rows, scalars, n0, w0,
                    DETERMINISTIC)
         over = tl.where(may_skip[:, None], tl.abs(d) - eps[:, None], -1.0)
         keep = (tl.max(over, axis=0) > 0).to(tl.int32)
-        tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
+        tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask, sem="relaxed")
     return tl.sum(r, axis=1), row_wsum
 
 

@@ -123,8 +123,9 @@ def _consume(WHICH: gl.constexpr, bufs, w_desc, row_in, row_round, n, v, v_start
         cols = w0 + gl.arange(0, block_v, layout=gl.SliceLayout(0, acc_layout))
         d = _grad(acc, rows, cols, row_in, n, v, v_start, width, smooth)
         d_used = d.to(w_desc.dtype)
+        # relaxed: a fire-and-forget add (tile.accumulate says why)
         gl.atomic_add(row_round + rows, gl.sum(d - d_used.to(gl.float32), axis=1),
-                      mask=rows < n)
+                      mask=rows < n, sem="relaxed")
         tma.store_wait(0)  # the previous tile's W has left this consumer's buffer
         out.store(d_used)
         fence_async_shared()

@@ -138,8 +138,10 @@ def cce_softmax_grad_kernel(X, W, Bias, Targets, Lse, LseLo, Nll, RowWeight, Row
         accumulate(ColWSum + offs_v, col_part + 2 * col_plane + offs_w, tl.sum(col_wsum, axis=0),
                    w_mask, DETERMINISTIC)
         keep = (tl.max(col_keep, axis=0) > 0).to(tl.int32)
-        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask)
-        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)))
+        # relaxed (tile.accumulate): the count needs each max's old value, not an ordering
+        before = tl.atomic_max(ColKeep + offs_v, keep, mask=w_mask, sem="relaxed")
+        tl.atomic_add(KeptCount, tl.sum(tl.where(w_mask & (before == 0), keep, 0)),
+                      sem="relaxed")
 
 
 def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *, v,

@@ -232,11 +232,13 @@ def halves(x, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
 def accumulate(sum_ptrs, part_ptrs, val, mask, DETERMINISTIC: tl.constexpr):
     # sum += val by atomics (tiles add in whatever order they finish: the last bits vary run
     # to run), or, DETERMINISTIC, this tile's partial stored apart for the host to sum in a
-    # fixed order (rows.py's Partials).
+    # fixed order (rows.py's Partials). Relaxed: only later kernels read the sums, and
+    # Triton's default (acq_rel) returns each add's old value, so the warp waits on L2 every
+    # tile (results/notes/relaxed-atomics.md).
     if DETERMINISTIC:
         tl.store(part_ptrs, val, mask=mask)
     else:
-        tl.atomic_add(sum_ptrs, val, mask=mask)
+        tl.atomic_add(sum_ptrs, val, mask=mask, sem="relaxed")
 
 
 @triton.jit
