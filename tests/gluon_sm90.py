@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -28,3 +29,17 @@ def compiled_for_sm90(script: str, *argv: str) -> dict:
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+ORDERS = ("relaxed", "acquire", "release", "acq_rel", "sc")
+
+
+def global_atomic_orders(ptx: str) -> list:
+    """The memory order of each global atom / red instruction in the PTX (PTX's default,
+    relaxed, where none is written), whichever order of qualifiers the Triton writes."""
+    found = []
+    for quals in re.findall(r"\b(?:atom|red)((?:\.[\w:]+)+)", ptx):
+        if ".global" in quals:
+            named = [q for q in quals.split(".") if q in ORDERS]
+            found.append(named[0] if named else "relaxed")
+    return found

@@ -1,6 +1,8 @@
 """The portable backward's writers under the interpreter: softmax_grad.py's pointer variant (tma
 False, the portable target's: GPUs before Hopper have no TMA) against its descriptor variant and
-fp64, on X and W whose rows are wider than the chunk, and through whole calls."""
+fp64, on X and W whose rows are wider than the chunk, and through whole calls. With
+CCE_TEST_DEVICE=cuda the cases that do not compare two variants bit for bit run on the GPU."""
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -14,15 +16,21 @@ from tests.test_own_kernel import (LOW_MEMORY_SMALL, _calls, _check_call, refere
                                    spy_kernel_args)
 
 CUBLAS = {"chunks": {"recompute": "cublas"}}
+DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
+# The interpreter adds a tile's sums in one order whichever variant runs; a GPU's atomics add
+# them in the order the tiles finish, so two variants agree there only to rounding.
+BIT_FOR_BIT = pytest.mark.skipif(
+    DEV.type != "cpu", reason="compares two variants' sums bit for bit, which only the "
+                              "interpreter's sequential adds give (CCE_TEST_DEVICE unset)")
 
 
 def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=20.0, ls=0.1,
-               bias=True, lse_weight=True, filters=False, seed=0):
+               bias=True, lse_weight=True, filters=False, seed=0, device="cpu"):
     """One backward chunk: E (n x d) and C (v x d) in dtype, their fp32 logits X (n x width at
     columns [v_start, v_start + width), as cuBLAS writes them) and W (n x width, dtype), each a
     view `pad` columns into a buffer 2 * pad columns wider (row stride != width; the buffers'
     other entries NaN), the Rows of the whole problem, zeroed Sums, and the softmax gradient in
-    fp64."""
+    fp64. device: where E, C, X, W, the rows and sums live (the fp64 reference on the CPU)."""
     g = torch.Generator().manual_seed(seed)
     e = torch.randn(n, d, generator=g).to(dtype)
     c = (3 / d**0.5 * torch.randn(v, d, generator=g)).to(dtype)
@@ -55,8 +63,12 @@ def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=2
     w_buf = torch.full((n, width + 2 * pad), float("nan")).to(dtype)
     x, w = x_buf[:, pad:pad + width], w_buf[:, pad:pad + width]
     x.copy_(logits[:, v_start:v_start + width])
-    rows = Rows(t, lse.float(), nll.float(), weight, weight_lse, eps if filters else None)
-    sums = Sums.zeros(n, v, torch.device("cpu"), 1 if filters else None)
+    rows = Rows(*(None if a is None else a.to(device) for a in
+                  (t, lse.float(), nll.float(), weight, weight_lse, eps if filters else None)))
+    sums = Sums.zeros(n, v, torch.device(device), 1 if filters else None)
+    e, c, x_buf, w_buf = (a.to(device) for a in (e, c, x_buf, w_buf))
+    b = b.to(device) if bias else None
+    x, w = x_buf[:, pad:pad + width], w_buf[:, pad:pad + width]
     return SimpleNamespace(e=e, c=c, x=x, w=w, w_buf=w_buf, bias=b, rows=rows, sums=sums, v=v,
                            v_start=v_start, softcap=softcap, ls=ls, filters=filters,
                            d=d[:, v_start:v_start + width], eps=eps, pad=pad,
@@ -96,6 +108,7 @@ def recompute_chunk(case, cfg):
                     tuned=autotune.tunes(case.e, cfg, cfg.dlogits_candidates))
 
 
+@BIT_FOR_BIT
 @pytest.mark.parametrize("filters", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_pointer_softmax_grad_matches_tma_and_fp64_on_strided_views(dtype, filters):
@@ -137,6 +150,7 @@ def test_pointer_softmax_grad_matches_tma_and_fp64_on_strided_views(dtype, filte
                 <= sum_tol(torch.zeros_like(kept_w), kept_w, 0)).all()
 
 
+@BIT_FOR_BIT
 def test_pointer_softmax_grad_deterministic_partials_match_the_atomics():
     case, again = chunk_case(torch.float16), chunk_case(torch.float16)
     cfg = with_overrides(INTERPRETER, {"softmax_grad": {"tma": False}})
@@ -161,10 +175,11 @@ def test_cublas_route_matches_fp64_with_either_softmax_grad(monkeypatch, tma, dt
     flags = _spy_tma_flags(monkeypatch)
     g = torch.Generator().manual_seed(11)
     n, d, v = 29, 24, 113  # cuBLAS chunks and a pointer tail
-    e = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
-    c = torch.randn(v, d, generator=g).to(dtype).requires_grad_()
-    bias = (0.1 * torch.randn(v, generator=g)).to(dtype).requires_grad_() if has_bias else None
-    t = torch.randint(0, v, (n,), generator=g)
+    e = torch.randn(n, d, generator=g).to(DEV, dtype).requires_grad_()
+    c = torch.randn(v, d, generator=g).to(DEV, dtype).requires_grad_()
+    bias = ((0.1 * torch.randn(v, generator=g)).to(DEV, dtype).requires_grad_() if has_bias
+            else None)
+    t = torch.randint(0, v, (n,), generator=g).to(DEV)
     t[::6] = -100
     ref, e2, c2, b2 = reference(e, c, t, bias, softcap)
     ref.backward()
@@ -196,12 +211,12 @@ def test_random_calls_on_the_pointer_cublas_route_match_fp64(call):
 
 def test_pointer_dlogits_writes_a_strided_w():
     # The builder's E and C give the same gradient when dlogits.py recomputes the logits.
-    case = chunk_case(torch.float32)
+    case = chunk_case(torch.float32, device=DEV)
     recompute_chunk(case, INTERPRETER)
     # Beyond d_err (W written from given fp32 logits), the recomputed logits carry the fp32
     # dot's rounding over D, at most D * eps32 * sum_k |e_k c_k|, in exp's argument.
     dot = (case.e.abs().double() @ case.c.abs().double().T).max().item()
     bound = case.d_err + EPS32 * case.e.shape[1] * dot * case.mag
-    assert ((case.w.double() - case.d).abs() <= bound).all()
+    assert ((case.w.double().cpu() - case.d).abs() <= bound).all()
     assert torch.isnan(case.w_buf[:, :case.pad]).all()
     assert torch.isnan(case.w_buf[:, case.pad + case.x.shape[1]:]).all()
