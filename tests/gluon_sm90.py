@@ -1,6 +1,6 @@
 """What the Gluon kernels' tests share (test_forward_ws.py, test_dlogits_ws.py): the device the
 GPU cases run on, their skip, and the CPU's check of a kernel: compiled for sm90 in a process of
-its own."""
+its own; and the memory order of a PTX's global atomics (test_determinism.py's too)."""
 from __future__ import annotations
 
 import json

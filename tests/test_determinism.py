@@ -59,7 +59,7 @@ def test_deterministic_sums_match_the_atomics(route, aligned, kw):
 # ---- the atomics' memory order (CPU: compiled for sm90) ---------------------------------------
 
 _ACCUMULATE_PTX = '''
-import importlib.util, json, os, sys, tempfile
+import importlib.util, json, os, tempfile
 from triton import compile as triton_compile
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
