@@ -61,8 +61,7 @@ def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=2
     eps[1::3] = 0.0  # rows that never skip (flat)
     x_buf = torch.full((n, width + 2 * pad), float("nan"))
     w_buf = torch.full((n, width + 2 * pad), float("nan")).to(dtype)
-    x, w = x_buf[:, pad:pad + width], w_buf[:, pad:pad + width]
-    x.copy_(logits[:, v_start:v_start + width])
+    x_buf[:, pad:pad + width] = logits[:, v_start:v_start + width]
     rows = Rows(*(None if a is None else a.to(device) for a in
                   (t, lse.float(), nll.float(), weight, weight_lse, eps if filters else None)))
     sums = Sums.zeros(n, v, torch.device(device), 1 if filters else None)
