@@ -2,6 +2,7 @@
 False, the portable target's: GPUs before Hopper have no TMA) against its descriptor variant and
 fp64, on X and W whose rows are wider than the chunk, and through whole calls. With
 CCE_TEST_DEVICE=cuda the cases that do not compare two variants bit for bit run on the GPU."""
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -16,12 +17,15 @@ from tests.test_own_kernel import (LOW_MEMORY_SMALL, _calls, _check_call, refere
                                    spy_kernel_args)
 
 CUBLAS = {"chunks": {"recompute": "cublas"}}
+# The interpreter's chunks on any device: a GPU's config sends chunks under 1024 columns to the
+# tail's pointer writer, so a tiny call there would launch no softmax_grad
+CUBLAS_TINY_CHUNKS = {"chunks": {**dataclasses.asdict(INTERPRETER.chunks), "recompute": "cublas"}}
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 # The interpreter adds a tile's sums in one order whichever variant runs; a GPU's atomics add
 # them in the order the tiles finish, so two variants agree there only to rounding.
 BIT_FOR_BIT = pytest.mark.skipif(
-    DEV.type != "cpu", reason="compares two variants' sums bit for bit, which only the "
-                              "interpreter's sequential adds give (CCE_TEST_DEVICE unset)")
+    DEV.type != "cpu", reason=f"compares two variants' sums bit for bit, which only the "
+                              f"interpreter's sequential adds give (CCE_TEST_DEVICE={DEV.type})")
 
 
 def chunk_case(dtype, *, n=19, d=24, v=53, v_start=8, width=40, pad=8, softcap=20.0, ls=0.1,
@@ -192,7 +196,7 @@ def test_cublas_route_matches_fp64_with_either_softmax_grad(monkeypatch, tma, dt
         flags.clear()
         # a zero budget on the recompute path: the route a GPU's config takes for a small
         # call (the three-matmul path) has no softmax_grad
-        with overridden({**CUBLAS, "softmax_grad": {"tma": tma}, "poison": True,
+        with overridden({**CUBLAS_TINY_CHUNKS, "softmax_grad": {"tma": tma}, "poison": True,
                          "fused": {"zero_budget": "recompute"}}):
             linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, filter_eps=filter_eps,
                                  workspace_mib=0).backward()
