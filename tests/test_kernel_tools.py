@@ -444,3 +444,23 @@ STEP_MIN_S=200 capped_step late 50 true; echo "late=[$STEP_RC]"
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert "cut=124" in done.stdout and "late=[]" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "p.tar").exists() and "late: skipped" in (tmp_path / "log").read_text()
+
+
+def test_a_gpu_tests_step_cut_by_its_cap_still_names_a_failure(tmp_path):
+    # deadline_steps.sh's gpu_tests_step: a case that failed before the cap cut pytest off (and
+    # with it pytest's summary) is named in the log. The cap leaves a loaded CPU time to start
+    # the xdist worker and run the first case.
+    (tmp_path / "test_cut.py").write_text(
+        "import time\n\n\ndef test_fails_first():\n    assert False\n\n\n"
+        "def test_sleeps_past_the_cap():\n    time.sleep(60)\n")
+    script = f"""
+START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
+mkdir -p "$RUN"; STEP_MIN_S=1; PYTHON={sys.executable}
+source {ROOT}/suite/kernel/deadline_steps.sh
+GPU_TESTS={tmp_path}/test_cut.py TEST_WORKERS=1 TESTS_CAP_S=25 gpu_tests_step; echo "rc=$STEP_RC"
+"""
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    log = (tmp_path / "log").read_text()
+    assert "rc=124" in done.stdout, done.stdout + done.stderr + log
+    assert "FAILED" in log and "test_fails_first" in log, log

@@ -49,10 +49,12 @@ step() { local name=$1; shift; capped_step "$name" "$(left)" "$@"; }
 
 # gpu_tests_step: the GPU cases of GPU_TESTS (default every autograd path's and test_fused.py's)
 # with the compiled kernels (CCE_TEST_DEVICE=cuda), TEST_WORKERS processes (default 8), under
-# at most TESTS_CAP_S seconds (default 300: they took 245 s on a warm H200), skips with reasons
+# at most TESTS_CAP_S seconds (default 300: they took 245 s on a warm H200), skips with reasons.
+# Verbose: each case's name and outcome reach the log as it ends, so a failure stays named
+# where the cap cuts pytest off before its summary (call29a lost one that way).
 gpu_tests_step() {
   # shellcheck disable=SC2086  # GPU_TESTS is a list of paths
-  capped_step "gpu tests" "${TESTS_CAP_S:-300}" env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -q \
+  capped_step "gpu tests" "${TESTS_CAP_S:-300}" env CCE_TEST_DEVICE=cuda "$PYTHON" -m pytest -v \
     -rs -n "${TEST_WORKERS:-8}" -p no:cacheprovider \
     ${GPU_TESTS:-tests/test_autograd_paths.py tests/test_fused.py}
 }
