@@ -19,12 +19,13 @@ from tests.test_own_kernel import (LOW_MEMORY_SMALL, _calls, _check_call, refere
 CUBLAS = {"chunks": {"recompute": "cublas"}}
 # The interpreter's chunks on any device: a GPU's config sends chunks under 1024 columns to the
 # tail's pointer writer, so a tiny call there would launch no softmax_grad
-CUBLAS_TINY_CHUNKS = {"chunks": {**dataclasses.asdict(INTERPRETER.chunks), "recompute": "cublas"}}
+CUBLAS_TINY_CHUNKS = {"chunks": {**dataclasses.asdict(INTERPRETER.chunks),
+                                  "recompute": "cublas"}}
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 # The interpreter adds a tile's sums in one order whichever variant runs; a GPU's atomics add
 # them in the order the tiles finish, so two variants agree there only to rounding.
 BIT_FOR_BIT = pytest.mark.skipif(
-    DEV.type != "cpu", reason=f"compares two variants' sums bit for bit, which only the "
+    DEV.type != "cpu", reason="compares two variants' sums bit for bit, which only the "
                               f"interpreter's sequential adds give (CCE_TEST_DEVICE={DEV.type})")
 
 

@@ -452,7 +452,7 @@ def test_a_gpu_tests_step_cut_by_its_cap_still_names_a_failure(tmp_path):
     # the xdist worker and run the first case.
     (tmp_path / "test_cut.py").write_text(
         "import time\n\n\ndef test_fails_first():\n    assert False\n\n\n"
-        "def test_sleeps_past_the_cap():\n    time.sleep(60)\n")
+        "def test_sleeps_past_the_cap():\n    time.sleep(45)\n")
     script = f"""
 START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
 mkdir -p "$RUN"; STEP_MIN_S=1; PYTHON={sys.executable}
