@@ -2,6 +2,7 @@
 PROVENANCE, the notes, the runs' own notes) reaches a file of the checkout, and every #anchor a
 heading of its target (GitHub's anchors), so a renamed note, a retitled section or a link written
 from the wrong folder fails here, not in a reader's browser."""
+import functools
 import os
 import re
 from pathlib import Path
@@ -35,6 +36,7 @@ def _prose(text: str) -> str:
     return re.sub(r"`[^`\n]*`", "", text)
 
 
+@functools.cache  # a note linked many times is read once
 def anchors(path: Path) -> set[str]:
     """A markdown file's heading anchors as GitHub makes them (a repeated one gets -1, -2, ...)."""
     seen: dict[str, int] = {}

@@ -431,16 +431,23 @@ def test_print_rows_prints_every_rows_cells_whole_and_the_board(tmp_path):
         "'git_commit': None}"], done.stdout + done.stderr
 
 
+def _steps_script(tmp_path, body: str) -> str:
+    """A bash script that sources deadline_steps.sh with a 100 s deadline, its log, run folder
+    and pack in tmp_path, then runs body."""
+    return f"""
+START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
+mkdir -p "$RUN"; STEP_MIN_S=1; PYTHON={sys.executable}
+source {ROOT}/suite/kernel/deadline_steps.sh
+{body}
+"""
+
+
 def test_a_capped_step_stops_at_its_cap_and_a_short_deadline_skips_it(tmp_path):
     # deadline_steps.sh's capped_step (peers_gpu.sh): at most CAP seconds, exit 124 when cut;
     # skipped, STEP_RC empty, where less than STEP_MIN_S is left
-    script = f"""
-START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
-mkdir -p "$RUN"; STEP_MIN_S=1
-source {ROOT}/suite/kernel/deadline_steps.sh
-capped_step cut 1 sleep 5; echo "cut=$STEP_RC"
-STEP_MIN_S=200 capped_step late 50 true; echo "late=[$STEP_RC]"
-"""
+    script = _steps_script(tmp_path, 'capped_step cut 1 sleep 5; echo "cut=$STEP_RC"\n'
+                                     'STEP_MIN_S=200 capped_step late 50 true; '
+                                     'echo "late=[$STEP_RC]"')
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert "cut=124" in done.stdout and "late=[]" in done.stdout, done.stdout + done.stderr
     assert (tmp_path / "p.tar").exists() and "late: skipped" in (tmp_path / "log").read_text()
@@ -453,12 +460,8 @@ def test_a_gpu_tests_step_cut_by_its_cap_still_names_a_failure(tmp_path):
     (tmp_path / "test_cut.py").write_text(
         "import time\n\n\ndef test_fails_first():\n    assert False\n\n\n"
         "def test_sleeps_past_the_cap():\n    time.sleep(45)\n")
-    script = f"""
-START=$SECONDS; DEADLINE=100; LOG={tmp_path}/log; RUN={tmp_path}/run; PACK={tmp_path}/p.tar
-mkdir -p "$RUN"; STEP_MIN_S=1; PYTHON={sys.executable}
-source {ROOT}/suite/kernel/deadline_steps.sh
-GPU_TESTS={tmp_path}/test_cut.py TEST_WORKERS=1 TESTS_CAP_S=25 gpu_tests_step; echo "rc=$STEP_RC"
-"""
+    script = _steps_script(tmp_path, f"GPU_TESTS={tmp_path}/test_cut.py TEST_WORKERS=1 "
+                                     'TESTS_CAP_S=25 gpu_tests_step; echo "rc=$STEP_RC"')
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     log = (tmp_path / "log").read_text()
