@@ -12,7 +12,7 @@ from own_kernel import linear_cross_entropy
 from own_kernel.paths import three_matmul as fused
 from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, config_for, overridden,
                                       with_overrides)
-from own_kernel.policy.plan import even_rows, fused_plan
+from own_kernel.policy.plan import aligned_runs, even_rows, fused_plan
 from tests.test_own_kernel import peaked_inputs, reference, rel
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
@@ -303,9 +303,9 @@ def test_scale_into_strides_few_programs_over_every_block(programs):
 
 
 def test_aligned_runs_split_off_the_last_v_mod_8_columns():
-    assert fused.aligned_runs([(0, 101)], 101) == [(0, 96), (96, 101)]
-    assert fused.aligned_runs([(0, 32), (64, 101)], 101) == [(0, 32), (64, 96), (96, 101)]
-    assert fused.aligned_runs([(0, 96)], 96) == [(0, 96)]
+    assert aligned_runs([(0, 101)], 101) == [(0, 96), (96, 101)]
+    assert aligned_runs([(0, 32), (64, 101)], 101) == [(0, 32), (64, 96), (96, 101)]
+    assert aligned_runs([(0, 96)], 96) == [(0, 96)]
 
 
 def test_kept_runs_join_consecutive_blocks():

@@ -65,6 +65,15 @@ def mm_fp32(a, b, out):
         torch.mm(a.float(), b.float(), out=out)
 
 
+def logits_fp32(z, e_rows, c, bias, runs) -> None:
+    """z[:, a:b] (fp32) = e_rows @ c[a:b].T (+ bias[a:b], added in fp32) for each column run
+    (a, b): the logits of 16-bit rows as cuBLAS sums them, never rounded to 16 bits."""
+    for a, b in runs:
+        mm_fp32(e_rows, c[a:b].t(), z[:, a:b])
+        if bias is not None:
+            z[:, a:b] += bias[a:b]
+
+
 def addmm_fp32(acc, a, b, alpha: float = 1.0, beta: float = 1.0):
     """acc (fp32) = beta * acc + alpha * a @ b (beta 0: acc is not read, may hold anything)."""
     if a.dtype == torch.float32:

@@ -3,8 +3,10 @@ p_target, lse's rounding residue and (asked for) the entropy, without the N x V 
 
 The route's forward kernel (Route.forward) computes each vocabulary split's partial (max, sum)
 per row: kernels/forward_ws.py ("ws": two partials per split, one per consumer warpgroup),
-kernels/forward_tma.py ("tma") or kernels/forward.py ("pointer", its tiles timed on
-the GPU where the route says: Route.forward_tuned); kernels/target.py takes each row's target
+kernels/forward_tma.py ("tma"), kernels/forward.py ("pointer", its tiles timed on
+the GPU where the route says: Route.forward_tuned) or, off the three-matmul path, cuBLAS's fp32
+logits of row chunks in the workspace budget, each read once by kernels/logits_lse.py
+("cublas": one split, Route.forward_rows); kernels/target.py takes each row's target
 logit and kernels/lse_combine.py combines the splits into the rows' results. The grid (splits
 per row block, launch order) is plan.split_plan's for this launch's rows; with batch_invariant
 one partial per fixed block of columns (plan.invariant_split_plan), combined left to right.
@@ -17,13 +19,15 @@ import torch
 
 from own_kernel.kernels.forward import forward_partials
 from own_kernel.kernels.forward_tma import forward_partials_tma
+from own_kernel.kernels.gemm import logits_fp32
+from own_kernel.kernels.logits_lse import logits_partials
 from own_kernel.kernels.lse_combine import PartialSums, combine
 from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.tile import num_sms
 from own_kernel.policy.autotune import shape_bucket, time_launch, tune_key, tuned_tiles
 from own_kernel.policy.config import with_overrides
 from own_kernel.policy.options import Options
-from own_kernel.policy.plan import split_plan
+from own_kernel.policy.plan import aligned_runs, split_plan
 from own_kernel.policy.route import Route
 
 
@@ -69,6 +73,9 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         grid = route.forward_grid(num_sms(e.device), v)
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
+    if route.forward == "cublas":
+        part = _cublas_partials(e, c, bias, sums, softcap, route)
+        return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
     ws = route.forward == "ws"  # two partials a split: one per consumer warpgroup
     part = torch.empty((sums.planes, 2 * grid.splits if ws else grid.parts(v), n),
                        device=e.device, dtype=torch.float32)
@@ -84,6 +91,23 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg,
                          skip_ignored, sums)
     return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
+
+
+def _cublas_partials(e, c, bias, sums: PartialSums, softcap, route: Route) -> torch.Tensor:
+    """The partials of one split per row (sums.planes x 1 x N) from cuBLAS's fp32 logits of
+    route.forward_rows's row chunks, each chunk read once by logits_lse.py. Every row, its
+    target ignored or not: combine() makes the ignored ones inert."""
+    n, v = e.shape[0], c.shape[0]
+    plan, cfg = route.forward_rows, route.cfg
+    part = torch.empty((sums.planes, 1, n), device=e.device, dtype=torch.float32)
+    logits = torch.empty(plan.rows, plan.row_stride, device=e.device, dtype=torch.float32)
+    runs = aligned_runs([(0, v)], v)
+    for r0 in range(0, n, plan.rows):
+        x = logits[:min(plan.rows, n - r0), :v]
+        logits_fp32(x, e[r0:r0 + x.shape[0]], c, bias, runs)
+        logits_partials(x, part, r0, softcap, sums, block=cfg.fused.block,
+                        num_warps=cfg.fused.num_warps)
+    return part
 
 
 def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored):

@@ -38,7 +38,8 @@ import math
 import torch
 
 from own_kernel.kernels.finalize_de import finalize_de
-from own_kernel.kernels.gemm import HostScalar, addmm_fp32, mm_fp32, mm_scaled, sampled_mean
+from own_kernel.kernels.gemm import (HostScalar, addmm_fp32, logits_fp32, mm_scaled,
+                                     sampled_mean)
 from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
 from own_kernel.kernels.scale import scale_into
 from own_kernel.paths.forward import forward
@@ -46,18 +47,8 @@ from own_kernel.paths.shared import refuse_create_graph, used_rows
 from own_kernel.paths.targets import raise_on_bad_targets
 from own_kernel.policy.config import Config
 from own_kernel.policy.options import Options
-from own_kernel.policy.plan import ALIGN, FusedPlan, cdiv, even_rows
+from own_kernel.policy.plan import FusedPlan, aligned_runs, cdiv, even_rows
 from own_kernel.policy.route import Route
-
-
-def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
-    """runs with the last V mod 8 columns as their own run (at V 50257 one GEMM over all the
-    columns fell off cuBLAS's fast kernels)."""
-    cut = v - v % ALIGN
-    out = []
-    for a, b in runs:
-        out += [(a, cut), (cut, b)] if a < cut < b else [(a, b)]
-    return out
 
 
 def kept_runs(kept: torch.Tensor, block: int, v: int) -> list[tuple[int, int]]:
@@ -213,15 +204,14 @@ def _logits_and_grad(z, g, e_rows, c, bias, targets, losses, opts: Options, rout
     """z = the rows' logits (fp32 sums rounded to z's dtype), then (logits_grad.py) their
     gradient into g (z itself, or a 16-bit view of fp32 z's bytes), their losses, and, into
     row_round, what rounding the gradient removed."""
-    for a, b in columns:
-        if z.dtype != e_rows.dtype:  # fp32 logits of 16-bit inputs; bias added in fp32
-            mm_fp32(e_rows, c[a:b].t(), z[:, a:b])
-            if bias is not None:
-                z[:, a:b] += bias[a:b]
-        elif bias is None:
-            torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
-        else:
-            torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
+    if z.dtype != e_rows.dtype:  # fp32 logits of 16-bit inputs
+        logits_fp32(z, e_rows, c, bias, columns)
+    else:
+        for a, b in columns:
+            if bias is None:
+                torch.mm(e_rows, c[a:b].t(), out=z[:, a:b])
+            else:
+                torch.addmm(bias[a:b], e_rows, c[a:b].t(), out=z[:, a:b])
     filt, cfg = route.filter, route.cfg
     if kept is not None:
         kept.zero_()

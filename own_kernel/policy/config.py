@@ -100,9 +100,27 @@ class Forward:
     # faster than forward_tma.py interleaved, but level or slower forward-only a process per
     # provider, and level inside loss+grad (the same note's softcap section).
     ws_scaled_logits: bool = False
+    # Off the three-matmul path (forward-only, recompute and low-memory calls of 16-bit inputs),
+    # the forward as row chunks of cuBLAS's fp32 logits in the call's workspace budget, each
+    # read once into its rows' (max, sum) (kernels/logits_lse.py), from this hidden size up
+    # (0: never; where the route would run the pointer forward only). That pass reads 4 bytes a
+    # logit against the GEMM's 2 D flops, so it pays at wide D only, where the pointer forward
+    # (no TMA) lags cuBLAS most. Fewer than cublas_min_rows rows per chunk: the pointer forward.
+    cublas_min_d: int = 0
+    cublas_min_rows: int = 256
+    cublas_max_rows: int = 0     # rows per chunk at most (0: what fits; tests: many chunks)
 
     def __post_init__(self):
         _power_of_two("forward.invariant_width", self.invariant_width)
+        if self.cublas_min_d < 0:
+            raise ValueError(f"forward.cublas_min_d: expected >= 0 (0: never), got "
+                             f"{self.cublas_min_d}")
+        if self.cublas_min_rows < 1:
+            raise ValueError(f"forward.cublas_min_rows: expected >= 1, got "
+                             f"{self.cublas_min_rows}")
+        if self.cublas_max_rows < 0:
+            raise ValueError(f"forward.cublas_max_rows: expected >= 0 (0: what fits), got "
+                             f"{self.cublas_max_rows}")
         if self.ws_max_d < 0:
             raise ValueError(f"forward.ws_max_d: expected >= 0 (0: any D), got {self.ws_max_d}")
         if self.l2_group not in ("budget", "splits"):

@@ -106,6 +106,35 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     return ForwardGrid(splits, v_per_split, group_rows)
 
 
+@dataclass(frozen=True)
+class ForwardRows:
+    """The cuBLAS forward's row chunks (paths/forward.py): rows per chunk of fp32 logits, and
+    the elements between two rows (V rounded up to 16 bytes)."""
+    rows: int
+    row_stride: int
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.rows * self.row_stride
+
+
+def cublas_forward_rows(n: int, v: int, d: int, budget_bytes: int,
+                        cfg: Config) -> ForwardRows | None:
+    """Row chunks of n rows' fp32 logits within budget_bytes (and of at most
+    forward.cublas_max_rows rows, where set), as few as hold them, evenly sized (rows a
+    multiple of 128 where that keeps their number); None where forward.cublas_min_d is 0 or
+    above d, or where fewer than forward.cublas_min_rows rows (and not all n) fit."""
+    fwd = cfg.forward
+    if not fwd.cublas_min_d or d < fwd.cublas_min_d or n == 0 or v == 0:
+        return None
+    stride = cdiv(v, 4) * 4
+    fits = budget_bytes // (4 * stride)
+    if fits < min(n, fwd.cublas_min_rows):
+        return None
+    most = min(fits, n, fwd.cublas_max_rows or n)
+    return ForwardRows(even_rows(n, most, 128), stride)
+
+
 def invariant_block(cfg: Config) -> int:
     """batch_invariant's vocabulary block: forward.invariant_width columns (the tile's width
     where that is smaller). Each row's partials are over the global blocks [k G, (k + 1) G),
@@ -430,8 +459,18 @@ def even_rows(n: int, most: int, align: int = 1) -> int:
 
 
 # Columns: cuBLAS's fast 16-bit kernels need K and leading dimensions multiples of 8, so the
-# path's GEMMs over all V columns run the last V mod 8 apart (fused.aligned_runs).
+# GEMMs over all V columns run the last V mod 8 apart (aligned_runs).
 ALIGN = 8
+
+
+def aligned_runs(runs: list[tuple[int, int]], v: int) -> list[tuple[int, int]]:
+    """runs with the last V mod 8 columns as their own run (at V 50257 one GEMM over all the
+    columns fell off cuBLAS's fast kernels)."""
+    cut = v - v % ALIGN
+    out = []
+    for a, b in runs:
+        out += [(a, cut), (cut, b)] if a < cut < b else [(a, b)]
+    return out
 
 
 @dataclass(frozen=True)

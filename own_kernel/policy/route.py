@@ -29,9 +29,11 @@ The kernels (properties of the Route, each derived once from the call and the co
   with a softcap or temperature under ``forward.ws_scaled_logits``, the config asks for it and
   Triton has Gluon's Hopper API), ``"tma"``
   (kernels/forward_tma.py: the config asks for it and e and c are
-  16-byte aligned), ``"pointer"`` (kernels/forward.py) or, on the three-matmul path,
-  ``"cublas"`` (the chunk's logits from cuBLAS) unless its logits are ``"shifted"`` (then the
-  TMA forward writes them); ``logits``: the three-matmul path's logits format;
+  16-byte aligned), ``"pointer"`` (kernels/forward.py) or ``"cublas"``: on the three-matmul
+  path the chunk's logits from cuBLAS unless they are ``"shifted"`` (then the TMA forward
+  writes them); off it, where the pointer forward would run, cuBLAS's fp32 logits of row
+  chunks in the budget, each read once (``forward_rows``: config.Forward.cublas_min_d);
+  ``logits``: the three-matmul path's logits format;
 - ``writer`` / ``tail_writer``: who writes the softmax gradient W of the chunks in dC's free
   rows and of the tail's chunks (``W_WRITERS``: paths/writers.py): ``"ws"``
   (kernels/dlogits_ws.py) where ``"tma"`` would on plain logits, exact and not deterministic,
@@ -66,11 +68,12 @@ import torch
 from own_kernel.policy import autotune
 from own_kernel.policy.config import Config, RowsGemm
 from own_kernel.policy.options import FilterOptions, Options, auto_filter
-from own_kernel.policy.plan import (Chunk, ForwardGrid, FusedPlan, LowMemoryPlan, TailPlan,
-                                    chunk_filters, chunk_plan, compaction_pays, filter_can_skip,
-                                    fused_plan, invariant_chunk_plan, invariant_split_plan,
-                                    invariant_tail, looks_ahead, low_memory_plan, split_plan,
-                                    tail_width, tma_ready, WS_BLOCK_V)
+from own_kernel.policy.plan import (Chunk, ForwardGrid, ForwardRows, FusedPlan, LowMemoryPlan,
+                                    TailPlan, chunk_filters, chunk_plan, compaction_pays,
+                                    cublas_forward_rows, filter_can_skip, fused_plan,
+                                    invariant_chunk_plan, invariant_split_plan, invariant_tail,
+                                    looks_ahead, low_memory_plan, split_plan, tail_width,
+                                    tma_ready, WS_BLOCK_V)
 
 PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
@@ -250,7 +253,30 @@ def route(call: Call, cfg: Config) -> "Route":
         path = "forward-only"
     else:
         path = "low-memory" if call.low_memory else "recompute"
-    return Route(call, cfg, path, entry, None, 0, note)
+    rows = _cublas_forward_rows(call, cfg)
+    if rows is None:
+        return Route(call, cfg, path, entry, None, 0, note)
+    # the budget holds the forward's logits instead (config.Forward.cublas_min_d)
+    note = f"workspace_mib={mib}: the forward's fp32 logits, {rows.rows} rows a chunk"
+    if why_not and call.needs_grad:
+        note += f"; not the three-matmul path: {why_not}"
+    return Route(call, cfg, path, entry, None, mib, note)
+
+
+def _tma_forward(call: Call, cfg: Config) -> bool:
+    """The forward reads e and c through TMA descriptors (kernels/forward_tma.py, or the Gluon
+    kernel): the config asks for it and both allow it."""
+    return cfg.forward.tma and call.v > 0 and call.tma_ready
+
+
+def _cublas_forward_rows(call: Call, cfg: Config) -> ForwardRows | None:
+    """plan.cublas_forward_rows in the call's budget, where the pointer forward would run
+    (no TMA) on one GPU's whole vocabulary: 16-bit inputs (fp32 ones keep the forward's IEEE
+    dots, whatever torch's TF32 setting), not batch_invariant (cuBLAS picks its GEMMs by N).
+    Off the three-matmul path only (its chunks hold their own logits)."""
+    if call.elt != 2 or call.batch_invariant or call.vocab_parallel or _tma_forward(call, cfg):
+        return None
+    return cublas_forward_rows(call.n, call.v, call.d, budget_mib(call, cfg)[0] * 2**20, cfg)
 
 
 def route_with_copies(e, c, route_of):
@@ -309,9 +335,10 @@ class Route:
     and 0 without a backward; ``peak_bytes``: an estimate of the memory the call holds at its
     peak beyond its inputs (the gradients, the workspaces and per-row vectors; not the gathered
     rows of ignored targets, which depend on the targets' values, nor the filter's gathered
-    columns); ``budget_mib``: the three-matmul path's workspace budget in force (0: none);
-    ``note``: why a budget goes unused (the path cannot take it, or its chunks do not fit), or
-    why filter_eps="auto" runs exact, or ""."""
+    columns); ``budget_mib``: the workspace budget in force, the three-matmul path's or the
+    cuBLAS forward's (``forward_rows``; 0: none); ``note``: why a budget goes unused (the path
+    cannot take it, or its chunks do not fit), or what the cuBLAS forward holds in it, or why
+    filter_eps="auto" runs exact, or ""."""
     call: Call
     cfg: Config
     path: str
@@ -331,14 +358,22 @@ class Route:
         if self.call.batch_invariant:  # by the target and D only (api.py copies unaligned views)
             return "tma" if self.cfg.forward.tma and self.call.v > 0 and self.d_aligned else \
                 "pointer"
-        tma = self.cfg.forward.tma and self.call.v > 0 and self.call.tma_ready
+        tma = _tma_forward(self.call, self.cfg)
         # forward_ws.py's tiles within split_plan's splits (multiples of block_v), up to its D
         fwd = self.cfg.forward
         ws = (fwd.ws and fwd.tiles.block_v % WS_BLOCK_V == 0
               and (fwd.ws_max_d == 0 or self.call.d <= fwd.ws_max_d))
         if tma and ws and self.ws_forward_logits and gluon_hopper():
             return "ws"
-        return "tma" if tma else "pointer"
+        if tma:
+            return "tma"
+        return "cublas" if self.forward_rows is not None else "pointer"
+
+    @property
+    def forward_rows(self) -> ForwardRows | None:
+        """The cuBLAS forward's row chunks off the three-matmul path (Route.forward "cublas"),
+        else None."""
+        return None if self.fused is not None else _cublas_forward_rows(self.call, self.cfg)
 
     @property
     def ws_forward_logits(self) -> bool:
@@ -581,13 +616,16 @@ class Route:
         if self.path == "three-matmul":
             peak = _gradient_bytes(call) + _weight_copy_bytes(call) + self.fused.extra_bytes + 4 * n
             return self.fused.chunks, self.fused.rows, peak
+        # the cuBLAS forward's logits, freed before any backward allocates
+        forward = _vectors(call) + (self.forward_rows.nbytes if self.forward_rows else 0)
         if self.path == "forward-only":
-            return 0, 0, _vectors(call)
+            return 0, 0, forward
         if self.path == "low-memory":
             lm = self.low_memory_plan
-            return -(-n // max(lm.rows_1, 1)), lm.rows_1, _cast_peak(call, lm.workspace_2)
+            return (-(-n // max(lm.rows_1, 1)), lm.rows_1,
+                    max(forward, _cast_peak(call, lm.workspace_2)))
         chunks = self.vocab_chunks(self.filter is not None)
-        peak = _cast_peak(call, _de_accumulator_bytes(call))
+        peak = max(forward, _cast_peak(call, _de_accumulator_bytes(call)))
         return len(chunks), max((ch.width for ch in chunks), default=0), peak
 
     def __repr__(self) -> str:
