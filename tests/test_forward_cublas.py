@@ -24,7 +24,7 @@ BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 DTYPE = torch.bfloat16 if DEV.type == "cuda" else torch.float16  # the interpreter: no bf16
 LLAMA = dict(n=8192, v=128256, d=4096)
-CUBLAS = with_overrides(PORTABLE, {"forward": {"cublas_min_d": 2048}})
+CUBLAS = PORTABLE  # forward.cublas_min_d 3072
 # The test config's forward reads pointers (TMA would take precedence), in chunks of 8 rows.
 TINY_CHUNKS = {"forward": {"tma": False, "cublas_min_d": 1, "cublas_min_rows": 1,
                            "cublas_max_rows": 8}}
@@ -41,7 +41,7 @@ def test_a_forward_only_call_at_wide_d_holds_its_logits_in_the_budget():
 
 
 @pytest.mark.parametrize("change, why", [
-    (dict(d=1152), "D under forward.cublas_min_d"),
+    (dict(d=2304), "D under forward.cublas_min_d"),
     (dict(workspace_mib=0), "no budget"),
     (dict(workspace_mib=1), "a budget of fewer rows than forward.cublas_min_rows"),
     (dict(dtype=FP32), "fp32 inputs keep IEEE dots"),
@@ -55,7 +55,7 @@ def test_the_pointer_forward_stays_where_the_cublas_one_does_not_apply(change, w
 
 
 def test_the_cublas_forward_replaces_the_pointer_one_only():
-    cfg = with_overrides(HOPPER_16BIT, {"forward": {"cublas_min_d": 2048}})
+    cfg = with_overrides(HOPPER_16BIT, {"forward": {"cublas_min_d": 3072}})
     assert route(Call(**LLAMA, dtype=BF16, needs_grad=False), cfg).forward in ("tma", "ws")
     # the three-matmul path's chunks keep their own logits: no second workspace
     trained = route(Call(n=8192, v=32000, d=2048, dtype=BF16), CUBLAS)

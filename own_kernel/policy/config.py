@@ -475,8 +475,11 @@ PORTABLE = Config(
     name="portable",
     # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since
     # the A100 has at least 40 MB; forward-l2.md).
+    # cublas_min_d 3072: forced on an H200, the cuBLAS forward was faster than the pointer one
+    # at D 3584-8192 (1.08-1.20 floors against 1.19-1.29), slower at D 1152 and 2048, level or
+    # slower at D 2304 (portable-cublas-forward.md). Not measured on an A100.
     forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24,
-                    softcap_halves=True),
+                    softcap_halves=True, cublas_min_d=3072),
     dlogits=_PORTABLE_DLOGITS_CANDIDATES[0],
     dlogits_tiles_per_program=1,
     recompute=Recompute(Tiles(64, 128, 32, num_warps=4, num_stages=3)),  # unused: cuBLAS route
