@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The frontier's forward step (frontier_gpu.sh's: own, own_portable, torch_compile, phase fwd
 # under no_grad, a process per provider, 10 timed calls, --clocks where NVML answers) at its
-# five shapes, after forward.cublas_min_d 3072 in the portable config; the loss+grad step did not change (no
-# Hopper kernel or route changed), so it is not re-run. Carry .gpu/site (pynvml).
+# five shapes, after forward.cublas_min_d 3072 in the portable config; the loss+grad step did
+# not change (no Hopper kernel or route changed), so it is not re-run. Carry .gpu/site (pynvml).
 set -u
 export CCE_BENCH_COMMIT=${CCE_BENCH_COMMIT:?the commit}
 START=$SECONDS DEADLINE=${DEADLINE_S:-470}
