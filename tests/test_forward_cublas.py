@@ -47,6 +47,7 @@ def test_a_forward_only_call_at_wide_d_holds_its_logits_in_the_budget():
     (dict(dtype=FP32), "fp32 inputs keep IEEE dots"),
     (dict(batch_invariant=True), "cuBLAS picks its GEMMs by N"),
     (dict(vocab_parallel=True), "a vocabulary shard's partials are gathered"),
+    (dict(needs_grad=True, low_memory=True), "low_memory asked for the least memory"),
 ])
 def test_the_pointer_forward_stays_where_the_cublas_one_does_not_apply(change, why):
     call = dataclasses.replace(Call(**LLAMA, dtype=BF16, needs_grad=False), **change)

@@ -66,6 +66,9 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
     if shifted is not None and not tma:
         raise ValueError("shifted logits are written by the TMA forward only: needs "
                          "config.forward.tma and 16-byte aligned rows of e and c")
+    if route.forward == "cublas":  # no grid: row chunks of cuBLAS's logits, one split
+        part = _cublas_partials(e, c, bias, sums, softcap, route)
+        return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
     cfg = route.cfg
     if route.forward_tuned:
         cfg = _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored)
@@ -73,9 +76,6 @@ def forward_parts(e, c, bias, targets, opts: Options, route: Route, *, skip_igno
         grid = route.forward_grid(num_sms(e.device), v)
     else:
         grid = split_plan(n, v, d, e.element_size(), cfg, num_sms(e.device))
-    if route.forward == "cublas":
-        part = _cublas_partials(e, c, bias, sums, softcap, route)
-        return part, target_logit(e, c, bias, targets, softcap, opts.temperature), sums
     ws = route.forward == "ws"  # two partials a split: one per consumer warpgroup
     part = torch.empty((sums.planes, 2 * grid.splits if ws else grid.parts(v), n),
                        device=e.device, dtype=torch.float32)

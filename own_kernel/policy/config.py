@@ -100,7 +100,7 @@ class Forward:
     # faster than forward_tma.py interleaved, but level or slower forward-only a process per
     # provider, and level inside loss+grad (the same note's softcap section).
     ws_scaled_logits: bool = False
-    # Off the three-matmul path (forward-only, recompute and low-memory calls of 16-bit inputs),
+    # Off the three-matmul path (forward-only and recompute calls of 16-bit inputs),
     # the forward as row chunks of cuBLAS's fp32 logits in the call's workspace budget, each
     # read once into its rows' (max, sum) (kernels/logits_lse.py), from this hidden size up
     # (0: never; where the route would run the pointer forward only). That pass reads 4 bytes a
@@ -476,8 +476,8 @@ PORTABLE = Config(
     # l2_mib: as on Hopper, the resident programs' E row blocks kept within L2 (every GPU since
     # the A100 has at least 40 MB; forward-l2.md).
     # cublas_min_d 3072: forced on an H200, the cuBLAS forward was faster than the pointer one
-    # at D 3584-8192 (1.08-1.20 floors against 1.19-1.29), slower at D 1152 and 2048, level or
-    # slower at D 2304 (portable-cublas-forward.md). Not measured on an A100.
+    # at D 3584-8192 (1.08-1.20 floors against 1.19-1.29), slower at D 1152, level at D 2048,
+    # level or slower at D 2304 (portable-cublas-forward.md). Not measured on an A100.
     forward=Forward(Tiles(64, 128, 32, num_warps=4, num_stages=3), l2_mib=24,
                     softcap_halves=True, cublas_min_d=3072),
     dlogits=_PORTABLE_DLOGITS_CANDIDATES[0],

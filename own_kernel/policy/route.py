@@ -272,9 +272,11 @@ def _tma_forward(call: Call, cfg: Config) -> bool:
 def _cublas_forward_rows(call: Call, cfg: Config) -> ForwardRows | None:
     """plan.cublas_forward_rows in the call's budget, where the pointer forward would run
     (no TMA) on one GPU's whole vocabulary: 16-bit inputs (fp32 ones keep the forward's IEEE
-    dots, whatever torch's TF32 setting), not batch_invariant (cuBLAS picks its GEMMs by N).
-    Off the three-matmul path only (its chunks hold their own logits)."""
-    if call.elt != 2 or call.batch_invariant or call.vocab_parallel or _tma_forward(call, cfg):
+    dots, whatever torch's TF32 setting), not batch_invariant (cuBLAS picks its GEMMs by N),
+    not low_memory (it asked for the least memory, not for a budget's). Off the three-matmul
+    path only (its chunks hold their own logits)."""
+    if (call.elt != 2 or call.batch_invariant or call.vocab_parallel or call.low_memory
+            or _tma_forward(call, cfg)):
         return None
     return cublas_forward_rows(call.n, call.v, call.d, budget_mib(call, cfg)[0] * 2**20, cfg)
 
