@@ -624,8 +624,7 @@ class Route:
             return 0, 0, forward
         if self.path == "low-memory":
             lm = self.low_memory_plan
-            return (-(-n // max(lm.rows_1, 1)), lm.rows_1,
-                    max(forward, _cast_peak(call, lm.workspace_2)))
+            return -(-n // max(lm.rows_1, 1)), lm.rows_1, _cast_peak(call, lm.workspace_2)
         chunks = self.vocab_chunks(self.filter is not None)
         peak = max(forward, _cast_peak(call, _de_accumulator_bytes(call)))
         return len(chunks), max((ch.width for ch in chunks), default=0), peak
