@@ -339,6 +339,29 @@ def test_an_own_rows_ran_names_the_route_its_call_took(monkeypatch):
         registry.PROVIDERS.pop(name, None)
 
 
+def test_an_own_rows_ran_names_the_cublas_forwards_chunks(monkeypatch):
+    """Off the three-matmul path, a forward that ran as cuBLAS row chunks is in ``ran`` with
+    its chunks (the portable forward's two kernels look alike in a table otherwise)."""
+    import own_kernel
+    import suite.frontier  # noqa: F401 - registers own_ws256
+    from suite.providers.own import register_variant
+
+    monkeypatch.setattr(own_kernel, "linear_cross_entropy", lambda *a, **k: torch.zeros(()))
+    monkeypatch.delitem(registry.PROVIDERS, "own_ws256@cublas16", raising=False)
+    e, c = torch.zeros(2, 30, 16, dtype=torch.float16), torch.zeros(40, 16, dtype=torch.float16)
+    t = torch.zeros(2, 30, dtype=torch.long)
+    name = register_variant("own_ws256", "cublas16", {"forward": {
+        "tma": False, "cublas_min_d": 1, "cublas_min_rows": 1, "cublas_max_rows": 16}})
+    try:
+        catalog.get(name).fn(e, c, t)
+        # 60 rows (2 x 30) in chunks of at most 16: four, evenly
+        assert catalog.get(name).ran() == "forward-only, cuBLAS forward, 4 chunks of 15 rows"
+        catalog.get("own_ws256").fn(e, c, t)
+        assert catalog.get("own_ws256").ran() == "forward-only"  # the interpreter's TMA forward
+    finally:
+        registry.PROVIDERS.pop(name, None)
+
+
 def test_a_variant_runs_its_base_under_the_config_overrides(monkeypatch):
     """``own@<name>`` calls ``own`` with the overrides in force (seen inside the call), and only
     there; a second registration with other overrides is refused, naming the variant."""

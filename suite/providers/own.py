@@ -57,8 +57,9 @@ def _stand_in(meta):
 
 def own_ran() -> str:
     """The ``ran`` of every own provider: the route its last call took (own_kernel.plan under
-    the same config, target and autocast), its path and the three-matmul path's row chunks;
-    "" when there was no call or it cannot be planned (a failing call's row says why)."""
+    the same config, target and autocast), its path and the three-matmul path's row chunks, or
+    the cuBLAS forward's off it; "" when there was no call or it cannot be planned (a failing
+    call's row says why)."""
     import torch
 
     from own_kernel import plan
@@ -79,10 +80,16 @@ def own_ran() -> str:
             route = plan(*map(_stand_in, (e, c, targets)), bias=_stand_in(bias), **options)
     except Exception:  # noqa: BLE001 - the row's status and error speak for a failed call
         return ""
-    if route.path != "three-matmul":
+    if route.path == "three-matmul":
+        return f"three-matmul, {_chunks(route.chunks, route.chunk_size)}"
+    rows = route.forward_rows
+    if rows is None:
         return route.path
-    plural = "s" if route.chunks != 1 else ""
-    return f"three-matmul, {route.chunks} chunk{plural} of {route.chunk_size} rows"
+    return f"{route.path}, cuBLAS forward, {_chunks(-(-route.call.n // rows.rows), rows.rows)}"
+
+
+def _chunks(count: int, rows: int) -> str:
+    return f"{count} chunk{'s' if count != 1 else ''} of {rows} rows"
 
 
 @register("own", summary="own Triton CCE, exact gradients, the default call (the path it takes "
