@@ -257,7 +257,8 @@ def _rows(e2, c, t2, bias, opts: Options, r: Route, check, vocab_parallel):
         return vocab_parallel_rows(e2, c, t2, bias, opts, vocab_parallel, check, r)
     if r.entry == "compiled":
         loss_rows, lse, _, _, _, ent_rows = lce_rows(e2, c, t2, bias, *opts.op_args(),
-                                                     config_key(e2.device, e2.dtype))
+                                                     config_key(e2.device, e2.dtype),
+                                                     r.call.workspace_mib)
         return loss_rows, lse, ent_rows
     return _eager_rows(e2, c, t2, bias, opts, r, check)
 

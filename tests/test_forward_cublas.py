@@ -164,3 +164,28 @@ def test_recompute_gradients_after_the_cublas_forward_match_fp64(monkeypatch):
     tol = 4 * torch.finfo(DTYPE).eps
     for g, w in ((de, de2), (dc, dc2)):
         assert float((g.double() - w).norm() / w.norm()) < tol
+
+
+def test_the_cublas_forward_runs_inside_torch_compile(monkeypatch):
+    """Under torch.compile the custom ops route their real tensors: the cuBLAS forward runs
+    there too, forward-only and before the recompute path's backward, as the eager call does."""
+    e, c, _, t = _inputs(seed=3)
+    chunks = _counted_chunks(monkeypatch)
+
+    def call(e, c, t):
+        return linear_cross_entropy(e, c, t, workspace_mib=1, reduction="none")
+
+    with overridden(TINY_CHUNKS):
+        compiled = torch.compile(call)
+        with torch.no_grad():
+            got, want = compiled(e, c, t), call(e, c, t)
+        assert len(chunks) == 2 * cdiv(e.shape[0], 8)
+        e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
+        de, dc = torch.autograd.grad(compiled(e1, c1, t).sum(), (e1, c1))
+        e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
+        de2, dc2 = torch.autograd.grad(call(e2, c2, t).sum(), (e2, c2))
+    assert torch.allclose(got, want, rtol=0, atol=_tolerance(e, c, torch.zeros(1)))
+    # the same kernels in the same order: the same bits up to the backward's atomics
+    tol = 4 * torch.finfo(DTYPE).eps
+    for g, w in ((de, de2), (dc, dc2)):
+        assert float((g.float() - w.float()).norm() / w.float().norm()) < tol

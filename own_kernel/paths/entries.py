@@ -102,18 +102,20 @@ def rows_backward(e, c, targets, bias, saved, grad_loss, grad_lse, opts: Options
     return de_zeros.index_copy_(0, gathered, de_used), dc, dbias
 
 
-def _op_route(e, c, bias, opts: Options, config: str) -> Route:
+def _op_route(e, c, bias, opts: Options, config: str, workspace_mib=None) -> Route:
     """The route a custom op runs: that of its real tensors under torch.compile, with the
-    config of the recipe its forward was traced with (config.config_key)."""
+    config of the recipe its forward was traced with (config.config_key) and the call's
+    budget (the cuBLAS forward's: Route.forward_rows)."""
     call = call_of(e, c, bias, opts, compiling=True, e_tma_ready=tma_ready(e),
-                   c_tma_ready=tma_ready(c))
+                   c_tma_ready=tma_ready(c), workspace_mib=workspace_mib)
     return route(call, config_of_key(config, e.device, e.dtype))
 
 
-def _op_inputs(e, c, bias, opts: Options, config: str):
+def _op_inputs(e, c, bias, opts: Options, config: str, workspace_mib=None):
     """(e, c, route) of a custom op: batch_invariant's pinned kernels read aligned copies of
     views TMA cannot read (Route.needs_tma_copies), as the eager call does (api.py)."""
-    return route_with_copies(e, c, lambda e, c: _op_route(e, c, bias, opts, config))
+    return route_with_copies(e, c, lambda e, c: _op_route(e, c, bias, opts, config,
+                                                          workspace_mib))
 
 
 # ---- custom ops (torch.compile) -------------------------------------------------------------
@@ -123,15 +125,17 @@ def lce_rows(e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], igno
              softcap: Optional[float], label_smoothing: float, filter_eps: Optional[float],
              filter_min_p_max: float, ignored_lse: bool, low_memory: bool,
              deterministic: bool, temperature: float = 1.0, entropy: bool = False,
-             batch_invariant: bool = False,
-             config: str = "") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+             batch_invariant: bool = False, config: str = "",
+             workspace_mib: Optional[int] = None
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, lse, largest probability, -log p_target, lse's rounding residue, entropy) per
     row for 2-D e (entropy: empty unless asked for); ignored rows have loss 0 and entropy 0,
-    and lse +inf unless ignored_lse. The filter and low_memory only affect the backward."""
+    and lse +inf unless ignored_lse. The filter and low_memory only affect the backward;
+    workspace_mib (the call's budget, None: the config's) only the forward's kernel."""
     opts = Options.from_op_args(ignore_index, softcap, label_smoothing, filter_eps,
                                 filter_min_p_max, ignored_lse, low_memory, deterministic,
                                 temperature, entropy, batch_invariant)
-    e, c, r = _op_inputs(e, c, bias, opts, config)
+    e, c, r = _op_inputs(e, c, bias, opts, config, workspace_mib)
     return rows_forward(e, c, targets, bias, opts, r)
 
 
@@ -182,8 +186,9 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo, 
     if grad_ent is not None and ent.numel() == 0:
         grad_ent = None
     # the options, with the defaults of those the caller left out (temperature, entropy,
-    # batch_invariant, config)
-    args = tuple(ctx.op_args) + (1.0, False, False, "")[len(ctx.op_args) - 8:]
+    # batch_invariant, config); not the forward's budget, which the backward does not take
+    options = tuple(ctx.op_args)[:12]
+    args = options + (1.0, False, False, "")[len(options) - 8:]
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
                                       grad_lse, *args, ent=ent if grad_ent is not None else None,
                                       grad_ent=grad_ent)
