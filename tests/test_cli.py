@@ -84,6 +84,18 @@ def test_smoke_summary_fails_on_an_error_or_an_inexact_exact_provider():
     assert not failed and "filtered (1.0e-03)" in text
 
 
+def test_smoke_summary_of_a_forward_only_bench_checks_its_loss():
+    # `bench --phases fwd` on the CPU: its rows are checked, not reported missing (which failed
+    # a forward-only run of heads_gpu.sh there)
+    from suite import smoke
+
+    fwd = [{**_smoke_row("naive"), "phase": "fwd", "de_rel_err": "", "dc_rel_err": ""}]
+    text, failed = smoke.summarize(fwd, {"naive": True})
+    assert not failed and "one fwd call each" in text and "the loss against" in text
+    text, failed = smoke.summarize([{**fwd[0], "loss_rel_err": "1.0"}], {"naive": True})
+    assert failed and "naive:" in text.split("FAILED:")[1]
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["bench", "--providers", "naive,fast_ce"],
      "--providers: unknown provider(s) fast_ce; known providers: "),

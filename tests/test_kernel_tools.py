@@ -286,6 +286,29 @@ def test_the_heads_script_runs_rounds_per_head_and_prints_each_rounds_verdict(tm
         assert len(verdicts) == 2 and all(v.endswith("of 1 cells") for v in verdicts), verdicts
 
 
+def test_the_heads_script_times_the_forward_alone_with_phase_fwd(tmp_path):
+    """PHASE=fwd: heads_gpu.sh's rows are the forward under no_grad (phase fwd), printed last
+    (report --versus judges loss+grad only)."""
+    import csv
+    import io
+    import tarfile
+
+    out, run = tmp_path / "out", tmp_path / "run" / "heads-test"
+    res = _run_device_script("heads_gpu.sh", tmp_path, out, run, HEADS="32x16x97",
+                             ROUNDS="1", REPS="2", PEER="naive", DTYPE="fp32", PHASE="fwd",
+                             PROVIDERS="own,naive")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(out / "heads-test.tar") as tar:
+        rows = list(csv.DictReader(io.StringIO(tar.extractfile(
+            "heads-test/n32-d16-v97/results.csv").read().decode())))
+    assert {r["phase"] for r in rows} == {"fwd"} and {r["provider"] for r in rows} == {
+        "own", "naive"}
+    printed = [line.split() for line in res.stdout.splitlines()
+               if line.startswith("n32-d16-v97 ")]
+    assert sorted(p[4] for p in printed) == ["naive", "own"], res.stdout[-2000:]  # no softcap
+    assert "head 32x16x97: exit 0" in res.stdout
+
+
 def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_frontier(tmp_path):
     """suite/kernel/frontier_gpu.sh end to end on the CPU (a stand-in nvidia-smi, a tiny NxDxV
     shape and its softcapped twin, fp32, TESTS=1 on a CPU-only test file): the tests' step
