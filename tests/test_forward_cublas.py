@@ -10,21 +10,19 @@ import os
 import pytest
 import torch
 
-
-import own_kernel  # noqa: E402
-from own_kernel import linear_cross_entropy  # noqa: E402
-from own_kernel.paths import forward as forward_pass  # noqa: E402
-from own_kernel.policy.config import (HOPPER_16BIT, PORTABLE, Forward, Tiles,  # noqa: E402
+import own_kernel
+from own_kernel import linear_cross_entropy
+from own_kernel.paths import forward as forward_pass
+from own_kernel.policy.config import (HOPPER_16BIT, PORTABLE, Forward, Tiles,
                                       overridden, with_overrides)
-from own_kernel.policy.plan import cdiv, cublas_forward_rows  # noqa: E402
-from own_kernel.policy.route import Call, route  # noqa: E402
-from tests.test_own_kernel import reference  # noqa: E402
+from own_kernel.policy.plan import cdiv, cublas_forward_rows
+from own_kernel.policy.route import Call, route
+from tests.test_own_kernel import reference
 
 BF16, FP32 = torch.bfloat16, torch.float32
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 DTYPE = torch.bfloat16 if DEV.type == "cuda" else torch.float16  # the interpreter: no bf16
 LLAMA = dict(n=8192, v=128256, d=4096)
-CUBLAS = PORTABLE  # forward.cublas_min_d 3072
 # The test config's forward reads pointers (TMA would take precedence), in chunks of 8 rows.
 TINY_CHUNKS = {"forward": {"tma": False, "cublas_min_d": 1, "cublas_min_rows": 1,
                            "cublas_max_rows": 8}}
@@ -33,7 +31,7 @@ TINY_CHUNKS = {"forward": {"tma": False, "cublas_min_d": 1, "cublas_min_rows": 1
 # ---- the route -------------------------------------------------------------------------------
 
 def test_a_forward_only_call_at_wide_d_holds_its_logits_in_the_budget():
-    r = route(Call(**LLAMA, dtype=BF16, needs_grad=False), CUBLAS)
+    r = route(Call(**LLAMA, dtype=BF16, needs_grad=False), PORTABLE)
     # 1 GiB holds 2093 rows of 128256 fp32 logits: four chunks of 2048
     assert r.forward == "cublas" and r.forward_rows.rows == 2048
     assert r.budget_mib == 1024 and "fp32 logits, 2048 rows a chunk" in r.note
@@ -51,7 +49,7 @@ def test_a_forward_only_call_at_wide_d_holds_its_logits_in_the_budget():
 ])
 def test_the_pointer_forward_stays_where_the_cublas_one_does_not_apply(change, why):
     call = dataclasses.replace(Call(**LLAMA, dtype=BF16, needs_grad=False), **change)
-    r = route(call, CUBLAS)
+    r = route(call, PORTABLE)
     assert r.forward == "pointer" and r.forward_rows is None, why
 
 
@@ -59,12 +57,12 @@ def test_the_cublas_forward_replaces_the_pointer_one_only():
     cfg = with_overrides(HOPPER_16BIT, {"forward": {"cublas_min_d": 3072}})
     assert route(Call(**LLAMA, dtype=BF16, needs_grad=False), cfg).forward in ("tma", "ws")
     # the three-matmul path's chunks keep their own logits: no second workspace
-    trained = route(Call(n=8192, v=32000, d=2048, dtype=BF16), CUBLAS)
+    trained = route(Call(n=8192, v=32000, d=2048, dtype=BF16), PORTABLE)
     assert trained.path == "three-matmul" and trained.forward_rows is None
 
 
 def test_a_recompute_call_says_both_what_its_budget_holds_and_why_not_three_matmul():
-    r = route(Call(**LLAMA, dtype=BF16, reduction="none", workspace_mib=1024), CUBLAS)
+    r = route(Call(**LLAMA, dtype=BF16, reduction="none", workspace_mib=1024), PORTABLE)
     assert r.path == "recompute" and r.forward == "cublas"
     assert 'reduction="none"' in r.note and "fp32 logits" in r.note
 
@@ -76,7 +74,7 @@ def test_a_recompute_call_says_both_what_its_budget_holds_and_why_not_three_matm
     (100, 100, 100),     # but all of a short call's rows fit: one chunk
 ])
 def test_cublas_forward_rows(n, budget_rows, expect):
-    plan = cublas_forward_rows(n, 1000, 4096, budget_rows * 1000 * 4, CUBLAS)
+    plan = cublas_forward_rows(n, 1000, 4096, budget_rows * 1000 * 4, PORTABLE)
     assert (plan.rows if plan else 0) == expect
 
 

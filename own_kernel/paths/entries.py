@@ -187,8 +187,9 @@ def _backward_rule(ctx, grad_loss, grad_lse, grad_p_max, grad_nll, grad_lse_lo, 
         grad_ent = None
     # the options, with the defaults of those the caller left out (temperature, entropy,
     # batch_invariant, config); not the forward's budget, which the backward does not take
-    options = tuple(ctx.op_args)[:12]
-    args = options + (1.0, False, False, "")[len(options) - 8:]
+    defaults = (1.0, False, False, "")
+    options = tuple(ctx.op_args)[:8 + len(defaults)]
+    args = options + defaults[len(options) - 8:]
     de, dc, dbias = lce_rows_backward(e, c, targets, bias, lse, nll, p_max, lse_lo, grad_loss,
                                       grad_lse, *args, ent=ent if grad_ent is not None else None,
                                       grad_ent=grad_ent)

@@ -619,7 +619,8 @@ class Route:
             peak = _gradient_bytes(call) + _weight_copy_bytes(call) + self.fused.extra_bytes + 4 * n
             return self.fused.chunks, self.fused.rows, peak
         # the cuBLAS forward's logits, freed before any backward allocates
-        forward = _vectors(call) + (self.forward_rows.nbytes if self.forward_rows else 0)
+        rows = self.forward_rows
+        forward = _vectors(call) + (rows.nbytes if rows is not None else 0)
         if self.path == "forward-only":
             return 0, 0, forward
         if self.path == "low-memory":

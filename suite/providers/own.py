@@ -64,6 +64,7 @@ def own_ran() -> str:
 
     from own_kernel import plan
     from own_kernel.policy.config import TARGETS, overridden, use_target
+    from own_kernel.policy.plan import cdiv
 
     if not _LAST_CALL:
         return ""
@@ -85,7 +86,7 @@ def own_ran() -> str:
     rows = route.forward_rows
     if rows is None:
         return route.path
-    return f"{route.path}, cuBLAS forward, {_chunks(-(-route.call.n // rows.rows), rows.rows)}"
+    return f"{route.path}, cuBLAS forward, {_chunks(cdiv(route.call.n, rows.rows), rows.rows)}"
 
 
 def _chunks(count: int, rows: int) -> str:
