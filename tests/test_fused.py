@@ -38,15 +38,17 @@ def fused_calls(monkeypatch):
         calls.append(([], route.fused.accumulate_dc, route.filter is not None))
         return real(e, c, targets, bias, opts, route, check, mean)
 
-    def spy_chunk(real_chunk):
+    def spy_chunk(real_chunk, rows_dim):
         def chunk(z, *args):
-            calls[-1][0].append(z.shape[0])
+            calls[-1][0].append(z.shape[rows_dim])
             return real_chunk(z, *args)
         return chunk
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
-    for name in ("_logits_and_grad", "_shifted_logits_and_grad"):  # the two logits kinds
-        monkeypatch.setattr(fused, name, spy_chunk(getattr(fused, name)))
+    # the three logits kinds (target-shifted logits are V x rows)
+    for name, rows_dim in (("_logits_and_grad", 0), ("_shifted_logits_and_grad", 0),
+                           ("_target_shifted_logits_and_grad", 1)):
+        monkeypatch.setattr(fused, name, spy_chunk(getattr(fused, name), rows_dim))
     return calls
 
 
@@ -108,7 +110,11 @@ SHIFTED = {"logits_shifted": True, "tile_max_in_de": False}
 FP32_ACC = {"dc_accumulator": "fp32"}
 # Shifted logits whose tile maxima live in the chunk's own dE rows until dE's GEMM writes them
 IN_DE = {"logits_shifted": True, "tile_max_in_de": True}
+# 16-bit logits shifted by each row's target logit (cuBLAS's bias; calls without a bias)
+TARGET_SHIFT = {"logits_shifted": False, "target_shift": True}
 LOGITS_CASES = ([pytest.param(*case, {}, id=f"logits-{i}") for i, case in enumerate(CASES)]
+                + [pytest.param(*case, TARGET_SHIFT, id=f"target-shifted-{i}")
+                   for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, SHIFTED, id=f"shifted-{i}")
                    for i, case in enumerate(CASES) if case[0] != torch.float32]
                 + [pytest.param(*case, IN_DE, id=f"tile-max-in-de-{i}")
@@ -135,6 +141,8 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
         # (IN_DE's and the defaults' shapes fit the maxima in a dE row)
         in_de = want_shifted and config_for(DEV, dtype).fused.tile_max_in_de
         fp32_sums = dtype == torch.float32 or config_for(DEV, dtype).fused.dc_accumulator == "fp32"
+        want_target = (dtype != torch.float32 and not want_shifted and not has_bias
+                       and config_for(DEV, dtype).fused.target_shift)
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
     assert fused_calls == [(chunks, 0 < max_rows < t.numel() and fp32_sums, False)]
@@ -145,8 +153,9 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
     if bias is not None:
         assert rel(bias.grad, b2.grad) < tol
     # the plan took the kind asked for: shifted logits, their maxima in dE's rows where asked
-    assert plans == [(want_shifted, in_de)]
+    assert plans == [(want_shifted, in_de, want_target)]
     assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
+    assert want_target or has_bias or not logits.get("target_shift")
 
 
 @pytest.mark.parametrize("case", [CASES[4], CASES[6]], ids=["v67", "v64"])
@@ -180,11 +189,12 @@ def test_softcap_halves_on_the_shifted_forward_give_the_whole_tiles_loss_and_gra
 
 
 def _spy_plans(monkeypatch) -> list:
-    """(plan.shifted, plan.tile_max_in_de) of each fused call of the test."""
+    """(plan.shifted, plan.tile_max_in_de, plan.target_shifted) of each fused call."""
     seen, inner = [], fused.fused_loss_and_grads
 
     def spy(e, c, targets, bias, opts, route, check, mean):
-        seen.append((route.fused.shifted, route.fused.tile_max_in_de))
+        seen.append((route.fused.shifted, route.fused.tile_max_in_de,
+                     route.fused.target_shifted))
         return inner(e, c, targets, bias, opts, route, check, mean)
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
@@ -206,13 +216,15 @@ def test_shifted_logits_keep_fp32_logits_accuracy_where_16_bit_logits_lose_it():
     err = {}
     plain = {"logits_shifted": False}  # each kind named whatever the device's default
     for name, logits in (("fp32", {**plain, "logits_fp32": True}), ("shifted", SHIFTED),
-                         ("16-bit", {**plain, "logits_fp32": False})):
+                         ("16-bit", {**plain, "logits_fp32": False}),
+                         ("target-shifted", TARGET_SHIFT)):
         e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
         with overridden({"fused": logits}):
             linear_cross_entropy(e1, c1, t, workspace_mib=16).backward()
         err[name] = max(rel(e1.grad, e64.grad), rel(c1.grad, c64.grad))
     eps = torch.finfo(torch.float16).eps
     assert err["shifted"] <= err["fp32"] + eps, err
+    assert err["target-shifted"] <= err["fp32"] + eps, err  # the target its row's largest
     assert err["16-bit"] > err["fp32"] + eps, err  # what the shifted logits avoid
 
 

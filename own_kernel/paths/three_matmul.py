@@ -7,7 +7,9 @@ scales, so the forward can do all the work once per chunk of rows R:
     Z_R   = E_R C^T (+ bias)          cuBLAS, into the workspace (fp32; 16-bit: config.Fused)
     G_R   = dL/dZ_R, loss_R           logits_grad.py: one kernel, two reads of Z_R, G over Z_R
     (or, shifted logits: the TMA forward writes Z_R in 16 bits relative to each tile's row max
-    with the rows' lse and losses, forward_tma.py; then one read of Z_R, G over it)
+    with the rows' lse and losses, forward_tma.py; then one read of Z_R, G over it;
+    or, target-shifted logits: cuBLAS writes Z_R^T in 16 bits less each row's target logit,
+    its bias; target_shifted_grad.py turns them into G^T)
     dE_R  = w G_R C                   cuBLAS, into dE's rows (w on alpha; fp32 sums when
                                       the filter or V mod 8 splits the K = V reduction)
     dC   += w G_R^T E_R               cuBLAS, its fp32 sums added into dC's 16-bit buffer
@@ -42,6 +44,8 @@ from own_kernel.kernels.gemm import (HostScalar, addmm_fp32, logits_fp32, mm_sca
                                      sampled_mean)
 from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
 from own_kernel.kernels.scale import scale_into
+from own_kernel.kernels.target import target_logit
+from own_kernel.kernels.target_shifted_grad import target_shifted_to_grad
 from own_kernel.paths.forward import forward
 from own_kernel.paths.shared import refuse_create_graph, used_rows
 from own_kernel.paths.targets import raise_on_bad_targets
@@ -241,6 +245,22 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
                     block=cfg.fused.block, num_warps=cfg.fused.num_warps, row_round=row_round)
 
 
+def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: Options,
+                                    route: Route, kept, row_round) -> torch.Tensor:
+    """y (V x rows) = C E_rows^T less each row's target logit, rounded to the input dtype and
+    added by cuBLAS as its bias (config.Fused.target_shift: no bias or filter here), then
+    their gradient over y (target_shifted_grad.py) with their losses and row_round; returns
+    the gradient as rows x V (a transposed view of y)."""
+    shift = target_logit(e_rows, c, None, targets, None).neg_().to(e_rows.dtype)
+    torch.addmm(shift, c, e_rows.t(), out=y)
+    block_r, block_v, num_warps, splits = route.cfg.fused.target_shift_tiles
+    target_shifted_to_grad(y, shift, targets, losses, ignore_index=opts.ignore_index,
+                           softcap=opts.softcap, label_smoothing=opts.label_smoothing,
+                           block_r=block_r, block_v=block_v, num_warps=num_warps,
+                           splits=splits, row_round=row_round)
+    return y.t()
+
+
 def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check: HostScalar,
                          mean: bool):
     """(the mean or sum of the rows' losses (fp32, 0-d), _Sums holding the gradients), by the
@@ -257,7 +277,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     # written over the first half of each row's bytes (logits_grad.py).
     logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
-    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
+    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]  # target-shifted: V x rows, unpadded
     # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
     # or in the chunk's own dE rows (plan.tile_max_in_de: written after the gradient pass)
     tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
@@ -280,6 +300,9 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
         args = (rows.e[r0:r1], c, bias, rows.targets[r0:r1],
                 losses[loss_at + r0:loss_at + r1], opts, route, kept)
         row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
+        if plan.target_shifted:
+            y = logits.view(-1)[:v * (r1 - r0)].view(v, r1 - r0)
+            return _target_shifted_logits_and_grad(y, *args, row_round)
         if plan.shifted:
             m = (rows.de[r0:r1].view(torch.float32)[:, :plan.shift_tiles]
                  if plan.tile_max_in_de else tile_max[:r1 - r0])

@@ -264,6 +264,13 @@ class Fused:
     # stores in 1 or 2 column slices (shared memory for the store's staging).
     logits_shifted: bool = False
     y_slices: int = 2
+    # 16-bit inputs off the TMA forward: the chunk's logits in the input dtype, shifted by each
+    # row's target logit, which cuBLAS adds as its bias in the GEMM's fp32 epilogue (so the
+    # logits are written vocabulary-major; kernels/target_shifted_grad.py): half fp32's bytes,
+    # with the values that carry a row's mass near zero. Not with a bias or the filter.
+    # target_shift_tiles: the pass's rows and columns per program, warps, vocabulary splits.
+    target_shift: bool = False
+    target_shift_tiles: tuple[int, int, int, int] = (64, 64, 8, 4)
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
     # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
     # are written only after the gradient pass, the maxima's last reader. The budget then holds
@@ -307,6 +314,11 @@ class Fused:
         _power_of_two("fused.block", self.block)
         if self.y_slices not in (1, 2):
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
+        block_r, block_v, warps, splits = self.target_shift_tiles
+        for name, value in (("rows", block_r), ("columns", block_v), ("warps", warps)):
+            _power_of_two(f"fused.target_shift_tiles' {name}", value)
+        if splits < 1:
+            raise ValueError(f"fused.target_shift_tiles' splits: expected >= 1, got {splits}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
         for name in ("dc_max_chunks", "dc_max_chunks_softcap", "min_chunk_flops"):

@@ -492,11 +492,14 @@ class FusedPlan:
     shift_tiles: int = 0
     tile_max_in_de: bool = False
     row_align: int = 1       # rows per chunk a multiple of it where that keeps the chunks
+    # 16-bit logits shifted by each row's target logit, V x rows (config.Fused.target_shift)
+    target_shifted: bool = False
 
 
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False, dc_fp32: bool = False, shift_ok: bool = False,
-               softcap: bool = False) -> tuple[FusedPlan | None, str]:
+               softcap: bool = False, target_shift_ok: bool = False
+               ) -> tuple[FusedPlan | None, str]:
     """(plan, "") of n rows in chunks whose memory beyond the gradients fits budget_bytes, or
     (None, why not).
 
@@ -523,22 +526,27 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     shift_ok: the TMA forward can write shifted logits (config.Fused.logits_shifted:
     16-bit logits and an fp32 max per row and forward tile, instead of fp32 logits; the maxima
     in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
-    the logits in the budget)."""
+    the logits in the budget).
+    target_shift_ok: elsewhere, the chunk's 16-bit logits may be shifted by each row's target
+    logit (config.Fused.target_shift: V x rows, unpadded, and one 16-bit shift a row)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
-    logits_fp32 = not fp32 and not shifted and cfg.fused.logits_fp32  # 4 bytes a logit
-    logit_elt = 4 if logits_fp32 else elt
-    stride = cdiv(v * logit_elt, 16) * 16 // logit_elt
+    target_shifted = not (fp32 or shifted) and target_shift_ok and cfg.fused.target_shift
+    logits_fp32 = not (fp32 or shifted or target_shifted) and cfg.fused.logits_fp32
+    logit_elt = 4 if logits_fp32 else elt  # bytes a logit
+    stride = v if target_shifted else cdiv(v * logit_elt, 16) * 16 // logit_elt
     tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
     # a chunk's dE rows (d elt bytes a row, 4-byte aligned) are written after its gradient
     # pass, the tile maxima's last reader
     in_de = shifted and cfg.fused.tile_max_in_de and (d * elt) % 4 == 0 and 4 * tiles <= d * elt
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    per_row = stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
+    per_row = (stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
+               + (elt if target_shifted else 0))
     cap = cfg.fused.max_rows or n
     kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
-                tile_max_in_de=in_de, row_align=cfg.fused.row_align)
+                tile_max_in_de=in_de, row_align=cfg.fused.row_align,
+                target_shifted=target_shifted)
     if n * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,

@@ -79,7 +79,7 @@ PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
 FORWARDS = ("ws", "tma", "pointer", "cublas")
 W_WRITERS = ("ws", "tma", "cublas", "pointer")
-LOGITS = ("fp32", "input", "shifted")  # the three-matmul path's chunk logits (Route.logits)
+LOGITS = ("fp32", "input", "shifted", "target-shifted")  # the three-matmul path's chunk logits (Route.logits)
 
 
 @functools.cache
@@ -209,9 +209,12 @@ def _fused_plan(call: Call, cfg: Config, budget_bytes: int):
     # The TMA forward reads rows of D elements at 16-byte aligned strides (the path copies an
     # e or c whose base is not aligned: Route.fused_copies)
     shift_ok = cfg.forward.tma and (call.d * call.elt) % 16 == 0
+    # cuBLAS's bias is the target shift's: none left for the call's own; the filter's marks
+    # are per block of a row-major chunk
+    target_shift_ok = not (call.has_bias or call.filtered)
     return fused_plan(call.n, call.v, call.d, call.elt, budget_bytes, cfg,
                       filtered=call.filtered, dc_fp32=call.fp32_weight, shift_ok=shift_ok,
-                      softcap=call.softcap)
+                      softcap=call.softcap, target_shift_ok=target_shift_ok)
 
 
 def _zero_budget_in_recompute_memory(call: Call, cfg: Config) -> bool:
@@ -426,11 +429,13 @@ class Route:
 
     @property
     def logits(self) -> str:
-        """The three-matmul path's logits (LOGITS): "shifted", "fp32" or "input" (the input
-        dtype); "" on the other paths (no logits are kept)."""
+        """The three-matmul path's logits (LOGITS): "shifted", "target-shifted", "fp32" or
+        "input" (the input dtype); "" on the other paths (no logits are kept)."""
         if self.fused is None:
             return ""
-        return "shifted" if self.fused.shifted else "fp32" if self.fused.logits_fp32 else "input"
+        if self.fused.shifted or self.fused.target_shifted:
+            return "shifted" if self.fused.shifted else "target-shifted"
+        return "fp32" if self.fused.logits_fp32 else "input"
 
     @cached_property
     def fused_copies(self) -> tuple[bool, bool]:

@@ -1,0 +1,144 @@
+"""Target-shifted 16-bit logits on the three-matmul path (config.Fused.target_shift,
+kernels/target_shifted_grad.py) under the Triton interpreter (fp16, tiny shapes): the pass
+against an fp64 reference (splits, ragged row blocks, rows of loss above its GUARD), the API's
+calls in chunks, and where the route takes them."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from own_kernel import linear_cross_entropy
+from own_kernel.kernels.target import target_logit
+from own_kernel.kernels.target_shifted_grad import GUARD, target_shifted_to_grad
+from own_kernel.paths import three_matmul as fused
+from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides
+from own_kernel.policy.plan import fused_plan
+from own_kernel.policy.route import Call, route
+from tests.test_own_kernel import reference, rel
+
+ON = with_overrides(PORTABLE, {"fused": {"target_shift": True}})
+F16 = torch.float16
+
+
+def _pass(e, c, t, softcap, ls, block_r, splits):
+    """The pass over the chunk's target-shifted fp16 logits, as the path writes them: (loss,
+    gradient rows x V, row_round)."""
+    shift = target_logit(e, c, None, t, None).neg_().to(F16)
+    y = (c.float() @ e.float().T + shift.float()).to(F16)  # V x rows, rounded once
+    loss = torch.empty(e.shape[0])
+    row_round = torch.empty(e.shape[0])
+    target_shifted_to_grad(y, shift, t, loss, ignore_index=-100, softcap=softcap,
+                           label_smoothing=ls, block_r=block_r, block_v=16, num_warps=4,
+                           splits=splits, row_round=row_round)
+    return loss, y.t().float(), row_round
+
+
+def _want(e, c, t, softcap, ls):
+    """(per-row losses, dloss/dx) in fp64, rows without a valid target 0."""
+    x = (e.double() @ c.double().T).requires_grad_()
+    z = x if softcap is None else softcap * torch.tanh(x / softcap)
+    valid = torch.where((t >= 0) & (t < c.shape[0]), t, -100)
+    loss = F.cross_entropy(z, valid, reduction="none", label_smoothing=ls)
+    loss.sum().backward()
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("rows, block_r, splits", [(37, 16, 3), (32, 16, 1), (32, 8, 5)])
+@pytest.mark.parametrize("softcap, ls", [(None, 0.0), (20.0, 0.1)])
+def test_the_pass_matches_fp64(rows, block_r, splits, softcap, ls):
+    # ragged (37 rows: masked row blocks) and whole row blocks (unmasked loads); one or several
+    # vocabulary splits, their last one short (V 101 over 16-column steps)
+    g = torch.Generator().manual_seed(rows + splits)
+    d, v = 16, 101
+    e = (0.5 * torch.randn(rows, d, generator=g)).to(F16)
+    c = (0.5 * torch.randn(v, d, generator=g)).to(F16)
+    t = torch.randint(0, v, (rows,), generator=g)
+    t[3], t[5] = -100, v + 2  # ignored, and out of range
+    loss, grad, row_round = _pass(e, c, t, softcap, ls, block_r, splits)
+    want_loss, want_grad = _want(e, c, t, softcap, ls)
+    eps = torch.finfo(F16).eps
+    # y's fp16 rounding, relative to the logits' spread, is the error's source
+    assert (loss.double() - want_loss).abs().max() <= 4 * eps
+    assert loss[3] == 0 and loss[5] == 0 and (grad[[3, 5]] == 0).all()
+    assert rel(grad, want_grad) <= 4 * eps
+    # what rounding the fp16 gradient removed, per row (dE's correction)
+    exact = torch.empty_like(row_round)
+    for r in range(rows):  # the kernel's own fp32 gradient is not returned: bound it instead
+        exact[r] = want_grad[r].sum()
+    assert (row_round.double() - (exact - grad.double().sum(1))).abs().max() <= 8 * eps
+
+
+def test_a_row_far_below_its_largest_logit_is_summed_relative_to_that():
+    # loss > GUARD: exp(z - z_t) would overflow; the split sums again relative to its max
+    g = torch.Generator().manual_seed(1)
+    d, v, rows = 16, 64, 16
+    e = (0.5 * torch.randn(rows, d, generator=g)).to(F16)
+    c = (0.5 * torch.randn(v, d, generator=g)).to(F16)
+    t = torch.randint(0, v, (rows,), generator=g)
+    e[2] = (40 * c[7].float() / c[7].float().norm() ** 2 * 10).to(F16)  # logit 7 far above
+    t[2] = int((e[2].float() @ c.float().T).argmin())
+    loss, grad, _ = _pass(e, c, t, None, 0.0, 8, 2)
+    want_loss, want_grad = _want(e, c, t, None, 0.0)
+    assert want_loss[2] > GUARD.value
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    assert abs(float(loss[2]) - float(want_loss[2])) <= 4 * torch.finfo(F16).eps * want_loss[2]
+    assert rel(grad[2], want_grad[2]) <= 4 * torch.finfo(F16).eps
+
+
+@pytest.mark.parametrize("softcap, reduction, max_rows", [(30.0, "mean", 5), (None, "sum", 0)])
+def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, max_rows):
+    seen = []
+    real = fused._target_shifted_logits_and_grad
+
+    def spy(y, *args):
+        seen.append(y.shape[1])
+        return real(y, *args)
+
+    monkeypatch.setattr(fused, "_target_shifted_logits_and_grad", spy)
+    g = torch.Generator().manual_seed(2)
+    e = (0.5 * torch.randn(23, 24, generator=g)).to(F16).requires_grad_()
+    c = (0.5 * torch.randn(67, 24, generator=g)).to(F16).requires_grad_()
+    t = torch.randint(0, 67, (23,), generator=g)
+    t[[1, 2, 9]] = -100
+    ref, e2, c2, _ = reference(e, c, t, None, softcap, reduction, 0.0)
+    ref.backward()
+    with overridden({"fused": {"target_shift": True, "max_rows": max_rows, "min_rows": 1,
+                               "min_chunk_flops": 0}}):
+        loss = linear_cross_entropy(e, c, t, softcap=softcap, reduction=reduction,
+                                    workspace_mib=16)
+    loss.backward()
+    # the first 5 rows as they are, then the other 17 with a target gathered into 4 chunks
+    assert seen == ([5, 5, 5, 5, 2] if max_rows else [23])
+    tol = 3e-3
+    assert abs(float(loss.detach()) - float(ref)) <= tol * max(1.0, abs(float(ref)))
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+
+
+@pytest.mark.parametrize("cfg, option, logits", [
+    (ON, {}, "target-shifted"),
+    (PORTABLE, {}, "fp32"),                          # off by default
+    (ON, {"has_bias": True}, "fp32"),                # cuBLAS's bias is the shift's
+    (ON, {"filtered": True}, "fp32"),                # the filter marks row-major blocks
+    (with_overrides(HOPPER_16BIT, {"fused": {"target_shift": True}}), {}, "shifted"),
+])
+def test_the_route_takes_target_shifted_logits_where_asked_and_possible(cfg, option, logits):
+    r = route(Call(n=8192, v=151936, d=1536, dtype=torch.bfloat16, workspace_mib=3072,
+                   **option), cfg)
+    assert r.path == "three-matmul" and r.logits == logits
+
+
+def test_two_bytes_a_logit_hold_the_chunk_fp32_logits_split():
+    # N 8192, V 151936 at 3 GiB: 2.3 GiB of 16-bit logits (and a 16-bit shift a row) fit one
+    # chunk, fp32 logits take two
+    args = (8192, 151936, 1536, 2, 3072 * 2**20)
+    shifted, _ = fused_plan(*args, ON, target_shift_ok=True)
+    plain, _ = fused_plan(*args, ON, target_shift_ok=False)
+    assert shifted.target_shifted and shifted.chunks == 1 and shifted.row_stride == 151936
+    assert shifted.extra_bytes == 8192 * (151936 * 2 + 2)
+    assert not plain.target_shifted and plain.logits_fp32 and plain.chunks == 2
+
+
+def test_target_shift_tiles_are_validated():
+    with pytest.raises(ValueError, match="target_shift_tiles' rows"):
+        with_overrides(PORTABLE, {"fused": {"target_shift_tiles": (48, 64, 8, 4)}})
+    with pytest.raises(ValueError, match="target_shift_tiles' splits"):
+        with_overrides(PORTABLE, {"fused": {"target_shift_tiles": (64, 64, 8, 0)}})
