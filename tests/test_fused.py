@@ -38,17 +38,17 @@ def fused_calls(monkeypatch):
         calls.append(([], route.fused.accumulate_dc, route.filter is not None))
         return real(e, c, targets, bias, opts, route, check, mean)
 
-    def spy_chunk(real_chunk, rows_dim):
-        def chunk(z, *args):
-            calls[-1][0].append(z.shape[rows_dim])
-            return real_chunk(z, *args)
+    def spy_chunk(real_chunk, e_at):
+        def chunk(*args):
+            calls[-1][0].append(args[e_at].shape[0])  # the chunk's rows of E
+            return real_chunk(*args)
         return chunk
 
     monkeypatch.setattr(fused, "fused_loss_and_grads", spy)
-    # the three logits kinds (target-shifted logits are V x rows)
-    for name, rows_dim in (("_logits_and_grad", 0), ("_shifted_logits_and_grad", 0),
-                           ("_target_shifted_logits_and_grad", 1)):
-        monkeypatch.setattr(fused, name, spy_chunk(getattr(fused, name), rows_dim))
+    # the three logits kinds, and where each takes E's rows
+    for name, e_at in (("_logits_and_grad", 2), ("_shifted_logits_and_grad", 2),
+                       ("_target_shifted_logits_and_grad", 1)):
+        monkeypatch.setattr(fused, name, spy_chunk(getattr(fused, name), e_at))
     return calls
 
 

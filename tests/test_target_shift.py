@@ -89,9 +89,9 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
     seen = []
     real = fused._target_shifted_logits_and_grad
 
-    def spy(y, *args):
-        seen.append(y.shape[1])
-        return real(y, *args)
+    def spy(y, e_rows, *args):
+        seen.append((e_rows.shape[0], y.shape[1]))
+        return real(y, e_rows, *args)
 
     monkeypatch.setattr(fused, "_target_shifted_logits_and_grad", spy)
     g = torch.Generator().manual_seed(2)
@@ -107,7 +107,8 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
                                     workspace_mib=16)
     loss.backward()
     # the first 5 rows as they are, then the other 17 with a target gathered into 4 chunks
-    assert seen == ([5, 5, 5, 5, 2] if max_rows else [23])
+    # (rows, the logits' padded rows: cuBLAS's leading dimension a multiple of 8)
+    assert seen == ([(5, 8)] * 4 + [(2, 8)] if max_rows else [(23, 24)])
     tol = 3e-3
     assert abs(float(loss.detach()) - float(ref)) <= tol * max(1.0, abs(float(ref)))
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
@@ -135,6 +136,15 @@ def test_two_bytes_a_logit_hold_the_chunk_fp32_logits_split():
     assert shifted.target_shifted and shifted.chunks == 1 and shifted.row_stride == 151936
     assert shifted.extra_bytes == 8192 * (151936 * 2 + 2)
     assert not plain.target_shifted and plain.logits_fp32 and plain.chunks == 2
+
+
+def test_chunks_of_target_shifted_logits_are_multiples_of_8_rows():
+    # V x rows: cuBLAS's fast kernels need the rows (the leading dimension) a multiple of 8;
+    # 1 GiB holds 3533 rows at V 151936
+    plan, _ = fused_plan(8192, 151936, 1536, 2, 1024 * 2**20, ON, target_shift_ok=True)
+    assert plan.rows % 8 == 0 and plan.rows <= 3533 and plan.chunks == 3
+    one, _ = fused_plan(1001, 151936, 1536, 2, 1024 * 2**20, ON, target_shift_ok=True)
+    assert one.chunks == 1 and one.extra_bytes == 1008 * (151936 * 2 + 2)  # room for 1008
 
 
 def test_target_shift_tiles_are_validated():

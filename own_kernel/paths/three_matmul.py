@@ -51,7 +51,7 @@ from own_kernel.paths.shared import refuse_create_graph, used_rows
 from own_kernel.paths.targets import raise_on_bad_targets
 from own_kernel.policy.config import Config
 from own_kernel.policy.options import Options
-from own_kernel.policy.plan import FusedPlan, aligned_runs, cdiv, even_rows
+from own_kernel.policy.plan import ALIGN, FusedPlan, aligned_runs, cdiv, even_rows
 from own_kernel.policy.route import Route
 
 
@@ -247,12 +247,18 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
 
 def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: Options,
                                     route: Route, kept, row_round) -> torch.Tensor:
-    """y (V x rows) = C E_rows^T less each row's target logit, rounded to the input dtype and
+    """y (V x the rows rounded up to 8) = C E_rows^T less each row's target logit, rounded to the input dtype and
     added by cuBLAS as its bias (config.Fused.target_shift: no bias or filter here), then
     their gradient over y (target_shifted_grad.py) with their losses and row_round; returns
     the gradient as rows x V (a transposed view of y)."""
     shift = target_logit(e_rows, c, None, targets, None).neg_().to(e_rows.dtype)
-    torch.addmm(shift, c, e_rows.t(), out=y)
+    rows, padded = e_rows.shape[0], y.shape[1]
+    if padded != rows:  # a ragged chunk runs as a multiple of 8 rows (plan.fused_plan)
+        e_rows = torch.cat([e_rows, e_rows.new_zeros(padded - rows, e_rows.shape[1])])
+        torch.addmm(torch.cat([shift, shift.new_zeros(padded - rows)]), c, e_rows.t(), out=y)
+        y = y[:, :rows]
+    else:
+        torch.addmm(shift, c, e_rows.t(), out=y)
     block_r, block_v, num_warps, splits = route.cfg.fused.target_shift_tiles
     target_shifted_to_grad(y, shift, targets, losses, ignore_index=opts.ignore_index,
                            softcap=opts.softcap, label_smoothing=opts.label_smoothing,
@@ -275,7 +281,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
     # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
     # written over the first half of each row's bytes (logits_grad.py).
-    logits = torch.empty(plan.rows, plan.row_stride, device=e.device,
+    logits = torch.empty(cdiv(plan.rows, ALIGN) * ALIGN if plan.target_shifted else plan.rows,
+                         plan.row_stride, device=e.device,
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
     ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]  # target-shifted: V x rows, unpadded
     # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
@@ -301,7 +308,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
                 losses[loss_at + r0:loss_at + r1], opts, route, kept)
         row_round = None if sums.row_round is None else sums.row_round[:r1 - r0]
         if plan.target_shifted:
-            y = logits.view(-1)[:v * (r1 - r0)].view(v, r1 - r0)
+            padded = cdiv(r1 - r0, ALIGN) * ALIGN
+            y = logits.view(-1)[:v * padded].view(v, padded)
             return _target_shifted_logits_and_grad(y, *args, row_round)
         if plan.shifted:
             m = (rows.de[r0:r1].view(torch.float32)[:, :plan.shift_tiles]

@@ -544,11 +544,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     per_row = (stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
                + (elt if target_shifted else 0))
     cap = cfg.fused.max_rows or n
+    # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
+    # multiple of 8 (a chunk of 3533 rows took 4.4x torch.compile's time), so chunks are too,
+    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples.
+    row_align = max(cfg.fused.row_align, ALIGN) if target_shifted else cfg.fused.row_align
+    held = cdiv(n, ALIGN) * ALIGN if target_shifted else n
     kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
-                tile_max_in_de=in_de, row_align=cfg.fused.row_align,
-                target_shifted=target_shifted)
-    if n * per_row <= budget_bytes and n <= cap:
-        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, n * per_row, **kind), ""
+                tile_max_in_de=in_de, row_align=row_align, target_shifted=target_shifted)
+    if held * per_row <= budget_bytes and n <= cap:
+        return FusedPlan(n, 1, dc_fp32, de_rows_fp32, held * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,
     # or where dC's own 16-bit buffer sums them (config.Fused.dc_accumulator "dc")
     in_dc = not (fp32 or dc_fp32) and cfg.fused.dc_accumulator == "dc"
@@ -557,13 +561,15 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     if acc > budget_bytes:
         return None, f"{mib} cannot hold dC's fp32 accumulator ({acc / 2**20:.0f} MiB)"
     fits = (budget_bytes - acc + dc) // per_row
+    if target_shifted:
+        fits = fits // ALIGN * ALIGN
     if fits < 1:
         return None, f"{mib} holds no row of logits ({per_row} bytes)"
     if min(fits, cap) < cfg.fused.min_rows:
         beside = " beside dC's fp32 accumulator" if acc else ""
         return None, (f"{mib} holds {min(fits, cap)} rows of logits per chunk{beside}; fewer "
                       f"than {cfg.fused.min_rows} make the path slower than recomputing")
-    rows = min(cap, even_rows(n, fits, cfg.fused.row_align))
+    rows = min(cap, even_rows(n, fits, row_align))
     chunks, chunk_flops = cdiv(n, rows), 6 * rows * v * d
     if chunks > 1 and chunk_flops < cfg.fused.min_chunk_flops:
         return None, (f"{mib} makes chunks of {rows} rows, {chunk_flops:.1e} flops each: under "
