@@ -496,6 +496,24 @@ class FusedPlan:
     target_shifted: bool = False
 
 
+def _logits_kind(v: int, d: int, elt: int, cfg: Config, shift_ok: bool,
+                 target_shift_ok: bool) -> tuple[dict, int]:
+    """The chunk's logits format as FusedPlan's fields (row_stride, logits_fp32, shifted,
+    shift_tiles, tile_max_in_de, target_shifted), and the bytes of one logit (fused_plan)."""
+    fp32 = elt == 4
+    shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
+    target_shifted = not (fp32 or shifted) and target_shift_ok and cfg.fused.target_shift
+    logits_fp32 = not (fp32 or shifted or target_shifted) and cfg.fused.logits_fp32
+    logit_elt = 4 if logits_fp32 else elt
+    stride = v if target_shifted else cdiv(v * logit_elt, 16) * 16 // logit_elt
+    tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
+    # a chunk's dE rows (d elt bytes a row, 4-byte aligned) are written after its gradient
+    # pass, the tile maxima's last reader
+    in_de = shifted and cfg.fused.tile_max_in_de and (d * elt) % 4 == 0 and 4 * tiles <= d * elt
+    return dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
+                tile_max_in_de=in_de, target_shifted=target_shifted), logit_elt
+
+
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False, dc_fp32: bool = False, shift_ok: bool = False,
                softcap: bool = False, target_shift_ok: bool = False
@@ -531,26 +549,19 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     logit (config.Fused.target_shift: V x rows, unpadded, and one 16-bit shift a row)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
-    shifted = not fp32 and shift_ok and cfg.fused.logits_shifted
-    target_shifted = not (fp32 or shifted) and target_shift_ok and cfg.fused.target_shift
-    logits_fp32 = not (fp32 or shifted or target_shifted) and cfg.fused.logits_fp32
-    logit_elt = 4 if logits_fp32 else elt  # bytes a logit
-    stride = v if target_shifted else cdiv(v * logit_elt, 16) * 16 // logit_elt
-    tiles = cdiv(v, cfg.forward.tiles.block_v) if shifted else 0
-    # a chunk's dE rows (d elt bytes a row, 4-byte aligned) are written after its gradient
-    # pass, the tile maxima's last reader
-    in_de = shifted and cfg.fused.tile_max_in_de and (d * elt) % 4 == 0 and 4 * tiles <= d * elt
+    kind, logit_elt = _logits_kind(v, d, elt, cfg, shift_ok, target_shift_ok)
+    target_shifted = kind["target_shifted"]
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    per_row = (stride * logit_elt + (0 if in_de else 4 * tiles) + (d * 4 if de_rows_fp32 else 0)
-               + (elt if target_shifted else 0))
+    tiles = kind["shift_tiles"]
+    per_row = (kind["row_stride"] * logit_elt + (0 if kind["tile_max_in_de"] else 4 * tiles)
+               + (d * 4 if de_rows_fp32 else 0) + (elt if target_shifted else 0))
     cap = cfg.fused.max_rows or n
     # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
     # multiple of 8 (a chunk of 3533 rows took 4.4x torch.compile's time), so chunks are too,
     # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples.
     row_align = max(cfg.fused.row_align, ALIGN) if target_shifted else cfg.fused.row_align
     held = cdiv(n, ALIGN) * ALIGN if target_shifted else n
-    kind = dict(row_stride=stride, logits_fp32=logits_fp32, shifted=shifted, shift_tiles=tiles,
-                tile_max_in_de=in_de, row_align=row_align, target_shifted=target_shifted)
+    kind["row_align"] = row_align
     if held * per_row <= budget_bytes and n <= cap:
         return FusedPlan(n, 1, dc_fp32, de_rows_fp32, held * per_row, **kind), ""
     # (dC's fp32 accumulator, dC) beyond the gradients: none where the sums are the gradient,
