@@ -11,7 +11,7 @@ from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.target_shifted_grad import GUARD, target_shifted_to_grad
 from own_kernel.paths import three_matmul as fused
 from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides
-from own_kernel.policy.plan import fused_plan
+from own_kernel.policy.plan import fused_plan, target_shift_splits
 from own_kernel.policy.route import Call, route
 from tests.test_own_kernel import reference, rel
 
@@ -150,5 +150,17 @@ def test_chunks_of_target_shifted_logits_are_multiples_of_8_rows():
 def test_target_shift_tiles_are_validated():
     with pytest.raises(ValueError, match="target_shift_tiles' rows"):
         with_overrides(PORTABLE, {"fused": {"target_shift_tiles": (48, 64, 8, 4)}})
-    with pytest.raises(ValueError, match="target_shift_tiles' splits"):
+    with pytest.raises(ValueError, match="target_shift_tiles' programs per SM"):
         with_overrides(PORTABLE, {"fused": {"target_shift_tiles": (64, 64, 8, 0)}})
+
+
+@pytest.mark.parametrize("rows, v, programs, splits", [
+    (8192, 151936, 1056, 17),   # 64 row blocks of 128
+    (2736, 151936, 1056, 48),   # 22 row blocks: more splits fill the grid
+    (8192, 151936, 64, 1),      # the row blocks alone hold the programs
+    (128, 1000, 1056, 4),       # each split at least 8 steps of 32 columns
+])
+def test_the_pass_splits_the_vocabulary_until_the_grid_holds_its_programs(rows, v, programs,
+                                                                          splits):
+    assert target_shift_splits(rows, v, 128, 32, programs) == splits
+

@@ -60,14 +60,19 @@ def _strip(Y, stride_v, v0, rows, r_mask, cols, v_end):
 
 
 @triton.jit
-def _strip_z(Y, stride_v, v0, rows, r_mask, cols, v_end, back, tanh_scale, cap,
-             HAS_SOFTCAP: tl.constexpr):
-    # The tile's z (x = y - bias under a softcap; y itself without one), its pointers and mask.
+def _load(Y, stride_v, v0, rows, r_mask, cols, v_end):
+    # The tile at v0 as stored (masked past v_end: a tile wholly past it reads nothing).
     ptrs, mask, v_mask = _strip(Y, stride_v, v0, rows, r_mask, cols, v_end)
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _z(y, back, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
+    # A loaded tile's z, and its x (= y - bias under a softcap; y itself without one).
+    x = y.to(tl.float32)
     if HAS_SOFTCAP:
         x += back[:, None]
-    return logits(x, tanh_scale, cap, HAS_SOFTCAP), x, ptrs, mask, v_mask
+    return logits(x, tanh_scale, cap, HAS_SOFTCAP), x
 
 
 @triton.jit
@@ -99,9 +104,14 @@ def _partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, split_v, ignore_ind
     s = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
     m = tl.full((BLOCK_R, BLOCK_V), -1e30, tl.float32)
     z_sum = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
+    # Each step loads the next tile before it works on this one: twice the bytes in flight
+    # per program, which a strip's short rows need to keep the memory busy.
+    y_next = _load(Y, stride_v, v_lo, rows, r_mask, cols, v_hi)
     for v0 in range(v_lo, v_hi, BLOCK_V):
-        z, x, ptrs, mask, v_mask = _strip_z(Y, stride_v, v0, rows, r_mask, cols, v_hi, back,
-                                            tanh_scale, cap, HAS_SOFTCAP)
+        y = y_next
+        y_next = _load(Y, stride_v, v0 + BLOCK_V, rows, r_mask, cols, v_hi)
+        ptrs, mask, v_mask = _strip(Y, stride_v, v0, rows, r_mask, cols, v_hi)
+        z, x = _z(y, back, tanh_scale, cap, HAS_SOFTCAP)
         z = tl.where(mask, z, -1e30)  # exp -> 0, never the max
         m = tl.maximum(m, z)
         s += tl.exp2((z - z_t[:, None]) * LOG2E)
@@ -114,8 +124,8 @@ def _partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, split_v, ignore_ind
     if tl.max(far.to(tl.int32), axis=0) > 0:  # rare: sum again relative to the split's max
         s = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
         for v0 in range(v_lo, v_hi, BLOCK_V):
-            z, x, ptrs, mask, v_mask = _strip_z(Y, stride_v, v0, rows, r_mask, cols, v_hi, back,
-                                                tanh_scale, cap, HAS_SOFTCAP)
+            ptrs, mask, v_mask = _strip(Y, stride_v, v0, rows, r_mask, cols, v_hi)
+            z, x = _z(tl.load(ptrs, mask=mask, other=0.0), back, tanh_scale, cap, HAS_SOFTCAP)
             s += tl.exp2((tl.where(mask, z, -1e30) - m_row[:, None]) * LOG2E)
         ref = tl.where(far, m_row, z_t)
         s_row = tl.where(far, tl.sum(s, axis=1), s_row)
@@ -168,9 +178,12 @@ def _grad_kernel(Y, stride_v, Bias, Targets, Part, Loss, R, V, split_v, ignore_i
     one = tl.full((BLOCK_R,), 1.0, tl.float32)
     cols = tl.arange(0, BLOCK_V)
     rounded = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
+    y_next = _load(Y, stride_v, v_lo, rows, r_mask, cols, v_hi)  # prefetched as above
     for v0 in range(v_lo, v_hi, BLOCK_V):
-        z, x, ptrs, mask, v_mask = _strip_z(Y, stride_v, v0, rows, r_mask, cols, v_hi, back,
-                                            tanh_scale, cap, HAS_SOFTCAP)
+        y = y_next
+        y_next = _load(Y, stride_v, v0 + BLOCK_V, rows, r_mask, cols, v_hi)
+        ptrs, mask, v_mask = _strip(Y, stride_v, v0, rows, r_mask, cols, v_hi)
+        z, x = _z(y, back, tanh_scale, cap, HAS_SOFTCAP)
         g = softmax_grad_tile(x, ref, log2_s, one, one, tgt, pt_m1, v0 + cols, V, smooth,
                               tanh_scale, cap, HAS_SOFTCAP)
         g = tl.where(valid[:, None], g, 0.0)

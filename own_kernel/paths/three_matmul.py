@@ -46,12 +46,14 @@ from own_kernel.kernels.logits_grad import logits_to_grad, shifted_to_grad
 from own_kernel.kernels.scale import scale_into
 from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.target_shifted_grad import target_shifted_to_grad
+from own_kernel.kernels.tile import num_sms
 from own_kernel.paths.forward import forward
 from own_kernel.paths.shared import refuse_create_graph, used_rows
 from own_kernel.paths.targets import raise_on_bad_targets
 from own_kernel.policy.config import Config
 from own_kernel.policy.options import Options
-from own_kernel.policy.plan import ALIGN, FusedPlan, aligned_runs, cdiv, even_rows
+from own_kernel.policy.plan import (ALIGN, FusedPlan, aligned_runs, cdiv, even_rows,
+                                    target_shift_splits)
 from own_kernel.policy.route import Route
 
 
@@ -259,7 +261,8 @@ def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: O
         y = y[:, :rows]
     else:
         torch.addmm(shift, c, e_rows.t(), out=y)
-    block_r, block_v, num_warps, splits = route.cfg.fused.target_shift_tiles
+    block_r, block_v, num_warps, per_sm = route.cfg.fused.target_shift_tiles
+    splits = target_shift_splits(rows, y.shape[0], block_r, block_v, per_sm * num_sms(y.device))
     target_shifted_to_grad(y, shift, targets, losses, ignore_index=opts.ignore_index,
                            softcap=opts.softcap, label_smoothing=opts.label_smoothing,
                            block_r=block_r, block_v=block_v, num_warps=num_warps,

@@ -268,9 +268,12 @@ class Fused:
     # row's target logit, which cuBLAS adds as its bias in the GEMM's fp32 epilogue (so the
     # logits are written vocabulary-major; kernels/target_shifted_grad.py): half fp32's bytes,
     # with the values that carry a row's mass near zero. Not with a bias or the filter.
-    # target_shift_tiles: the pass's rows and columns per program, warps, vocabulary splits.
+    # target_shift_tiles: the pass's rows and columns per program, warps, and programs per SM
+    # (the vocabulary split until the grid has them: a strip's pass keeps the memory busy only
+    # with many programs in flight; at 2736 rows, 4 splits took 1.6x the time of 16, H200,
+    # target-shifted-logits.md).
     target_shift: bool = False
-    target_shift_tiles: tuple[int, int, int, int] = (64, 64, 8, 4)
+    target_shift_tiles: tuple[int, int, int, int] = (128, 32, 8, 8)
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
     # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
     # are written only after the gradient pass, the maxima's last reader. The budget then holds
@@ -314,11 +317,12 @@ class Fused:
         _power_of_two("fused.block", self.block)
         if self.y_slices not in (1, 2):
             raise ValueError(f"fused.y_slices: expected 1 or 2, got {self.y_slices}")
-        block_r, block_v, warps, splits = self.target_shift_tiles
+        block_r, block_v, warps, per_sm = self.target_shift_tiles
         for name, value in (("rows", block_r), ("columns", block_v), ("warps", warps)):
             _power_of_two(f"fused.target_shift_tiles' {name}", value)
-        if splits < 1:
-            raise ValueError(f"fused.target_shift_tiles' splits: expected >= 1, got {splits}")
+        if per_sm < 1:
+            raise ValueError(f"fused.target_shift_tiles' programs per SM: expected >= 1, got "
+                             f"{per_sm}")
         if self.min_rows < 1:
             raise ValueError(f"fused.min_rows: expected >= 1, got {self.min_rows}")
         for name in ("dc_max_chunks", "dc_max_chunks_softcap", "min_chunk_flops"):

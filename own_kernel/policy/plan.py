@@ -496,6 +496,14 @@ class FusedPlan:
     target_shifted: bool = False
 
 
+def target_shift_splits(rows: int, v: int, block_r: int, block_v: int, programs: int) -> int:
+    """Vocabulary splits of the target-shifted pass (kernels/target_shifted_grad.py): enough
+    for its (row blocks x splits) grid to hold ``programs``, each split at least 8 column
+    steps."""
+    most = max(1, cdiv(v, 8 * block_v))
+    return max(1, min(most, cdiv(programs, cdiv(rows, block_r))))
+
+
 def _logits_kind(v: int, d: int, elt: int, cfg: Config, shift_ok: bool,
                  target_shift_ok: bool) -> tuple[dict, int]:
     """The chunk's logits format as FusedPlan's fields (row_stride, logits_fp32, shifted,
