@@ -1,6 +1,6 @@
 import sys, torch
 sys.path.insert(0, ".gpu/proto")
-import tsg_v1
+import tsg_even
 from own_kernel.kernels import target_shifted_grad as cur
 from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.logits_grad import logits_to_grad
@@ -24,8 +24,8 @@ for n, d, v, sc in [(8192, 1536, 151936, None), (8192, 2048, 49152, None), (8192
     z = torch.empty(n, v, device=dev, dtype=torch.bfloat16)
     out = [f"N {n} D {d} V {v} sc {sc}: bytes-bound 6B@4.3TB/s {n*v*6/4.3e12*1e3/floor:.3f}"]
     out.append(f"old pass bf16 row-major {timeit(lambda: logits_to_grad(z, t, loss, ignore_index=-100, softcap=sc, label_smoothing=0.0, kept=None, eps=0.0, flat_p_max=0.0, block=4096, num_warps=8, row_round=rr))/floor:.3f}")
-    for name, mod in (("v1", tsg_v1), ("even", cur)):
-        for br, bv, nw, sp in [(64, 64, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4), (64, 64, 4, 8), (128, 64, 8, 4), (256, 32, 8, 4), (64, 128, 8, 4)]:
+    for name, mod in (("even", tsg_even), ("prefetch", cur)):
+        for br, bv, nw, sp in [(64, 64, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4), (64, 64, 4, 4), (32, 64, 4, 4), (64, 64, 8, 8), (128, 64, 8, 4), (64, 128, 8, 4)]:
             ms = timeit(lambda: mod.target_shifted_to_grad(y, b, t, loss, ignore_index=-100, softcap=sc, label_smoothing=0.0,
                          block_r=br, block_v=bv, num_warps=nw, splits=sp, row_round=rr))
             out.append(f"{name} {br}/{bv}/{nw}/{sp} {ms/floor:.3f}")
