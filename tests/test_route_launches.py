@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # before triton is imported
 
 import own_kernel  # noqa: E402
 from own_kernel.kernels import (dlogits, dlogits_tma, forward, forward_tma,  # noqa: E402
-                                logits_grad, softmax_grad)
+                                logits_grad, softmax_grad, target_shifted_grad)
 from own_kernel.policy import route as route_module  # noqa: E402
 from own_kernel.policy.config import overridden  # noqa: E402
 
@@ -34,6 +34,8 @@ KERNELS = {
     (softmax_grad, "cce_softmax_grad_kernel"): ("writer", "cublas"),
     (logits_grad, "_logits_to_grad_kernel"): ("logits", "cublas"),
     (logits_grad, "_shifted_to_grad_kernel"): ("logits", "shifted"),
+    (target_shifted_grad, "_partials_kernel"): ("logits", "target-shifted"),
+    (target_shifted_grad, "_grad_kernel"): ("logits", "target-shifted"),
 }
 
 
@@ -84,8 +86,9 @@ def _named(r) -> dict:
     """The kernels route r names: forward kernels, logits kernels, W writers, whether any
     launch filters."""
     if r.path == "three-matmul":
+        logits = r.logits if r.logits in ("shifted", "target-shifted") else "cublas"
         return dict(forward={"tma"} if r.forward == "tma" else set(),
-                    logits={"shifted" if r.logits == "shifted" else "cublas"}, writers=set(),
+                    logits={logits}, writers=set(),
                     filters=r.filter is not None, stores_y=r.logits == "shifted")
     writers = set()
     if r.path == "recompute":
@@ -138,6 +141,8 @@ CASES = [
      dict(workspace_mib=8), "three-matmul"),
     ("three-matmul shifted misaligned e", {"fused": {"logits_shifted": True}}, torch.float16,
      True, dict(workspace_mib=8), "three-matmul"),
+    ("three-matmul target-shifted", {"fused": {"target_shift": True}}, torch.float16, False,
+     dict(workspace_mib=8), "three-matmul"),
     ("three-matmul filtered, chunks", {"fused": {"max_rows": 8}}, torch.float16, False,
      dict(workspace_mib=8, filter_eps=1e-9), "three-matmul"),
     # Hopper's decisions on the interpreter: the default budget, shifted logits, filtered
