@@ -18,15 +18,20 @@ Two kernels, each over a grid of (BLOCK_R rows) x (vocabulary splits), each prog
 BLOCK_R contiguous columns of Y over its split's rows of Y:
 - partials: per row and split, s = sum_v exp(z_v - z_t), relative to the row's own target
   logit z_t, so that lse - z_t = ln(sum of the splits' s) with no cancellation on any row
-  (confident rows included: logits_grad.py's (m - z_t) + ln s, with m = z_t there). Each
-  thread folds its own elements (exp, max and sum elementwise) and the strip is reduced once
-  at the end: a reduction per step, across the warps that hold the strip's columns, was the
-  pass's cost. A split whose largest z is more than GUARD above z_t (a row with loss > GUARD)
-  sums again relative to that largest, where exp cannot overflow.
+  (confident rows included: logits_grad.py's (m - z_t) + ln s, with m = z_t there). A split
+  whose largest z is more than GUARD above z_t (a row with loss > GUARD) sums again relative
+  to that largest, where exp cannot overflow.
 - gradient: the splits' sums combined per row, the loss, then the strip overwritten with the
   unweighted gradient (tile.softmax_grad_tile; the loss weight goes onto the GEMMs' alpha),
   p_t - 1 from expm1(-nll) (logits_grad.py's rules). Rows without a target (ignore_index, or
   outside [0, V)) get loss 0 and a zero gradient column.
+
+What the strided strips need to run near their bytes (H200, results/notes/
+target-shifted-logits.md, each step measured): each thread folds its own elements (exp, max
+and sum elementwise), the strip reduced once at the end, not across warps every step; whole
+row blocks load unmasked along their contiguous axis (EVEN_R); each step loads the next tile
+before it works on this one (twice the bytes in flight); and the grid holds enough programs
+(plan.target_shift_splits).
 """
 import torch
 import triton

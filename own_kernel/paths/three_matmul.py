@@ -249,8 +249,9 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
 
 def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: Options,
                                     route: Route, kept, row_round) -> torch.Tensor:
-    """y (V x the rows rounded up to 8) = C E_rows^T less each row's target logit, rounded to the input dtype and
-    added by cuBLAS as its bias (config.Fused.target_shift: no bias or filter here), then
+    """y (V x the rows rounded up to 8) = C E_rows^T less each row's target logit, rounded to
+    the input dtype and added by cuBLAS as its bias (config.Fused.target_shift: no bias or
+    filter here), then
     their gradient over y (target_shifted_grad.py) with their losses and row_round; returns
     the gradient as rows x V (a transposed view of y)."""
     shift = target_logit(e_rows, c, None, targets, None).neg_().to(e_rows.dtype)
@@ -287,7 +288,8 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     logits = torch.empty(cdiv(plan.rows, ALIGN) * ALIGN if plan.target_shifted else plan.rows,
                          plan.row_stride, device=e.device,
                          dtype=torch.float32 if plan.logits_fp32 else e.dtype)
-    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]  # target-shifted: V x rows, unpadded
+    # (target-shifted logits take V x rows views of the same buffer instead: chunk())
+    ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
     # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
     # or in the chunk's own dE rows (plan.tile_max_in_de: written after the gradient pass)
     tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)

@@ -554,7 +554,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     in the chunk's dE rows with config.Fused.tile_max_in_de, where they fit there, else beside
     the logits in the budget).
     target_shift_ok: elsewhere, the chunk's 16-bit logits may be shifted by each row's target
-    logit (config.Fused.target_shift: V x rows, unpadded, and one 16-bit shift a row)."""
+    logit (config.Fused.target_shift: V x rows, the rows a multiple of 8, and one 16-bit shift
+    a row)."""
     fp32 = elt == 4
     dc_fp32 = dc_fp32 and not fp32  # fp32 inputs: dC is fp32 already
     kind, logit_elt = _logits_kind(v, d, elt, cfg, shift_ok, target_shift_ok)
@@ -565,7 +566,7 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                + (d * 4 if de_rows_fp32 else 0) + (elt if target_shifted else 0))
     cap = cfg.fused.max_rows or n
     # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
-    # multiple of 8 (a chunk of 3533 rows took 4.4x torch.compile's time), so chunks are too,
+    # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too,
     # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples.
     row_align = max(cfg.fused.row_align, ALIGN) if target_shifted else cfg.fused.row_align
     held = cdiv(n, ALIGN) * ALIGN if target_shifted else n

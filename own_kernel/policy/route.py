@@ -79,7 +79,8 @@ PATHS = ("three-matmul", "recompute", "low-memory", "forward-only")
 ENTRIES = ("fused", "eager", "compiled", "vocab-parallel")
 FORWARDS = ("ws", "tma", "pointer", "cublas")
 W_WRITERS = ("ws", "tma", "cublas", "pointer")
-LOGITS = ("fp32", "input", "shifted", "target-shifted")  # the three-matmul path's chunk logits (Route.logits)
+# the three-matmul path's chunk logits (Route.logits)
+LOGITS = ("fp32", "input", "shifted", "target-shifted")
 
 
 @functools.cache
