@@ -125,7 +125,7 @@ def test_memory_peak_lists_the_blocks_alive_at_the_peak():
 def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
     # A synthetic torch.profiler trace of 2 calls: the breakdown divides each family's GPU time
     # by calls x floor and counts the span not covered by any GPU operation as idle.
-    from suite.kernel.profile import kernel_family, print_gpu_gaps
+    from suite.kernel.profile import kernel_family, own_path_of, print_gpu_gaps
 
     ops = [("cce_fwd_tma_kernel", 0, 100), ("cce_dlogits_tma_kernel", 100, 150),
            ("nvjet_sm90_tss_192x192_badd", 250, 120), ("Memset (Device)", 370, 10),
@@ -146,6 +146,9 @@ def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
     assert {k: round(x, 6) for k, x in floors.items()} == lines  # what --csv writes
     assert kernel_family("cce_lse_combine_kernel") == "forward"
     assert kernel_family("_shifted_to_grad_kernel") == kernel_family("_logits_to_grad_kernel")
+    for name in ("_target_shifted_partials_kernel", "_target_shifted_grad_kernel"):
+        assert kernel_family(name) == kernel_family("_logits_to_grad_kernel")
+    assert own_path_of(["_target_shifted_grad_kernel"]) == "three-matmul"
 
 
 def test_profile_leaves_out_what_the_first_marked_call_launched(tmp_path, capsys):

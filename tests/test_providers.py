@@ -339,6 +339,30 @@ def test_an_own_rows_ran_names_the_route_its_call_took(monkeypatch):
         registry.PROVIDERS.pop(name, None)
 
 
+def test_an_own_rows_ran_names_target_shifted_logits(monkeypatch):
+    """A three-matmul row whose chunks held target-shifted logits says so (a variant's rows
+    look like the fp32 logits' otherwise)."""
+    import own_kernel
+    import suite.frontier  # noqa: F401 - registers own_ws256
+    from suite.providers.own import register_variant
+
+    monkeypatch.setattr(own_kernel, "linear_cross_entropy", lambda *a, **k: torch.zeros(()))
+    monkeypatch.delitem(registry.PROVIDERS, "own_ws256@ts", raising=False)
+    e = torch.zeros(64, 16, dtype=torch.float16, requires_grad=True)
+    c = torch.zeros(40, 16, dtype=torch.float16, requires_grad=True)
+    t = torch.zeros(64, dtype=torch.long)
+    name = register_variant("own_ws256", "ts", {"fused": {"target_shift": True}})
+    try:
+        ran = {}
+        for provider in ("own_ws256", name):
+            catalog.get(provider).fn(e, c, t)
+            ran[provider] = catalog.get(provider).ran()
+        assert ran == {"own_ws256": "three-matmul, 1 chunk of 64 rows",
+                       name: "three-matmul, target-shifted logits, 1 chunk of 64 rows"}
+    finally:
+        registry.PROVIDERS.pop(name, None)
+
+
 def test_an_own_rows_ran_names_the_cublas_forwards_chunks(monkeypatch):
     """Off the three-matmul path, a forward that ran as cuBLAS row chunks is in ``ran`` with
     its chunks (the portable forward's two kernels look alike in a table otherwise)."""

@@ -34,8 +34,8 @@ KERNELS = {
     (softmax_grad, "cce_softmax_grad_kernel"): ("writer", "cublas"),
     (logits_grad, "_logits_to_grad_kernel"): ("logits", "cublas"),
     (logits_grad, "_shifted_to_grad_kernel"): ("logits", "shifted"),
-    (target_shifted_grad, "_partials_kernel"): ("logits", "target-shifted"),
-    (target_shifted_grad, "_grad_kernel"): ("logits", "target-shifted"),
+    (target_shifted_grad, "_target_shifted_partials_kernel"): ("logits", "target-shifted"),
+    (target_shifted_grad, "_target_shifted_grad_kernel"): ("logits", "target-shifted"),
 }
 
 

@@ -96,9 +96,10 @@ def _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, R, V, ignore_index, tan
 
 
 @triton.jit
-def _partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, split_v, ignore_index, tanh_scale,
-                     cap, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, EVEN_R: tl.constexpr):
+def _target_shifted_partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, split_v,
+                                    ignore_index, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr,
+                                    SMOOTH: tl.constexpr, BLOCK_R: tl.constexpr,
+                                    BLOCK_V: tl.constexpr, EVEN_R: tl.constexpr):
     rows, r_mask = _rows(R, BLOCK_R, EVEN_R)
     split = tl.program_id(1)
     v_lo = split * split_v
@@ -159,10 +160,11 @@ def _combine(Part, rows, r_mask, R, splits, z_t, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _grad_kernel(Y, stride_v, Bias, Targets, Part, Loss, R, V, split_v, ignore_index, smooth,
-                 tanh_scale, cap, HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
-                 ROW_ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                 EVEN_R: tl.constexpr):
+def _target_shifted_grad_kernel(Y, stride_v, Bias, Targets, Part, Loss, R, V, split_v,
+                                ignore_index, smooth, tanh_scale, cap,
+                                HAS_SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                                ROW_ROUND: tl.constexpr, BLOCK_R: tl.constexpr,
+                                BLOCK_V: tl.constexpr, EVEN_R: tl.constexpr):
     rows, r_mask = _rows(R, BLOCK_R, EVEN_R)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -221,9 +223,9 @@ def target_shifted_to_grad(y: torch.Tensor, bias: torch.Tensor, targets: torch.T
     grid = (cdiv(rows, block_r), splits)
     common = dict(HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0, BLOCK_R=block_r,
                   BLOCK_V=block_v, EVEN_R=rows % block_r == 0, num_warps=num_warps)
-    _partials_kernel[grid](y, y.stride(0), bias, targets, part, rows, v, split_v,
+    _target_shifted_partials_kernel[grid](y, y.stride(0), bias, targets, part, rows, v, split_v,
                            int(ignore_index), tanh_scale, cap, **common)
-    _grad_kernel[grid](y, y.stride(0), bias, targets, part, loss, rows, v, split_v,
+    _target_shifted_grad_kernel[grid](y, y.stride(0), bias, targets, part, loss, rows, v, split_v,
                        int(ignore_index), float(label_smoothing), tanh_scale, cap,
                        ROW_ROUND=row_round is not None, **common)
     if row_round is not None:

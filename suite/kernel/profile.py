@@ -204,8 +204,9 @@ def floor_ms(e, c, reps=20) -> float:
 
 
 # The three-matmul path's logits-to-gradient kernels (logits_grad.py): from fp32 or 16-bit
-# logits, or from the forward's shifted logits
-LOGITS_TO_GRAD = ("_logits_to_grad", "_shifted_to_grad")
+# logits, or from the forward's shifted logits; target_shifted_grad.py's two, from cuBLAS's
+# target-shifted ones
+LOGITS_TO_GRAD = ("_logits_to_grad", "_shifted_to_grad", "_target_shifted_")
 
 
 def kernel_family(name: str) -> str:

@@ -57,8 +57,8 @@ def _stand_in(meta):
 
 def own_ran() -> str:
     """The ``ran`` of every own provider: the route its last call took (own_kernel.plan under
-    the same config, target and autocast), its path and the three-matmul path's row chunks, or
-    the cuBLAS forward's off it; "" when there was no call or it cannot be planned (a failing
+    the same config, target and autocast), its path and the three-matmul path's row chunks
+    (and target-shifted logits, config.Fused.target_shift), or the cuBLAS forward's off it; "" when there was no call or it cannot be planned (a failing
     call's row says why)."""
     import torch
 
@@ -81,8 +81,9 @@ def own_ran() -> str:
             route = plan(*map(_stand_in, (e, c, targets)), bias=_stand_in(bias), **options)
     except Exception:  # noqa: BLE001 - the row's status and error speak for a failed call
         return ""
-    if route.path == "three-matmul":
-        return f"three-matmul, {_chunks(route.chunks, route.chunk_size)}"
+    if route.path == "three-matmul":  # the logits' format where it is not the config's usual
+        logits = "target-shifted logits, " if route.logits == "target-shifted" else ""
+        return f"three-matmul, {logits}{_chunks(route.chunks, route.chunk_size)}"
     rows = route.forward_rows
     if rows is None:
         return route.path
