@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import own_kernel
 from own_kernel import linear_cross_entropy
 from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.target_shifted_grad import GUARD, target_shifted_to_grad
@@ -164,3 +165,27 @@ def test_the_pass_splits_the_vocabulary_until_the_grid_holds_its_programs(rows, 
                                                                           splits):
     assert target_shift_splits(rows, v, 128, 32, programs) == splits
 
+
+
+def test_an_fp32_weight_under_autocast_takes_them_and_keeps_its_fp32_gradient():
+    # The GEMMs read autocast's 16-bit copy of C (its target rows too); dC's fp32 sums over
+    # the chunks are C's gradient. Errors within fp16's over reductions of V or D terms
+    # (tests/test_autocast.py's tolerance).
+    g = torch.Generator().manual_seed(3)
+    n, d, v = 48, 40, 1024
+    x = torch.randn(n, d, generator=g).requires_grad_()
+    c = (0.3 * torch.randn(v, d, generator=g)).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    x64, c64 = (p.detach().half().double().requires_grad_() for p in (x, c))
+    ref = F.cross_entropy(x64 @ c64.T, t)
+    ref.backward()
+    with overridden({"fused": {"target_shift": True, "min_rows": 1, "max_rows": 16}}), \
+            torch.autocast("cpu", dtype=F16):
+        r = own_kernel.plan(x, c, t, workspace_mib=64)
+        loss = linear_cross_entropy(x, c, t, workspace_mib=64)
+    loss.backward()
+    assert (r.path, r.logits, r.fused.chunks) == ("three-matmul", "target-shifted", 3)
+    assert c.grad.dtype == torch.float32
+    tol = 8 * torch.finfo(F16).eps * (v + d) ** 0.5
+    assert abs(float(loss.detach()) - float(ref)) <= tol * float(ref)
+    assert rel(x.grad, x64.grad) <= tol and rel(c.grad, c64.grad) <= tol
