@@ -81,7 +81,7 @@ def _z(y, back, tanh_scale, cap, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, R, V, ignore_index, tanh_scale, cap,
+def _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, V, ignore_index, tanh_scale, cap,
                HAS_SOFTCAP: tl.constexpr):
     # Per row: whether it has a target, the target (0 without), the shift back to x (-bias)
     # and the target's z.
@@ -104,8 +104,8 @@ def _target_shifted_partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, spli
     split = tl.program_id(1)
     v_lo = split * split_v
     v_hi = tl.minimum(V, v_lo + split_v)
-    valid, tgt, back, z_t = _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, R, V,
-                                       ignore_index, tanh_scale, cap, HAS_SOFTCAP)
+    valid, tgt, back, z_t = _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, V, ignore_index,
+                                       tanh_scale, cap, HAS_SOFTCAP)
     cols = tl.arange(0, BLOCK_V)
     s = tl.zeros((BLOCK_R, BLOCK_V), tl.float32)
     m = tl.full((BLOCK_R, BLOCK_V), -1e30, tl.float32)
@@ -143,7 +143,7 @@ def _target_shifted_partials_kernel(Y, stride_v, Bias, Targets, Part, R, V, spli
 
 
 @triton.jit
-def _combine(Part, rows, r_mask, R, splits, z_t, BLOCK_R: tl.constexpr):
+def _combine(Part, rows, r_mask, R, splits, BLOCK_R: tl.constexpr):
     # The splits' (ref, s, z_sum) -> the row's (ref, s, z_sum), s = sum exp(z - ref) over V.
     plane = splits * R
     ref = tl.full((BLOCK_R,), -1e30, tl.float32)
@@ -170,9 +170,9 @@ def _target_shifted_grad_kernel(Y, stride_v, Bias, Targets, Part, Loss, R, V, sp
     splits = tl.num_programs(1)
     v_lo = split * split_v
     v_hi = tl.minimum(V, v_lo + split_v)
-    valid, tgt, back, z_t = _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, R, V,
-                                       ignore_index, tanh_scale, cap, HAS_SOFTCAP)
-    ref, s, z_sum = _combine(Part, rows, r_mask, R, splits, z_t, BLOCK_R)
+    valid, tgt, back, z_t = _row_terms(Y, stride_v, Bias, Targets, rows, r_mask, V, ignore_index,
+                                       tanh_scale, cap, HAS_SOFTCAP)
+    ref, s, z_sum = _combine(Part, rows, r_mask, R, splits, BLOCK_R)
     log2_s = tl.log2(s)
     # lse - z_t = (ref - z_t) + ln s: ln s alone where ref is z_t (every row of loss < GUARD)
     nll = (ref - z_t) + log2_s / LOG2E
@@ -223,10 +223,11 @@ def target_shifted_to_grad(y: torch.Tensor, bias: torch.Tensor, targets: torch.T
     grid = (cdiv(rows, block_r), splits)
     common = dict(HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0, BLOCK_R=block_r,
                   BLOCK_V=block_v, EVEN_R=rows % block_r == 0, num_warps=num_warps)
-    _target_shifted_partials_kernel[grid](y, y.stride(0), bias, targets, part, rows, v, split_v,
-                           int(ignore_index), tanh_scale, cap, **common)
-    _target_shifted_grad_kernel[grid](y, y.stride(0), bias, targets, part, loss, rows, v, split_v,
-                       int(ignore_index), float(label_smoothing), tanh_scale, cap,
-                       ROW_ROUND=row_round is not None, **common)
+    _target_shifted_partials_kernel[grid](y, y.stride(0), bias, targets, part, rows, v,
+                                          split_v, int(ignore_index), tanh_scale, cap, **common)
+    _target_shifted_grad_kernel[grid](y, y.stride(0), bias, targets, part, loss, rows, v,
+                                      split_v, int(ignore_index), float(label_smoothing),
+                                      tanh_scale, cap, ROW_ROUND=row_round is not None,
+                                      **common)
     if row_round is not None:
         torch.sum(part[3], dim=0, out=row_round)

@@ -256,12 +256,12 @@ def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: O
     the gradient as rows x V (a transposed view of y)."""
     shift = target_logit(e_rows, c, None, targets, None).neg_().to(e_rows.dtype)
     rows, padded = e_rows.shape[0], y.shape[1]
+    gemm_rows, gemm_shift = e_rows, shift
     if padded != rows:  # a ragged chunk runs as a multiple of 8 rows (plan.fused_plan)
-        e_rows = torch.cat([e_rows, e_rows.new_zeros(padded - rows, e_rows.shape[1])])
-        torch.addmm(torch.cat([shift, shift.new_zeros(padded - rows)]), c, e_rows.t(), out=y)
-        y = y[:, :rows]
-    else:
-        torch.addmm(shift, c, e_rows.t(), out=y)
+        gemm_rows = torch.cat([e_rows, e_rows.new_zeros(padded - rows, e_rows.shape[1])])
+        gemm_shift = torch.cat([shift, shift.new_zeros(padded - rows)])
+    torch.addmm(gemm_shift, c, gemm_rows.t(), out=y)
+    y = y[:, :rows]
     block_r, block_v, num_warps, per_sm = route.cfg.fused.target_shift_tiles
     splits = target_shift_splits(rows, y.shape[0], block_r, block_v, per_sm * num_sms(y.device))
     target_shifted_to_grad(y, shift, targets, losses, ignore_index=opts.ignore_index,
