@@ -1,7 +1,10 @@
 """Target-shifted 16-bit logits on the three-matmul path (config.Fused.target_shift,
 kernels/target_shifted_grad.py) under the Triton interpreter (fp16, tiny shapes): the pass
 against an fp64 reference (splits, ragged row blocks, rows of loss above its GUARD), the API's
-calls in chunks, and where the route takes them."""
+calls in chunks, and where the route takes them. CCE_TEST_DEVICE=cuda runs the pass and the
+calls with the compiled kernels, in bf16 too."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,15 +21,21 @@ from tests.test_own_kernel import reference, rel
 
 ON = with_overrides(PORTABLE, {"fused": {"target_shift": True}})
 F16 = torch.float16
+DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
+# The interpreter's bf16 arithmetic is wrong (the kernel refuses it there): fp16 on the CPU,
+# both 16-bit dtypes on a GPU
+DTYPES = [F16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+# Target-shifted logits asked for; Hopper's config would take its own shifted logits first
+ASK = {"target_shift": True, "logits_shifted": False}
 
 
 def _pass(e, c, t, softcap, ls, block_r, splits):
-    """The pass over the chunk's target-shifted fp16 logits, as the path writes them: (loss,
-    gradient rows x V, row_round)."""
-    shift = target_logit(e, c, None, t, None).neg_().to(F16)
-    y = (c.float() @ e.float().T + shift.float()).to(F16)  # V x rows, rounded once
-    loss = torch.empty(e.shape[0])
-    row_round = torch.empty(e.shape[0])
+    """The pass over the chunk's target-shifted logits (e's dtype), as the path writes them:
+    (loss, gradient rows x V, row_round)."""
+    shift = target_logit(e, c, None, t, None).neg_().to(e.dtype)
+    y = (c.float() @ e.float().T + shift.float()).to(e.dtype)  # V x rows, rounded once
+    loss = torch.empty(e.shape[0], device=e.device)
+    row_round = torch.empty(e.shape[0], device=e.device)
     target_shifted_to_grad(y, shift, t, loss, ignore_index=-100, softcap=softcap,
                            label_smoothing=ls, block_r=block_r, block_v=16, num_warps=4,
                            splits=splits, row_round=row_round)
@@ -43,20 +52,27 @@ def _want(e, c, t, softcap, ls):
     return loss.detach(), x.grad
 
 
+def _random(rows, v, d, dtype, seed):
+    """E (rows x d) and C (v x d) in dtype, targets, on DEV."""
+    g = torch.Generator().manual_seed(seed)
+    e = (0.5 * torch.randn(rows, d, generator=g)).to(dtype)
+    c = (0.5 * torch.randn(v, d, generator=g)).to(dtype)
+    t = torch.randint(0, v, (rows,), generator=g)
+    return e.to(DEV), c.to(DEV), t.to(DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, block_r, splits", [(37, 16, 3), (32, 16, 1), (32, 8, 5)])
 @pytest.mark.parametrize("softcap, ls", [(None, 0.0), (20.0, 0.1)])
-def test_the_pass_matches_fp64(rows, block_r, splits, softcap, ls):
+def test_the_pass_matches_fp64(rows, block_r, splits, softcap, ls, dtype):
     # ragged (37 rows: masked row blocks) and whole row blocks (unmasked loads); one or several
     # vocabulary splits, their last one short (V 101 over 16-column steps)
-    g = torch.Generator().manual_seed(rows + splits)
-    d, v = 16, 101
-    e = (0.5 * torch.randn(rows, d, generator=g)).to(F16)
-    c = (0.5 * torch.randn(v, d, generator=g)).to(F16)
-    t = torch.randint(0, v, (rows,), generator=g)
+    v = 101
+    e, c, t = _random(rows, v, 16, dtype, rows + splits)
     t[3], t[5] = -100, v + 2  # ignored, and out of range
     loss, grad, row_round = _pass(e, c, t, softcap, ls, block_r, splits)
     want_loss, want_grad = _want(e, c, t, softcap, ls)
-    eps = torch.finfo(F16).eps
+    eps = torch.finfo(dtype).eps
     # y's fp16 rounding, relative to the logits' spread, is the error's source
     assert (loss.double() - want_loss).abs().max() <= 4 * eps
     assert loss[3] == 0 and loss[5] == 0 and (grad[[3, 5]] == 0).all()
@@ -66,25 +82,24 @@ def test_the_pass_matches_fp64(rows, block_r, splits, softcap, ls):
     assert (row_round.double() - (want_grad.sum(1) - grad.double().sum(1))).abs().max() <= 8 * eps
 
 
-def test_a_row_far_below_its_largest_logit_is_summed_relative_to_that():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_far_below_its_largest_logit_is_summed_relative_to_that(dtype):
     # loss > GUARD: exp(z - z_t) would overflow; the split sums again relative to its max
-    g = torch.Generator().manual_seed(1)
-    d, v, rows = 16, 64, 16
-    e = (0.5 * torch.randn(rows, d, generator=g)).to(F16)
-    c = (0.5 * torch.randn(v, d, generator=g)).to(F16)
-    t = torch.randint(0, v, (rows,), generator=g)
-    e[2] = (40 * c[7].float() / c[7].float().norm() ** 2 * 10).to(F16)  # logit 7 far above
+    e, c, t = _random(16, 64, 16, dtype, 1)
+    e[2] = (40 * c[7].float() / c[7].float().norm() ** 2 * 10).to(dtype)  # logit 7 far above
     t[2] = int((e[2].float() @ c.float().T).argmin())
     loss, grad, _ = _pass(e, c, t, None, 0.0, 8, 2)
     want_loss, want_grad = _want(e, c, t, None, 0.0)
+    eps = torch.finfo(dtype).eps
     assert want_loss[2] > GUARD.value
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
-    assert abs(float(loss[2]) - float(want_loss[2])) <= 4 * torch.finfo(F16).eps * want_loss[2]
-    assert rel(grad[2], want_grad[2]) <= 4 * torch.finfo(F16).eps
+    assert abs(float(loss[2]) - float(want_loss[2])) <= 4 * eps * want_loss[2]
+    assert rel(grad[2], want_grad[2]) <= 4 * eps
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("softcap, reduction, max_rows", [(30.0, "mean", 5), (None, "sum", 0)])
-def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, max_rows):
+def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, max_rows, dtype):
     seen = []
     real = fused._target_shifted_logits_and_grad
 
@@ -93,14 +108,13 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
         return real(y, e_rows, *args)
 
     monkeypatch.setattr(fused, "_target_shifted_logits_and_grad", spy)
-    g = torch.Generator().manual_seed(2)
-    e = (0.5 * torch.randn(23, 24, generator=g)).to(F16).requires_grad_()
-    c = (0.5 * torch.randn(67, 24, generator=g)).to(F16).requires_grad_()
-    t = torch.randint(0, 67, (23,), generator=g)
+    e, c, t = _random(23, 67, 24, dtype, 2)
+    e.requires_grad_()
+    c.requires_grad_()
     t[[1, 2, 9]] = -100
     ref, e2, c2, _ = reference(e, c, t, None, softcap, reduction, 0.0)
     ref.backward()
-    with overridden({"fused": {"target_shift": True, "max_rows": max_rows, "min_rows": 1,
+    with overridden({"fused": {**ASK, "max_rows": max_rows, "min_rows": 1,
                                "min_chunk_flops": 0}}):
         loss = linear_cross_entropy(e, c, t, softcap=softcap, reduction=reduction,
                                     workspace_mib=16)
@@ -108,14 +122,15 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
     # the first 5 rows as they are, then the other 17 with a target gathered into 4 chunks
     # (rows, the logits' padded rows: cuBLAS's leading dimension a multiple of 8)
     assert seen == ([(5, 8)] * 4 + [(2, 8)] if max_rows else [(23, 24)])
-    tol = 3e-3
+    tol = 3 * torch.finfo(dtype).eps  # the logits' and the gradients' roundings
     assert abs(float(loss.detach()) - float(ref)) <= tol * max(1.0, abs(float(ref)))
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
 
 
 @pytest.mark.parametrize("cfg, option, logits", [
     (ON, {}, "target-shifted"),
-    (PORTABLE, {}, "fp32"),                          # off by default
+    (PORTABLE, {}, "target-shifted"),                # the portable config's default
+    (with_overrides(PORTABLE, {"fused": {"target_shift": False}}), {}, "fp32"),
     (ON, {"has_bias": True}, "fp32"),                # cuBLAS's bias is the shift's
     (ON, {"filtered": True}, "fp32"),                # the filter marks row-major blocks
     (with_overrides(HOPPER_16BIT, {"fused": {"target_shift": True}}), {}, "shifted"),
@@ -171,14 +186,14 @@ def test_an_fp32_weight_under_autocast_takes_them_and_keeps_its_fp32_gradient():
     # (tests/test_autocast.py's tolerance).
     g = torch.Generator().manual_seed(3)
     n, d, v = 48, 40, 1024
-    x = torch.randn(n, d, generator=g).requires_grad_()
-    c = (0.3 * torch.randn(v, d, generator=g)).requires_grad_()
-    t = torch.randint(0, v, (n,), generator=g)
+    x = torch.randn(n, d, generator=g).to(DEV).requires_grad_()
+    c = (0.3 * torch.randn(v, d, generator=g)).to(DEV).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g).to(DEV)
     x64, c64 = (p.detach().half().double().requires_grad_() for p in (x, c))
     ref = F.cross_entropy(x64 @ c64.T, t)
     ref.backward()
-    with overridden({"fused": {"target_shift": True, "min_rows": 1, "max_rows": 16}}), \
-            torch.autocast("cpu", dtype=F16):
+    with overridden({"fused": {**ASK, "min_rows": 1, "max_rows": 16}}), \
+            torch.autocast(DEV.type, dtype=F16):
         r = own_kernel.plan(x, c, t, workspace_mib=64)
         loss = linear_cross_entropy(x, c, t, workspace_mib=64)
     loss.backward()

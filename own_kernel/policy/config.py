@@ -515,7 +515,7 @@ PORTABLE = Config(
     # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off. fp32 logits:
     # shifted ones written by the pointer forward halved the chunks and were slower or level
     # at two heads (portable-shifted-logits.md).
-    fused=Fused(filtered=True),
+    fused=Fused(filtered=True, target_shift=True),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
     dlogits_candidates=_PORTABLE_DLOGITS_CANDIDATES,
