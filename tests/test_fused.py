@@ -136,13 +136,15 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
                                **logits}}):
         loss = linear_cross_entropy(e, c, t, bias=bias, softcap=softcap, reduction=reduction,
                                     label_smoothing=ls, shift=shift, workspace_mib=16)
-        # the config's kind (on Hopper 16-bit inputs take shifted logits by default)
-        want_shifted = dtype != torch.float32 and config_for(DEV, dtype).fused.logits_shifted
+        # the config's kind (on Hopper 16-bit inputs take shifted logits by default; only the
+        # TMA forward writes them: the portable config, forced, takes another kind)
+        cfg = config_for(DEV, dtype)
+        want_shifted = dtype != torch.float32 and cfg.fused.logits_shifted and cfg.forward.tma
         # (IN_DE's and the defaults' shapes fit the maxima in a dE row)
-        in_de = want_shifted and config_for(DEV, dtype).fused.tile_max_in_de
-        fp32_sums = dtype == torch.float32 or config_for(DEV, dtype).fused.dc_accumulator == "fp32"
+        in_de = want_shifted and cfg.fused.tile_max_in_de
+        fp32_sums = dtype == torch.float32 or cfg.fused.dc_accumulator == "fp32"
         want_target = (dtype != torch.float32 and not want_shifted and not has_bias
-                       and config_for(DEV, dtype).fused.target_shift)
+                       and cfg.fused.target_shift)
     loss.backward()
     chunks = expected_chunks(shifted(t, shift), max_rows)
     assert fused_calls == [(chunks, 0 < max_rows < t.numel() and fp32_sums, False)]
@@ -154,7 +156,7 @@ def test_matches_reference(fused_calls, monkeypatch, dtype, lead, d, v, softcap,
         assert rel(bias.grad, b2.grad) < tol
     # the plan took the kind asked for: shifted logits, their maxima in dE's rows where asked
     assert plans == [(want_shifted, in_de, want_target)]
-    assert want_shifted or not logits.get("logits_shifted")  # SHIFTED asks for them
+    assert want_shifted or not cfg.forward.tma or not logits.get("logits_shifted")  # SHIFTED
     assert want_target or has_bias or not logits.get("target_shift")
 
 
@@ -214,7 +216,8 @@ def test_shifted_logits_keep_fp32_logits_accuracy_where_16_bit_logits_lose_it():
     e64, c64 = e.double().requires_grad_(), c.double().requires_grad_()
     torch.nn.functional.cross_entropy(e64 @ c64.T, t).backward()
     err = {}
-    plain = {"logits_shifted": False}  # each kind named whatever the device's default
+    # each kind named whatever the device's default
+    plain = {"logits_shifted": False, "target_shift": False}
     for name, logits in (("fp32", {**plain, "logits_fp32": True}), ("shifted", SHIFTED),
                          ("16-bit", {**plain, "logits_fp32": False}),
                          ("target-shifted", TARGET_SHIFT)):
