@@ -271,7 +271,7 @@ class Fused:
     # target_shift_tiles: the pass's rows and columns per program, warps, and programs per SM
     # (the vocabulary split until the grid has them: a strip's pass keeps the memory busy only
     # with many programs in flight; at 2736 rows, 4 splits took 1.6x the time of 16, H200,
-    # target-shifted-logits.md).
+    # target-shifted-logits.md). On in the portable config.
     target_shift: bool = False
     target_shift_tiles: tuple[int, int, int, int] = (128, 32, 8, 8)
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
@@ -512,9 +512,12 @@ PORTABLE = Config(
     # The cuBLAS route's filter saved nothing at N 32768 V 32000, where the three-matmul path
     # is faster (portable-h100, fused-n32768-h100); larger vocabularies exceed the default
     # budget and keep the recompute route's filter. Hopper's row_align 128 was level and
-    # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off. fp32 logits:
-    # shifted ones written by the pointer forward halved the chunks and were slower or level
-    # at two heads (portable-shifted-logits.md).
+    # slower here at 8192x1536x151936 (forced on an H200, row-align.md): off. Shifted logits
+    # written by the pointer forward halved the chunks and were slower or level at two heads
+    # (portable-shifted-logits.md). Target-shifted 16-bit logits (cuBLAS's bias) instead of
+    # fp32 ones: faster or level at every shape and head measured, never slower, dE errors
+    # under 0.7x torch.compile's (forced on an H200, target-shifted-logits.md); calls with a
+    # bias or the filter keep fp32 logits.
     fused=Fused(filtered=True, target_shift=True),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
