@@ -331,17 +331,22 @@ def test_the_tools_providers_softcap_their_logits(provider):
         assert float(fn(e, c, t, softcap=5.0)) == pytest.approx(float(want), rel=1e-5)
 
 
-@pytest.mark.parametrize("provider, shifted, fp32", [
-    ("own_shifted", True, False), ("own_fp32logits", False, True), ("own_logits16", False, False)])
-def test_the_tools_logits_providers_pin_their_kind_on_hopper(provider, shifted, fp32):
+@pytest.mark.parametrize("target, provider, logits", [
+    ("hopper", "own_shifted", "shifted"), ("hopper", "own_fp32logits", "fp32"),
+    ("hopper", "own_logits16", "input"), ("hopper", "own_target_shifted", "target-shifted"),
+    # the portable config's default is target-shifted (no TMA forward: no shifted logits)
+    ("portable", "own_fp32logits", "fp32"), ("portable", "own_logits16", "input"),
+    ("portable", "own_target_shifted", "target-shifted")])
+def test_the_tools_logits_providers_pin_their_kind_on_either_config(target, provider, logits):
     # Each provider's override gives its kind of logits whatever the config's default.
-    from own_kernel.policy.config import with_overrides
+    from own_kernel.policy.config import PORTABLE, with_overrides
     from suite.kernel import autocast as tool
 
     _, override, _ = tool._provider(provider)
+    cfg = {"hopper": HOPPER_16BIT, "portable": PORTABLE}[target]
     n, v, d = SHAPES[1]
-    plan = route(Call(n, v, d, BF16, fp32_weight=True), with_overrides(HOPPER_16BIT, override))
-    assert (plan.fused.shifted, plan.fused.logits_fp32) == (shifted, fp32)
+    plan = route(Call(n, v, d, BF16, fp32_weight=True), with_overrides(cfg, override))
+    assert (plan.path, plan.logits) == ("three-matmul", logits)
 
 
 def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():

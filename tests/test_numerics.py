@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import own_kernel
 from own_kernel import linear_cross_entropy
 from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
 from own_kernel.policy.plan import fused_plan
@@ -20,14 +21,18 @@ ON_GPU = DEVICE == "cuda" and torch.cuda.is_available()
 EPS32 = torch.finfo(torch.float32).eps
 
 # Every route of a mean with gradients: recompute (budget 0), low memory, the three-matmul path
-# in several chunks (a budget, at most 8 rows a chunk), the filter (on a GPU too: its size
-# thresholds off, and the recompute route's filter, as the interpreter's config has it).
+# in several chunks (a budget, at most 8 rows a chunk; the config's logits, then target-shifted
+# 16-bit ones), the filter (on a GPU too: its size thresholds off, and the recompute route's
+# filter, as the interpreter's config has it).
+CHUNKS = {"max_rows": 8, "min_rows": 1, "min_chunk_flops": 0}
 PATHS = {
     # a 0 MiB budget takes the three-matmul path on Hopper where its chunks fit (16-bit calls)
     "recompute": ({"workspace_mib": 0}, {"fused": {"zero_budget": "recompute"}}),
     "low_memory": ({"low_memory": True}, {}),
-    "three_matmul": ({"workspace_mib": 1},
-                     {"fused": {"max_rows": 8, "min_rows": 1, "min_chunk_flops": 0}}),
+    # the device's own logits, target-shifted ones aside (the portable default: the next path)
+    "three_matmul": ({"workspace_mib": 1}, {"fused": {**CHUNKS, "target_shift": False}}),
+    "target_shifted": ({"workspace_mib": 1}, {"fused": {**CHUNKS, "target_shift": True,
+                                                        "logits_shifted": False}}),
     "filtered": ({"filter_eps": "auto", "workspace_mib": 0},
                  {"filter": {"min_flops": 0, "min_total_flops": 0},
                   "fused": {"zero_budget": "recompute"}}),
@@ -66,6 +71,8 @@ def _ours(e, c, t, bias, path):
     kwargs, config = PATHS[path]
     leaves = [x.clone().requires_grad_() for x in (e, c) + ((bias,) if bias is not None else ())]
     with overridden(config):
+        if path == "target_shifted":  # taken, not fallen back from
+            assert own_kernel.plan(*leaves[:2], t, **kwargs).logits == "target-shifted"
         loss = linear_cross_entropy(leaves[0], leaves[1], t,
                                     bias=leaves[2] if bias is not None else None, **kwargs)
         loss.backward()
@@ -91,7 +98,7 @@ def _large_logits(seed, with_bias, n=16, d=64, v=96):
     return e.to(DEVICE), c.to(DEVICE), t.to(DEVICE), bias
 
 
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("path", sorted(set(PATHS) - {"target_shifted"}))  # 16-bit only
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "shared_component"])
 def test_fp32_gradients_at_logits_of_magnitude_1e3(path, with_bias):
     # The lse rounded at 1e3 (one ulp: 6e-5) would put ~1e-4 into every probability; the
@@ -151,8 +158,12 @@ def _assert_routes_agree(naive, per_path, dtype):
     # 16-bit (whose logits are rounded to 16 bits) on the gradients.
     assert recompute[1] < naive[1] / 3, (recompute, naive)
     for path, errs in per_path.items():
-        # loss: within a few fp32 roundings of the recompute path's; gradients: twice its error
-        assert errs[0] <= 2 * recompute[0] + 4 * EPS32, (path, "loss", errs[0], recompute[0])
+        # loss: within a few fp32 roundings of the recompute path's, but target-shifted logits'
+        # (from 16-bit values relative to the target's: within one rounding of the dtype's, where
+        # naive 16-bit's is far above it); gradients: twice the recompute path's error
+        loss_tol = (torch.finfo(dtype).eps if path == "target_shifted"
+                    else 2 * recompute[0] + 4 * EPS32)
+        assert errs[0] <= loss_tol, (path, "loss", errs[0], recompute[0])
         for name, err, base in zip(("dE", "dC"), errs[1:], recompute[1:]):
             assert err <= 2 * base, (path, name, err, base, dtype)
 
@@ -206,6 +217,25 @@ def test_accuracy_tools_reference_is_the_fp64_gradient():
     assert abs(loss - ref_loss) <= tol
     assert ((de - ref_de).abs() <= tol * terms @ c.double().abs()).all()
     assert ((dc - ref_dc).abs() <= tol * terms.T @ e.double().abs()).all()
+
+
+@pytest.mark.parametrize("target", ["hopper", "portable"])
+def test_accuracy_tools_three_matmul_routes_pin_their_logits_on_either_config(target):
+    # Each route's override gives its kind of logits whatever the config's default (the
+    # portable config's is target-shifted; shifted logits need the TMA forward, Hopper's).
+    from own_kernel.policy.config import HOPPER_16BIT, PORTABLE
+    from own_kernel.policy.route import Call, route
+    from suite.kernel.accuracy import ROUTES
+
+    cfg = {"hopper": HOPPER_16BIT, "portable": PORTABLE}[target]
+    want = {"three_matmul": "fp32", "three_matmul_logits16": "input",
+            "three_matmul_target_shifted": "target-shifted"}
+    if target == "hopper":
+        want["three_matmul_shifted"] = "shifted"
+    for name, logits in want.items():
+        kwargs, overrides = ROUTES[name]
+        call = Call(n=4096, v=32000, d=2048, dtype=torch.bfloat16, **kwargs)
+        assert route(call, with_overrides(cfg, overrides)).logits == logits, name
 
 
 def test_accuracy_tools_large_logits_are_exact_in_fp32():

@@ -12,12 +12,17 @@ need gradients, mean cross-entropy of uniform targets, every call under
   (``fused.zero_budget "recompute"``);
 - ``own_wsB`` for each B of ``--budgets``: ``workspace_mib=B`` (the three-matmul path's speed
   and memory at other budgets);
-- ``own_fp32logits``: the default call with fp32 logits (``fused.logits_shifted`` off);
-- ``own_logits16``: the default call with plain 16-bit logits (``fused.logits_shifted`` and
-  ``fused.logits_fp32`` off: twice fp32's rows per chunk, less accurate on confident rows);
+- ``own_fp32logits``: the default call with fp32 logits (``fused.logits_shifted`` and
+  ``fused.target_shift`` off);
+- ``own_logits16``: the default call with plain 16-bit logits (``fused.logits_shifted``,
+  ``fused.target_shift`` and ``fused.logits_fp32`` off: twice fp32's rows per chunk, less
+  accurate on confident rows);
 - ``own_shifted``: the default call with ``fused.logits_shifted`` on (16-bit logits relative to
   their forward tile's row max: twice fp32's rows per chunk, fp32 logits' accuracy; the Hopper
-  default);
+  default, where the TMA forward runs);
+- ``own_target_shifted``: the default call with ``fused.target_shift`` on and
+  ``fused.logits_shifted`` off (16-bit logits less each row's target logit, cuBLAS's bias: the
+  portable default);
 - ``torch_compile``: ``torch.compile`` of ``F.cross_entropy(F.linear(e, c).float(), t)``.
 
 It writes DIR/autocast.csv (one row per shape and provider: median, p20 and p80 ms of the timed
@@ -43,11 +48,12 @@ MIB = 2**20
 SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384:3584:152064,"
           "nemo-12b:8192:5120:131072,gemma3-1b:8192:1152:262144")
 PROVIDERS = ("torch_compile", "own", "own_ws0", "own_recompute", "own_fp32logits",
-             "own_logits16", "own_shifted")  # + own_wsB (--budgets)
+             "own_logits16", "own_shifted", "own_target_shifted")  # + own_wsB (--budgets)
 # each kind of the three-matmul path's logits, pinned whatever the config's default
-LOGITS = {"own_fp32logits": {"logits_shifted": False, "logits_fp32": True},
-          "own_logits16": {"logits_shifted": False, "logits_fp32": False},
-          "own_shifted": {"logits_shifted": True}}
+LOGITS = {"own_fp32logits": {"logits_shifted": False, "target_shift": False, "logits_fp32": True},
+          "own_logits16": {"logits_shifted": False, "target_shift": False, "logits_fp32": False},
+          "own_shifted": {"logits_shifted": True},
+          "own_target_shifted": {"logits_shifted": False, "target_shift": True}}
 FIELDS = ["shape", "n", "d", "v", "softcap", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
           "peak_mib", "ms_over_compile", "mib_over_compile", "dc_rel_diff_vs_compile",
           "dc_dtype", "path", "chunks", "chunk_rows", "plan_peak_mib", "budget_mib",
