@@ -73,7 +73,7 @@ def test_the_pass_matches_fp64(rows, block_r, splits, softcap, ls, dtype):
     loss, grad, row_round = _pass(e, c, t, softcap, ls, block_r, splits)
     want_loss, want_grad = _want(e, c, t, softcap, ls)
     eps = torch.finfo(dtype).eps
-    # y's fp16 rounding, relative to the logits' spread, is the error's source
+    # y's 16-bit rounding, relative to the logits' spread, is the error's source
     assert (loss.double() - want_loss).abs().max() <= 4 * eps
     assert loss[3] == 0 and loss[5] == 0 and (grad[[3, 5]] == 0).all()
     assert rel(grad, want_grad) <= 4 * eps
