@@ -127,6 +127,27 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_causal_shift_over_a_batch_matches_the_reference(dtype):
+    # (batch, sequence) rows, each sequence's targets one step ahead (shift=1), an ignored
+    # target, label smoothing: the rows the path gathers feed the same pass
+    e, c, t = _random(27, 67, 24, dtype, 5)
+    e = e.view(3, 9, 24).requires_grad_()
+    c.requires_grad_()
+    t = t.view(3, 9) % 67
+    t[0, 2] = -100
+    ref, e2, c2, _ = reference(e, c, t, None, None, "mean", 0.1, shift=1)
+    ref.backward()
+    with overridden({"fused": {**ASK, "max_rows": 7, "min_rows": 1, "min_chunk_flops": 0}}):
+        r = own_kernel.plan(e, c, t, shift=1, label_smoothing=0.1, workspace_mib=16)
+        loss = linear_cross_entropy(e, c, t, shift=1, label_smoothing=0.1, workspace_mib=16)
+    loss.backward()
+    assert (r.path, r.logits, r.fused.chunks) == ("three-matmul", "target-shifted", 4)
+    tol = 3 * torch.finfo(dtype).eps  # the logits' and the gradients' roundings
+    assert abs(float(loss.detach()) - float(ref)) <= tol * max(1.0, abs(float(ref)))
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+
+
 @pytest.mark.parametrize("cfg, option, logits", [
     (ON, {}, "target-shifted"),
     (PORTABLE, {}, "target-shifted"),                # the portable config's default
