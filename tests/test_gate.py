@@ -165,13 +165,14 @@ def test_one_time_statistic_alone_above_its_limit_is_noise(run_gate):
     """Two slow rounds of three move the median (+200 %), not the minimum: a noisy stretch of
     the process, not a slower call. It shows as noise and the gate passes."""
     now = unchanged()
-    # The fast round at 0.96x the baseline's minimum: a sleep only lengthens, and its overshoot
-    # on a busy CPU (over 1 ms once under xdist) stays inside the 5 % limit up to 1.8 ms.
-    now[BWD]["sleeps_s"] = [BASE_MS[BWD] * 0.96 / 1e3] + [BASE_MS[BWD] * 3 / 1e3] * 2
+    # The fast round at half the baseline's minimum ("better"): a sleep only lengthens, and its
+    # overshoot on a busy CPU (2.9 ms once in a fresh clone's nox run, where 0.96x and "ok" left
+    # 1.8 ms) keeps it "better" up to 9 ms.
+    now[BWD]["sleeps_s"] = [BASE_MS[BWD] * 0.5 / 1e3] + [BASE_MS[BWD] * 3 / 1e3] * 2
     result = run_gate(now)
     assert result.ret == 0, result.out
     found = rows(result.out)
-    assert found[(BWD, "median_ms")] == "noise" and found[(BWD, "min_ms")] == "ok"
+    assert found[(BWD, "median_ms")] == "noise" and found[(BWD, "min_ms")] == "better"
     assert "above the limit alone (min_ms" in result.out
 
 
