@@ -17,6 +17,7 @@ from own_kernel.paths import three_matmul as fused
 from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides
 from own_kernel.policy.plan import fused_plan, target_shift_splits
 from own_kernel.policy.route import Call, route
+from tests.test_fused import TARGET_SHIFT  # Hopper's config would take shifted logits first
 from tests.test_own_kernel import reference, rel
 
 ON = with_overrides(PORTABLE, {"fused": {"target_shift": True}})
@@ -25,8 +26,6 @@ DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
 # The interpreter's bf16 arithmetic is wrong (the kernel refuses it there): fp16 on the CPU,
 # both 16-bit dtypes on a GPU
 DTYPES = [F16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
-# Target-shifted logits asked for; Hopper's config would take its own shifted logits first
-ASK = {"target_shift": True, "logits_shifted": False}
 
 
 def _pass(e, c, t, softcap, ls, block_r, splits):
@@ -114,7 +113,7 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
     t[[1, 2, 9]] = -100
     ref, e2, c2, _ = reference(e, c, t, None, softcap, reduction, 0.0)
     ref.backward()
-    with overridden({"fused": {**ASK, "max_rows": max_rows, "min_rows": 1,
+    with overridden({"fused": {**TARGET_SHIFT, "max_rows": max_rows, "min_rows": 1,
                                "min_chunk_flops": 0}}):
         loss = linear_cross_entropy(e, c, t, softcap=softcap, reduction=reduction,
                                     workspace_mib=16)
@@ -138,7 +137,8 @@ def test_a_causal_shift_over_a_batch_matches_the_reference(dtype):
     t[0, 2] = -100
     ref, e2, c2, _ = reference(e, c, t, None, None, "mean", 0.1, shift=1)
     ref.backward()
-    with overridden({"fused": {**ASK, "max_rows": 7, "min_rows": 1, "min_chunk_flops": 0}}):
+    with overridden({"fused": {**TARGET_SHIFT, "max_rows": 7, "min_rows": 1,
+                               "min_chunk_flops": 0}}):
         r = own_kernel.plan(e, c, t, shift=1, label_smoothing=0.1, workspace_mib=16)
         loss = linear_cross_entropy(e, c, t, shift=1, label_smoothing=0.1, workspace_mib=16)
     loss.backward()
@@ -213,7 +213,7 @@ def test_an_fp32_weight_under_autocast_takes_them_and_keeps_its_fp32_gradient():
     x64, c64 = (p.detach().half().double().requires_grad_() for p in (x, c))
     ref = F.cross_entropy(x64 @ c64.T, t)
     ref.backward()
-    with overridden({"fused": {**ASK, "min_rows": 1, "max_rows": 16}}), \
+    with overridden({"fused": {**TARGET_SHIFT, "min_rows": 1, "max_rows": 16}}), \
             torch.autocast(DEV.type, dtype=F16):
         r = own_kernel.plan(x, c, t, workspace_mib=64)
         loss = linear_cross_entropy(x, c, t, workspace_mib=64)

@@ -20,22 +20,19 @@ import torch
 import torch.nn.functional as F
 
 from own_kernel.policy.autotune import time_launch
-from suite.kernel.common import require_cuda
+from suite.kernel.common import LOGITS_OVERRIDES, require_cuda
 from suite.results import environment
 
 # route name -> (keyword arguments, config overrides)
 ROUTES = {
     "recompute": ({"workspace_mib": 0}, {}),
-    # the three-matmul path with each kind of logits (config.Fused), pinned whatever the
-    # config's default: shifted 16-bit (the Hopper default; the TMA forward writes them),
-    # target-shifted 16-bit (the portable default), fp32, plain 16-bit
-    "three_matmul_shifted": ({"workspace_mib": 4096}, {"fused": {"logits_shifted": True}}),
-    "three_matmul_target_shifted": ({"workspace_mib": 4096}, {"fused": {
-        "logits_shifted": False, "target_shift": True}}),
-    "three_matmul": ({"workspace_mib": 4096}, {"fused": {
-        "logits_shifted": False, "target_shift": False, "logits_fp32": True}}),
-    "three_matmul_logits16": ({"workspace_mib": 4096}, {"fused": {
-        "logits_shifted": False, "target_shift": False, "logits_fp32": False}}),
+    # the three-matmul path with each kind of logits (common.LOGITS_OVERRIDES): shifted 16-bit
+    # (the Hopper default), target-shifted 16-bit (the portable default), fp32, plain 16-bit
+    "three_matmul_shifted": ({"workspace_mib": 4096}, {"fused": LOGITS_OVERRIDES["shifted"]}),
+    "three_matmul_target_shifted": ({"workspace_mib": 4096},
+                                    {"fused": LOGITS_OVERRIDES["target-shifted"]}),
+    "three_matmul": ({"workspace_mib": 4096}, {"fused": LOGITS_OVERRIDES["fp32"]}),
+    "three_matmul_logits16": ({"workspace_mib": 4096}, {"fused": LOGITS_OVERRIDES["input"]}),
     "low_memory": ({"low_memory": True}, {}),
     "filter": ({"filter_eps": "auto", "workspace_mib": 0}, {}),
 }

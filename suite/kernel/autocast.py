@@ -41,7 +41,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from suite.kernel.common import require_cuda
+from suite.kernel.common import LOGITS_OVERRIDES, require_cuda
 
 MIB = 2**20
 # name:N:D:V[:S], S the softcap
@@ -50,10 +50,9 @@ SHAPES = ("gemma2-2b:8192:2304:256000,llama3-8b:8192:4096:128256,qwen25-7b:16384
 PROVIDERS = ("torch_compile", "own", "own_ws0", "own_recompute", "own_fp32logits",
              "own_logits16", "own_shifted", "own_target_shifted")  # + own_wsB (--budgets)
 # each kind of the three-matmul path's logits, pinned whatever the config's default
-LOGITS = {"own_fp32logits": {"logits_shifted": False, "target_shift": False, "logits_fp32": True},
-          "own_logits16": {"logits_shifted": False, "target_shift": False, "logits_fp32": False},
-          "own_shifted": {"logits_shifted": True},
-          "own_target_shifted": {"logits_shifted": False, "target_shift": True}}
+LOGITS = {"own_fp32logits": LOGITS_OVERRIDES["fp32"], "own_logits16": LOGITS_OVERRIDES["input"],
+          "own_shifted": LOGITS_OVERRIDES["shifted"],
+          "own_target_shifted": LOGITS_OVERRIDES["target-shifted"]}
 FIELDS = ["shape", "n", "d", "v", "softcap", "provider", "status", "ms", "ms_p20", "ms_p80", "reps",
           "peak_mib", "ms_over_compile", "mib_over_compile", "dc_rel_diff_vs_compile",
           "dc_dtype", "path", "chunks", "chunk_rows", "plan_peak_mib", "budget_mib",

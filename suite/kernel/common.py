@@ -1,5 +1,16 @@
-"""What the kernel tools share: the call they make and the CUDA check."""
+"""What the kernel tools share: the call they make, the CUDA check and the three-matmul path's
+logits kinds."""
 from __future__ import annotations
+
+# The three-matmul path's logits kinds (route.LOGITS' names), each as the config.Fused overrides
+# that pin it whatever the config's default (Hopper's is shifted, the portable one's
+# target-shifted; shifted logits need the TMA forward, target-shifted ones no bias or filter)
+LOGITS_OVERRIDES = {
+    "fp32": {"logits_shifted": False, "target_shift": False, "logits_fp32": True},
+    "input": {"logits_shifted": False, "target_shift": False, "logits_fp32": False},
+    "shifted": {"logits_shifted": True},
+    "target-shifted": {"logits_shifted": False, "target_shift": True},
+}
 
 
 def require_cuda(tool: str) -> None:
