@@ -182,6 +182,27 @@ def test_chunks_of_target_shifted_logits_are_multiples_of_8_rows():
     assert one.chunks == 1 and one.extra_bytes == 1008 * (151936 * 2 + 2)  # room for 1008
 
 
+def test_the_portable_default_aligns_target_shifted_chunks_to_128_rows():
+    # config.Fused.target_shift_row_align: at 1 GiB, N 8192, V 151936 makes three chunks of
+    # 2736 rows (a partial 128-row tile each); the portable config's 128 makes them 2816 (the
+    # last 2560), as many chunks, still within the budget. Aligned shapes keep their chunks.
+    args = (8192, 151936, 1536, 2, 1024 * 2**20)
+    eight = with_overrides(PORTABLE, {"fused": {"target_shift_row_align": 8}})
+    ragged, _ = fused_plan(*args, eight, target_shift_ok=True)
+    aligned, _ = fused_plan(*args, PORTABLE, target_shift_ok=True)
+    assert (ragged.rows, ragged.chunks) == (2736, 3) and (aligned.rows, aligned.chunks) == (2816, 3)
+    assert aligned.extra_bytes <= 1024 * 2**20 and aligned.row_align == 128
+    # fp32 logits (no target shift) keep the config's row_align (1)
+    plain, _ = fused_plan(*args, PORTABLE, target_shift_ok=False)
+    assert plain.row_align == 1 and plain.rows % 128 != 0
+    gemma = (8192, 256000, 2304, 2, 1024 * 2**20)
+    assert (fused_plan(*gemma, eight, target_shift_ok=True)[0].rows
+            == fused_plan(*gemma, PORTABLE, target_shift_ok=True)[0].rows == 2048)
+    for bad in (4, 12, 0):
+        with pytest.raises(ValueError, match="fused.target_shift_row_align"):
+            with_overrides(PORTABLE, {"fused": {"target_shift_row_align": bad}})
+
+
 def test_target_shift_tiles_are_validated():
     with pytest.raises(ValueError, match="target_shift_tiles' rows"):
         with_overrides(PORTABLE, {"fused": {"target_shift_tiles": (48, 64, 8, 4)}})

@@ -191,7 +191,8 @@ class Chunks:
 
     def __post_init__(self):
         if self.recompute not in ("tma", "cublas"):
-            raise ValueError(f"chunks.recompute: expected 'tma' or 'cublas', got {self.recompute!r}")
+            raise ValueError(f"chunks.recompute: expected 'tma' or 'cublas', got "
+                             f"{self.recompute!r}")
         if self.align % 8:
             raise ValueError(f"chunks.align: expected a multiple of 8 (16-byte TMA rows), got "
                              f"{self.align}")
@@ -274,6 +275,10 @@ class Fused:
     # target-shifted-logits.md). On in the portable config.
     target_shift: bool = False
     target_shift_tiles: tuple[int, int, int, int] = (128, 32, 8, 8)
+    # Target-shifted chunks' rows a multiple of this (at least 8: the logits' leading dimension
+    # for cuBLAS's fast kernels; plan.fused_plan), as row_align for fp32 logits. The portable
+    # config sets 128.
+    target_shift_row_align: int = 8
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
     # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
     # are written only after the gradient pass, the maxima's last reader. The budget then holds
@@ -334,6 +339,9 @@ class Fused:
                              f"got {self.zero_budget!r}")
         if self.row_align < 1:
             raise ValueError(f"fused.row_align: expected >= 1, got {self.row_align}")
+        if self.target_shift_row_align < 8 or self.target_shift_row_align % 8:
+            raise ValueError(f"fused.target_shift_row_align: expected a multiple of 8, got "
+                             f"{self.target_shift_row_align}")
         if self.dc_accumulator not in ("fp32", "dc"):
             raise ValueError(f"fused.dc_accumulator: expected 'fp32' or 'dc', got "
                              f"{self.dc_accumulator!r}")
@@ -517,8 +525,11 @@ PORTABLE = Config(
     # (portable-shifted-logits.md). Target-shifted 16-bit logits (cuBLAS's bias) instead of
     # fp32 ones: faster or level at every shape and head measured, never slower, dE errors
     # under 0.7x torch.compile's (forced on an H200, target-shifted-logits.md); calls with a
-    # bias or the filter keep fp32 logits.
-    fused=Fused(filtered=True, target_shift=True),
+    # bias or the filter keep fp32 logits. Their chunks aligned to 128 rows (the forward's and
+    # dE's row tile) instead of 8: at the 1 GiB default, faster at three shapes whose chunks
+    # were ragged (N 8192, D 1536, V 151936; D 5120; Qwen 2.5 (7B)), level at D 1152; shapes
+    # whose chunks were aligned are unchanged (forced on an H200, row-align.md).
+    fused=Fused(filtered=True, target_shift=True, target_shift_row_align=128),
     autotune=True,
     forward_candidates=_PORTABLE_FORWARD_CANDIDATES,
     dlogits_candidates=_PORTABLE_DLOGITS_CANDIDATES,
@@ -622,7 +633,8 @@ def config_of_key(key: str, device: torch.device, dtype: torch.dtype) -> Config:
 
 
 TARGETS = ("hopper-16bit", "portable")
-_FORCED_TARGET: list[str] = [os.environ["CCE_OWN_TARGET"]] if os.environ.get("CCE_OWN_TARGET") else []
+_FORCED_TARGET: list[str] = ([os.environ["CCE_OWN_TARGET"]] if os.environ.get("CCE_OWN_TARGET")
+                              else [])
 
 
 @contextlib.contextmanager

@@ -567,8 +567,10 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     cap = cfg.fused.max_rows or n
     # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
     # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too,
-    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples.
-    row_align = max(cfg.fused.row_align, ALIGN) if target_shifted else cfg.fused.row_align
+    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples
+    # (config.Fused.target_shift_row_align: at least 8).
+    row_align = (max(cfg.fused.row_align, cfg.fused.target_shift_row_align) if target_shifted
+                 else cfg.fused.row_align)
     held = cdiv(n, ALIGN) * ALIGN if target_shifted else n
     kind["row_align"] = row_align
     if held * per_row <= budget_bytes and n <= cap:
