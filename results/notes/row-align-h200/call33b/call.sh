@@ -18,8 +18,7 @@ RUN=/tmp/run/ra-heads HEADS_DEADLINE_S=$(( $(left) - 320 )) ROUNDS=1 REPS=20 \
 RUN=/tmp/run/ra-frontier HEADS_DEADLINE_S=$(( $(left) - 240 )) ROUNDS=1 REPS=20 \
   HEADS="8192x5120x131072 8192x1536x151936" PROVIDERS=$P BENCH_ARGS="$RA" \
   bash suite/kernel/heads_gpu.sh
-cd "$OUT" && CCE_OWN_TARGET=portable CCE_TEST_DEVICE=cuda timeout -k 10 $(( $(left) - 10 )) \
-  python3 -m pytest -v -rs -n 8 -p no:cacheprovider --rootdir "$OLDPWD" \
-  "$OLDPWD/tests/test_target_shift.py" "$OLDPWD/tests/test_backward_portable.py" \
-  > "$OUT/gpu-tests.log" 2>&1
+CCE_OWN_TARGET=portable CCE_TEST_DEVICE=cuda timeout -k 10 $(( $(left) - 10 )) \
+  python3 -m pytest -v -rs -n 8 -p no:cacheprovider tests/test_target_shift.py \
+  tests/test_backward_portable.py > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $?"; grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -n 3
