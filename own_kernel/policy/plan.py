@@ -522,6 +522,22 @@ def _logits_kind(v: int, d: int, elt: int, cfg: Config, shift_ok: bool,
                 tile_max_in_de=in_de, target_shifted=target_shifted), logit_elt
 
 
+def _chunk_row(kind: dict, logit_elt: int, d: int, elt: int, de_rows_fp32: bool,
+               cfg: Config) -> tuple[int, int]:
+    """(bytes a chunk row holds, rows per chunk a multiple of this) for fused_plan."""
+    target_shifted = kind["target_shifted"]
+    tile_maxima = 0 if kind["tile_max_in_de"] else 4 * kind["shift_tiles"]
+    per_row = (kind["row_stride"] * logit_elt + tile_maxima + (d * 4 if de_rows_fp32 else 0)
+               + (elt if target_shifted else 0))
+    # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
+    # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too,
+    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples
+    # (config.Fused.target_shift_row_align: at least 8).
+    if target_shifted:
+        return per_row, max(cfg.fused.row_align, cfg.fused.target_shift_row_align)
+    return per_row, cfg.fused.row_align
+
+
 def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
                filtered: bool = False, dc_fp32: bool = False, shift_ok: bool = False,
                softcap: bool = False, target_shift_ok: bool = False
@@ -561,16 +577,8 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     kind, logit_elt = _logits_kind(v, d, elt, cfg, shift_ok, target_shift_ok)
     target_shifted = kind["target_shifted"]
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
-    tiles = kind["shift_tiles"]
-    per_row = (kind["row_stride"] * logit_elt + (0 if kind["tile_max_in_de"] else 4 * tiles)
-               + (d * 4 if de_rows_fp32 else 0) + (elt if target_shifted else 0))
+    per_row, row_align = _chunk_row(kind, logit_elt, d, elt, de_rows_fp32, cfg)
     cap = cfg.fused.max_rows or n
-    # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
-    # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too,
-    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples
-    # (config.Fused.target_shift_row_align: at least 8).
-    row_align = (max(cfg.fused.row_align, cfg.fused.target_shift_row_align) if target_shifted
-                 else cfg.fused.row_align)
     held = cdiv(n, ALIGN) * ALIGN if target_shifted else n
     kind["row_align"] = row_align
     if held * per_row <= budget_bytes and n <= cap:
