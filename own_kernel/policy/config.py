@@ -275,9 +275,9 @@ class Fused:
     # target-shifted-logits.md). On in the portable config.
     target_shift: bool = False
     target_shift_tiles: tuple[int, int, int, int] = (128, 32, 8, 8)
-    # Target-shifted chunks' rows a multiple of this (at least 8: the logits' leading dimension
-    # for cuBLAS's fast kernels; plan.fused_plan), as row_align for fp32 logits. The portable
-    # config sets 128.
+    # Target-shifted chunks' rows a multiple of this where the chunks keep their number (at
+    # least 8: the logits' leading dimension for cuBLAS's fast kernels; plan.fused_plan); what
+    # row_align is to the other logits. The portable config sets 128.
     target_shift_row_align: int = 8
     # Shifted logits: the tile maxima (4 bytes per row and forward tile) kept in the chunk's own
     # dE rows where they fit there (4 x tiles <= D x 2 bytes), not beside the logits: dE's rows
