@@ -16,7 +16,7 @@ from own_kernel.paths.vocab_parallel import (VocabParallel, check_vocab_parallel
                                              vocab_parallel_rows)
 from own_kernel.policy.config import config_for, config_key, forced_target
 from own_kernel.policy.options import CallOptions, Options
-from own_kernel.policy.route import Route, call_of, route, route_with_copies, tma_ready
+from own_kernel.policy.route import Route, call_of, layouts_of, route, route_with_copies
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -139,7 +139,7 @@ def _layouts(e2: Tensor, c: Tensor) -> tuple:
     custom ops route their real tensors)."""
     if torch.compiler.is_compiling():
         return None, None
-    return tma_ready(e2), None if c.dtype != e2.dtype else tma_ready(c)
+    return layouts_of(e2, c if c.dtype == e2.dtype else None)
 
 
 def _eager_rows(e2, c, t2, bias, opts: Options, r: Route, check):
@@ -361,9 +361,9 @@ def _planned_layouts(e: Tensor, c: Tensor, bias) -> tuple:
         e2 = e.view(-1, e.shape[-1]) if e.dtype == dtype and e.dim() >= 1 else None
     except RuntimeError:  # reshape copies
         e2 = None
-    e_ready = tma_ready(e2) if e2 is not None and _readable_as_is(e2) else None
+    e_read = e2 if e2 is not None and _readable_as_is(e2) else None
     c_kept = c.dtype == dtype and c.dim() == 2 and not _fp32_weight(e, c, bias)
-    return e_ready, tma_ready(c) if c_kept and _readable_as_is(c) else None
+    return layouts_of(e_read, c if c_kept and _readable_as_is(c) else None)
 
 
 def _fp32_weight(e, c, bias) -> bool:

@@ -300,3 +300,14 @@ def test_tile_maxima_in_de_rows_take_no_budget_where_they_fit_there():
     assert inside.extra_bytes == inside.rows * inside.row_stride * 2  # the logits alone
     narrow, _ = fused_plan(16384, 262144, 1152, 2, 2**30, in_de, shift_ok=True)
     assert narrow.shifted and not narrow.tile_max_in_de
+
+
+def test_layouts_of_reads_each_tensor_as_it_is_and_none_for_a_copy():
+    # route.layouts_of, the one place the call's layouts are read (api.py, the custom ops)
+    from own_kernel.policy.route import layouts_of
+
+    base = torch.zeros(4, 17, dtype=torch.float16)
+    aligned, offset = torch.zeros(4, 16, dtype=torch.float16), base[:, 1:]
+    assert layouts_of(aligned, None) == (True, None)
+    assert layouts_of(offset, aligned) == (False, True)  # base not 16-byte aligned
+    assert layouts_of(None, base) == (None, False)       # 34-byte rows

@@ -26,7 +26,7 @@ from own_kernel.paths.recompute import backward
 from own_kernel.paths.shared import refuse_create_graph, used_rows, zeros_or_none
 from own_kernel.policy.config import config_of_key
 from own_kernel.policy.options import Options
-from own_kernel.policy.route import Route, call_of, route, route_with_copies, tma_ready
+from own_kernel.policy.route import Route, call_of, layouts_of, route, route_with_copies
 
 
 # ---- the passes, on plain tensors -------------------------------------------------------------
@@ -106,8 +106,9 @@ def _op_route(e, c, bias, opts: Options, config: str, workspace_mib=None) -> Rou
     """The route a custom op runs: that of its real tensors under torch.compile, with the
     config of the recipe its forward was traced with (config.config_key) and the call's
     budget (the cuBLAS forward's: Route.forward_rows)."""
-    call = call_of(e, c, bias, opts, compiling=True, e_tma_ready=tma_ready(e),
-                   c_tma_ready=tma_ready(c), workspace_mib=workspace_mib)
+    e_ready, c_ready = layouts_of(e, c)
+    call = call_of(e, c, bias, opts, compiling=True, e_tma_ready=e_ready, c_tma_ready=c_ready,
+                   workspace_mib=workspace_mib)
     return route(call, config_of_key(config, e.device, e.dtype))
 
 

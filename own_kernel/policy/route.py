@@ -164,6 +164,12 @@ def call_of(e: torch.Tensor, c: torch.Tensor, bias, opts: Options, *, reduction:
                 softcap=opts.softcap is not None, deterministic=opts.deterministic)
 
 
+def layouts_of(e: torch.Tensor | None, c: torch.Tensor | None) -> tuple:
+    """(e_tma_ready, c_tma_ready) for call_of, of the tensors the kernels will read as they
+    are; None for one they will not (a copy of its own: call_of then takes a fresh tensor's)."""
+    return tuple(None if t is None else tma_ready(t) for t in (e, c))
+
+
 def _entry(call: Call) -> str:
     """The autograd entry that runs the call: vocab-parallel first (each rank's shard), then
     torch.compile's custom ops, then the eager entries."""

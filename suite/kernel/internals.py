@@ -22,11 +22,11 @@ def forward_lse(e, c, targets, softcap):
     from own_kernel.paths.forward import forward
     from own_kernel.policy.config import config_for
     from own_kernel.policy.options import Options
-    from own_kernel.policy.route import call_of, route, tma_ready
+    from own_kernel.policy.route import call_of, layouts_of, route
 
     opts = Options(softcap=softcap)
-    call = call_of(e, c, None, opts, needs_grad=False, e_tma_ready=tma_ready(e),
-                   c_tma_ready=tma_ready(c))
+    e_ready, c_ready = layouts_of(e, c)
+    call = call_of(e, c, None, opts, needs_grad=False, e_tma_ready=e_ready, c_tma_ready=c_ready)
     return forward(e, c, None, targets, opts, route(call, config_for(e.device, e.dtype)))[1]
 
 
