@@ -530,8 +530,7 @@ def _chunk_row(kind: dict, logit_elt: int, d: int, elt: int, de_rows_fp32: bool,
     per_row = (kind["row_stride"] * logit_elt + tile_maxima + (d * 4 if de_rows_fp32 else 0)
                + (elt if target_shifted else 0))
     # Target-shifted logits are V x rows: cuBLAS's fast kernels need that leading dimension a
-    # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too,
-    # and a ragged last one runs padded (paths/three_matmul.py): room for 8-row multiples
+    # multiple of 8 (chunks of 2731 rows took 4.4x torch.compile's time), so chunks are too
     # (config.Fused.target_shift_row_align: at least 8).
     if target_shifted:
         return per_row, max(cfg.fused.row_align, cfg.fused.target_shift_row_align)
@@ -579,6 +578,7 @@ def fused_plan(n: int, v: int, d: int, elt: int, budget_bytes: int, cfg: Config,
     de_rows_fp32 = not fp32 and (filtered or v % ALIGN != 0)
     per_row, row_align = _chunk_row(kind, logit_elt, d, elt, de_rows_fp32, cfg)
     cap = cfg.fused.max_rows or n
+    # a ragged last target-shifted chunk runs padded to 8-row multiples (paths/three_matmul.py)
     held = cdiv(n, ALIGN) * ALIGN if target_shifted else n
     kind["row_align"] = row_align
     if held * per_row <= budget_bytes and n <= cap:
