@@ -15,6 +15,7 @@ import own_kernel
 from own_kernel import linear_cross_entropy
 from own_kernel.policy.config import INTERPRETER, overridden, with_overrides
 from own_kernel.policy.plan import fused_plan
+from tests.test_fused import TARGET_SHIFT  # Hopper's config would take shifted logits first
 
 DEVICE = os.environ.get("CCE_TEST_DEVICE", "cpu")
 ON_GPU = DEVICE == "cuda" and torch.cuda.is_available()
@@ -31,8 +32,7 @@ PATHS = {
     "low_memory": ({"low_memory": True}, {}),
     # the device's own logits, target-shifted ones aside (the portable default: the next path)
     "three_matmul": ({"workspace_mib": 1}, {"fused": {**CHUNKS, "target_shift": False}}),
-    "target_shifted": ({"workspace_mib": 1}, {"fused": {**CHUNKS, "target_shift": True,
-                                                        "logits_shifted": False}}),
+    "target_shifted": ({"workspace_mib": 1}, {"fused": {**CHUNKS, **TARGET_SHIFT}}),
     "filtered": ({"filter_eps": "auto", "workspace_mib": 0},
                  {"filter": {"min_flops": 0, "min_total_flops": 0},
                   "fused": {"zero_budget": "recompute"}}),
