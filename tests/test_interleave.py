@@ -120,6 +120,26 @@ def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypa
                                                  rel=1e-3)
 
 
+def test_each_ratio_comes_with_its_verdict_by_the_p20_p80_rule():
+    # Apart ranges are faster or slower; overlapping ones level (suite/report/verdict.py), each
+    # against the base at the entry's own budget and against torch.compile; a failed entry and
+    # torch.compile against the base get none.
+    def row(entry, budget, ms, p20, p80, status="ok"):
+        return dict(entry=entry, budget=budget, ms=ms, ms_p20=p20, ms_p80=p80, status=status)
+
+    rows = [row("base", "", 10.0, 9.8, 10.2), row("quick", "", 8.9, 8.7, 9.1),
+            row("near", "", 10.1, 10.0, 10.4), row("base@ws0", "0", 20.0, 19.0, 21.0),
+            row("slow@ws0", "0", 22.0, 21.5, 22.5), row("broken", "", 0.0, 0.0, 0.0, "oom"),
+            row(tool.COMPILE, "", 9.4, 9.2, 9.6)]
+    tool._relate(rows)
+    verdicts = {r["entry"]: (r.get("vs_base"), r.get("vs_compile")) for r in rows}
+    assert verdicts == {"base": ("level", "slower"), "quick": ("faster", "faster"),
+                        "near": ("level", "slower"), "base@ws0": ("level", "slower"),
+                        "slow@ws0": ("slower", "slower"), "broken": (None, None),
+                        tool.COMPILE: (None, "level")}
+    assert rows[4]["ms_over_base"] == 1.1 and rows[1]["ms_over_compile"] == round(8.9 / 9.4, 4)
+
+
 def test_a_failing_entry_is_its_rows_status_and_the_run_goes_on(tmp_path):
     # An override the kernel's config refuses fails that entry only.
     out = tmp_path / "run"

@@ -21,13 +21,14 @@ clock-limiting reasons while each call runs (suite/clocks.py).
 Per head (NxDxV[xS], S its softcap) and entry, a row of DIR/interleave.csv: the route's path
 and chunks, median, p20 and p80 ms of the timed calls (L2 flushed before each, outside the
 timed region), the cuBLAS floor (one E @ C.T) and the time in floors, ms over the base's and
-over torch.compile's at the same budget, the peak MiB beyond the inputs of one call (its
-gradients included), and dE's and dC's relative difference from the base variant's at the
-same budget (0 where a variant only reschedules the same arithmetic). A failing entry (OOM, a
-compile error) is recorded as its row's status and the run goes on. DIR/env.json records the
-environment. lm inputs (suite.inputs), bf16 unless --dtype says. With --clocks, the median SM
-clock (MHz) and power (W) of the entry's samples, and the fraction of them and the names of the
-reasons NVML gave for a limited clock.
+over torch.compile's at the same budget with their verdicts (vs_base, vs_compile: faster,
+slower or level by the p20-p80 rule, suite/report/verdict.py), the peak MiB beyond the inputs
+of one call (its gradients included), and dE's and dC's relative difference from the base
+variant's at the same budget (0 where a variant only reschedules the same arithmetic). A
+failing entry (OOM, a compile error) is recorded as its row's status and the run goes on.
+DIR/env.json records the environment. lm inputs (suite.inputs), bf16 unless --dtype says.
+With --clocks, the median SM clock (MHz) and power (W) of the entry's samples, and the
+fraction of them and the names of the reasons NVML gave for a limited clock.
 """
 from __future__ import annotations
 
@@ -39,11 +40,14 @@ from dataclasses import dataclass
 
 import torch
 
+from suite.report.verdict import time_verdict
+
 MIB = 2**20
 FIELDS = ["head", "n", "d", "v", "softcap", "budget", "entry", "overrides", "status", "path",
           "chunks", "ms", "ms_p20", "ms_p80", "reps", "floor_ms", "floors", "ms_over_base",
-          "ms_over_compile", "peak_mib", "de_diff_vs_base", "dc_diff_vs_base", "device",
-          "order", "settle", "sm_mhz", "power_w", "clock_limited", "clock_reasons"]
+          "ms_over_compile", "vs_base", "vs_compile", "peak_mib", "de_diff_vs_base",
+          "dc_diff_vs_base", "device", "order", "settle", "sm_mhz", "power_w", "clock_limited",
+          "clock_reasons"]
 COMPILE = "torch_compile"
 FLOOR = "cublas_floor"   # one E @ C.T, timed in the sweeps beside the entries
 
@@ -272,15 +276,19 @@ def _prepare(entry: Entry, inputs, softcap, args, device, base_grads) -> tuple[d
 
 
 def _relate(rows: list[dict]) -> None:
-    """ms over the base variant's at the same budget and over torch.compile's."""
+    """ms over the base variant's at the same budget and over torch.compile's, each with its
+    verdict by the suite's one rule (suite/report/verdict.py: faster or slower only where the
+    p20-p80 ranges are apart, else level)."""
     ok = [r for r in rows if r["status"] == "ok"]
-    base = {r["budget"]: r["ms"] for r in ok if r["entry"].split("@")[0] == "base"}
-    compiled = next((r["ms"] for r in ok if r["entry"] == COMPILE), None)
+    base = {r["budget"]: r for r in ok if r["entry"].split("@")[0] == "base"}
+    compiled = next((r for r in ok if r["entry"] == COMPILE), None)
     for r in ok:
         if r["budget"] in base and r["entry"] != COMPILE:
-            r["ms_over_base"] = round(r["ms"] / base[r["budget"]], 4)
+            r["ms_over_base"] = round(r["ms"] / base[r["budget"]]["ms"], 4)
+            r["vs_base"] = time_verdict(r, base[r["budget"]])
         if compiled:
-            r["ms_over_compile"] = round(r["ms"] / compiled, 4)
+            r["ms_over_compile"] = round(r["ms"] / compiled["ms"], 4)
+            r["vs_compile"] = time_verdict(r, compiled)
 
 
 def head_rows(head: str, args, device) -> list[dict]:
@@ -364,7 +372,7 @@ def _print(rows: list[dict]) -> None:
     for r in rows:
         cells = [r["head"], r["entry"], r["status"][:40], r.get("path", ""), r.get("chunks", "")]
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else str(r.get(k, ""))
-                  for k in ("ms", "ms_p20", "ms_p80", "floors", "ms_over_base",
-                            "ms_over_compile", "peak_mib", "sm_mhz", "power_w",
+                  for k in ("ms", "ms_p20", "ms_p80", "floors", "ms_over_base", "vs_base",
+                            "ms_over_compile", "vs_compile", "peak_mib", "sm_mhz", "power_w",
                             "clock_limited")]
         print(" ".join(str(x) for x in cells), flush=True)
