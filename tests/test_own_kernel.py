@@ -315,6 +315,24 @@ def test_forward_programs_per_sm_plans_waves_of_that_many_programs():
         with_overrides(HOPPER_16BIT, {"forward": {"l2_group": "rows"}})
 
 
+def test_a_larger_per_program_overhead_plans_fewer_splits_where_waves_barely_differ():
+    # N 4096, D 3584, V 152064 on 132 SMs: 32 row blocks over the L2 budget need 6 splits at
+    # least; at one tile of overhead a program the wave model puts 21 splits (groups of 7 row
+    # blocks) 1 % ahead of 8, at two it takes 8 (groups of 17). Where the waves decide clearly
+    # (Gemma 2 (2B)'s 64 row blocks) the count stays.
+    from own_kernel.policy.plan import split_plan
+
+    two = with_overrides(HOPPER_16BIT, {"forward": {"program_overhead_tiles": 2}})
+    grid = split_plan(4096, 152064, 3584, 2, HOPPER_16BIT, 132)
+    assert (grid.splits, grid.group_rows) == (21, 7)
+    grid = split_plan(4096, 152064, 3584, 2, two, 132)
+    assert (grid.splits, grid.group_rows) == (8, 17)
+    assert (split_plan(8192, 256000, 2304, 2, two, 132)
+            == split_plan(8192, 256000, 2304, 2, HOPPER_16BIT, 132))
+    with pytest.raises(ValueError, match="forward.program_overhead_tiles"):
+        with_overrides(HOPPER_16BIT, {"forward": {"program_overhead_tiles": -1}})
+
+
 @pytest.mark.parametrize("l2_group", ["splits", "budget"])
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])

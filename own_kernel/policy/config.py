@@ -73,6 +73,11 @@ class Forward:
     # over the split count; "budget", as many as l2_mib holds (fewer passes over C from DRAM):
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
+    # What plan.balanced_splits adds to each program's tiles for its prologue and epilogue,
+    # in tiles' time. 2 would move three grids to fewer splits in larger groups (N 4096, D 3584
+    # and D 7168; N 8192, D 5120), among them the one a 2 GiB budget makes slower than 1 GiB
+    # at N 8192, D 3584, V 152064 (forward-grid.md, call34d-f); not measured yet, so 1.
+    program_overhead_tiles: int = 1
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
@@ -126,6 +131,9 @@ class Forward:
         if self.l2_group not in ("budget", "splits"):
             raise ValueError(f"forward.l2_group: expected 'budget' or 'splits', got "
                              f"{self.l2_group!r}")
+        if self.program_overhead_tiles < 0:
+            raise ValueError(f"forward.program_overhead_tiles: expected >= 0, got "
+                             f"{self.program_overhead_tiles}")
         if self.programs_per_sm < 1:
             raise ValueError(f"forward.programs_per_sm: expected >= 1, got "
                              f"{self.programs_per_sm}")

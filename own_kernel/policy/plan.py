@@ -37,12 +37,13 @@ def tma_ready(t) -> bool:
 # ---- forward --------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=256)
-def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1) -> int:
+def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1,
+                    overhead: int = 1) -> int:
     """Vocabulary splits per row block (at least min_splits). Every program of a split streams
     the same number of tiles, so the GPU runs them in waves of `slots` (resident programs); a
     last wave that is partly empty idles the rest of the GPU for a whole program's time (Gemma 2
     (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose
-    simulated makespan (tiles, plus one tile of per-program overhead) is least; fewer splits
+    simulated makespan (tiles, plus ``overhead`` tiles per program) is least; fewer splits
     unless one more saves at least 0.5 %."""
     lo = max(1, min(min_splits, num_tiles))
     # Past 8 waves of programs the last wave's idle share is small: no need to look further.
@@ -50,7 +51,8 @@ def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1
     best, best_time = lo, None
     for splits in range(lo, hi + 1):
         per = cdiv(num_tiles, splits)
-        lengths = [min(per, num_tiles - k * per) + 1 for k in range(cdiv(num_tiles, per))]
+        lengths = [min(per, num_tiles - k * per) + overhead
+                   for k in range(cdiv(num_tiles, per))]
         free = [0] * slots  # list scheduling in launch order, as the hardware dispatches
         heapq.heapify(free)
         for length in lengths:
@@ -92,7 +94,8 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     min_splits, rows_fit = 1, max(1, int(budget // e_block)) if budget else num_nb
     if budget and min(num_nb, slots) * e_block > budget:
         min_splits = cdiv(slots, rows_fit)
-    splits = balanced_splits(num_nb, num_tiles, slots, min_splits)
+    splits = balanced_splits(num_nb, num_tiles, slots, min_splits,
+                             cfg.forward.program_overhead_tiles)
     v_per_split = cdiv(num_tiles, splits) * tiles.block_v
     splits = max(1, cdiv(v, v_per_split))  # no empty split
     if min_splits == 1:
