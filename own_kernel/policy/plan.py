@@ -37,14 +37,15 @@ def tma_ready(t) -> bool:
 # ---- forward --------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=256)
-def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int = 1,
-                    overhead: int = 1) -> int:
+def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int,
+                    overhead: int) -> int:
     """Vocabulary splits per row block (at least min_splits). Every program of a split streams
     the same number of tiles, so the GPU runs them in waves of `slots` (resident programs); a
     last wave that is partly empty idles the rest of the GPU for a whole program's time (Gemma 2
     (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose
-    simulated makespan (tiles, plus ``overhead`` tiles per program) is least; fewer splits
-    unless one more saves at least 0.5 %."""
+    simulated makespan (tiles, plus ``overhead`` tiles per program:
+    config.Forward.program_overhead_tiles) is least; fewer splits unless one more saves at
+    least 0.5 %."""
     lo = max(1, min(min_splits, num_tiles))
     # Past 8 waves of programs the last wave's idle share is small: no need to look further.
     hi = max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2)))
