@@ -14,7 +14,7 @@ CCE_OWN_TARGET=portable CCE_TEST_DEVICE=cuda timeout -k 10 ${CAP_S:-500} \
   "tests/test_backward_portable.py::test_random_calls_on_the_pointer_cublas_route_match_fp64" \
   > "$OUT/gpu-test.log" 2>&1
 echo "exit $? after $((SECONDS - START)) s"
-echo "examples tried: $(grep -c '^Trying example' "$OUT/gpu-test.log")"
+echo "examples tried: $(grep -c 'Test case:' "$OUT/gpu-test.log")"
 python3 -c "import json,sys; print('tuned entries:', len(json.load(open(sys.argv[1]))))" \
   "$CCE_OWN_TUNE_CACHE" 2>/dev/null
 tail -n 4 "$OUT/gpu-test.log"
