@@ -74,9 +74,9 @@ class Forward:
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
     # What plan.balanced_splits adds to each program's tiles for its prologue and epilogue,
-    # in tiles' time. 2 moves nine grids on 132 SMs to fewer splits in larger groups: on an
-    # H200 the forward faster at N 4096 with D 3584 and D 8192, level at five, slower in one
-    # process at N 2048, D 8192 and N 12288, D 4096, V 32000 (forward-grid.md, call35a-c): 1.
+    # in tiles' time. 2 takes fewer splits in larger groups at many grids: on an H200 the
+    # forward faster at four of six at N 4096, level elsewhere, slower in one process at
+    # N 2048, D 8192 and N 12288, D 4096, V 32000 (forward-grid.md, call35a-c, g): 1.
     program_overhead_tiles: int = 1
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
