@@ -122,6 +122,29 @@ def test_memory_peak_lists_the_blocks_alive_at_the_peak():
     assert alive == [(100, "own_kernel/backward.py:7 backward"), (50, "?")]
 
 
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize("what", ["fwd", "bwd", "bwd-filter"])
+def test_profile_passes_run_at_the_softcap_asked_for(monkeypatch, what, softcap):
+    # The ncu modes once ran every pass at softcap 30 whatever --softcap said, while the inputs
+    # were made for the asked softcap: a profile of a plain head ran a softcapped epilogue.
+    import torch
+
+    from suite.kernel import profile
+    seen = []
+    monkeypatch.setattr(profile, "forward_lse", lambda e, c, t, cap: seen.append(("fwd", cap)))
+
+    def loss(e, c, t, softcap, filter_eps):
+        seen.append(("loss+grad", softcap, filter_eps))
+        return (e.sum() + c.sum()) * 0
+    monkeypatch.setattr(profile, "linear_cross_entropy", loss)
+    e, c, t = torch.randn(4, 8), torch.randn(6, 8), torch.zeros(4, dtype=torch.long)
+    profile.launch_passes(what, e, c, t, softcap)
+    if what == "fwd":  # the pointer and the TMA forward
+        assert seen == [("fwd", softcap), ("fwd", softcap)]
+    else:
+        assert seen == [("loss+grad", softcap, "auto" if what == "bwd-filter" else None)]
+
+
 def test_profile_splits_gpu_time_per_call_into_floors(tmp_path, capsys):
     # A synthetic torch.profiler trace of 2 calls: the breakdown divides each family's GPU time
     # by calls x floor and counts the span not covered by any GPU operation as idle.

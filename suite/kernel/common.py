@@ -25,6 +25,6 @@ def add_call_arguments(ap, note: str = "") -> None:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--d", type=int, default=2304)
     ap.add_argument("--v", type=int, default=256000)
-    ap.add_argument("--softcap", type=float, default=30.0, help=f"0 = none{note}")
+    ap.add_argument("--softcap", type=float, default=30.0, help="0 = none")
     ap.add_argument("--filter", action="store_true", help=f"filter_eps='auto' instead of exact{note}")
     ap.add_argument("--low-memory", action="store_true", help=f"low_memory=True (exact){note}")

@@ -70,17 +70,25 @@ def main(args) -> int:
                                 workspace_mib=args.workspace_mib, loss_fn=loss_fn)
         if args.csv:
             append_profile_row(args.csv, args, measured)
-    elif args.what == "fwd":
+    else:
+        launch_passes(args.what, e, c, t, args.softcap or None)
+    torch.cuda.synchronize()
+    return 0
+
+
+def launch_passes(what: str, e, c, t, softcap: float | None) -> None:
+    """fwd: the cuBLAS floor (E @ C.T), then the pointer and the TMA forward; bwd and
+    bwd-filter: one loss+grad call, exact or filtered. At the inputs' softcap, so a profile at
+    another head (--softcap 0) runs the epilogue that head runs."""
+    if what == "fwd":
         e @ c.T
         for tma in (False, True):
             with config_override({"forward": {"tma": tma}}):
-                forward_lse(e, c, t, 30.0)
-    else:
-        e.requires_grad_(), c.requires_grad_()
-        eps = "auto" if args.what == "bwd-filter" else None
-        linear_cross_entropy(e, c, t, softcap=30.0, filter_eps=eps).backward()
-    torch.cuda.synchronize()
-    return 0
+                forward_lse(e, c, t, softcap)
+        return
+    e.requires_grad_(), c.requires_grad_()
+    eps = "auto" if what == "bwd-filter" else None
+    linear_cross_entropy(e, c, t, softcap=softcap, filter_eps=eps).backward()
 
 
 def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False,
