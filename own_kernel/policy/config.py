@@ -78,6 +78,13 @@ class Forward:
     # forward faster at four of six at N 4096, level elsewhere, slower in one process at
     # N 2048, D 8192 and N 12288, D 4096, V 32000 (forward-grid.md, call35a-c, g): 1.
     program_overhead_tiles: int = 1
+    # The order plan.balanced_splits runs the programs in: "launch", the kernels' (each launch
+    # group's splits in turn, so the short last split closes every group); "split", every row
+    # block's program of a split before the next split, as if in one group: it took grids that
+    # leave the GPU's last wave ragged (ncu at N 4096, D 3584, V 152064: the SMs' active cycles
+    # the same, elapsed 11 % over their mean at 21 splits, 5 % at 8; forward-grid.md, "The
+    # launch order").
+    makespan_order: Literal["launch", "split"] = "launch"
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
@@ -128,6 +135,9 @@ class Forward:
                              f"{self.cublas_max_rows}")
         if self.ws_max_d < 0:
             raise ValueError(f"forward.ws_max_d: expected >= 0 (0: any D), got {self.ws_max_d}")
+        if self.makespan_order not in ("launch", "split"):
+            raise ValueError(f"forward.makespan_order: expected 'launch' or 'split', got "
+                             f"{self.makespan_order!r}")
         if self.l2_group not in ("budget", "splits"):
             raise ValueError(f"forward.l2_group: expected 'budget' or 'splits', got "
                              f"{self.l2_group!r}")

@@ -36,30 +36,63 @@ def tma_ready(t) -> bool:
 
 # ---- forward --------------------------------------------------------------------------------
 
+def launch_order(num_nb: int, splits: int, group_rows: int) -> list[tuple[int, int]]:
+    """(row block, split) of each program, in launch order, as tile.py's row_block_and_split
+    maps program ids: groups of group_rows row blocks (the last may hold fewer), every split
+    of a group before the next group, row blocks fastest."""
+    order = []
+    for first in range(0, num_nb, group_rows):
+        rows = min(num_nb - first, group_rows)
+        order += [(first + r, k) for k in range(splits) for r in range(rows)]
+    return order
+
+
+def launch_lengths(num_nb: int, num_tiles: int, splits: int, group_rows: int,
+                   overhead: int) -> list[int]:
+    """Each program's time in tiles (its split's tiles plus ``overhead``), in launch order. The
+    last split is short where the splits do not divide the tiles, so in launch groups its
+    programs close each group, not the launch."""
+    per = cdiv(num_tiles, splits)
+    lengths = [min(per, num_tiles - k * per) + overhead for k in range(cdiv(num_tiles, per))]
+    return [lengths[k] for _, k in launch_order(num_nb, len(lengths), group_rows)]
+
+
+def makespan(lengths: list[int], slots: int) -> int:
+    """List scheduling in launch order, as the hardware dispatches: each program starts on the
+    first of `slots` resident places to come free."""
+    free = [0] * slots
+    for length in lengths:
+        heapq.heappush(free, heapq.heappop(free) + length)
+    return max(free)
+
+
+def group_rows(num_nb: int, splits: int, slots: int, fixed_rows: int) -> int:
+    """Row blocks per launch group: fixed_rows where set (forward.l2_group "budget": as many as
+    l2_mib holds, or all of them where they fit), else the resident programs over the splits."""
+    return min(num_nb, fixed_rows or cdiv(slots, splits))
+
+
 @functools.lru_cache(maxsize=256)
-def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int,
-                    overhead: int) -> int:
-    """Vocabulary splits per row block (at least min_splits). Every program of a split streams
-    the same number of tiles, so the GPU runs them in waves of `slots` (resident programs); a
-    last wave that is partly empty idles the rest of the GPU for a whole program's time (Gemma 2
-    (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the split count whose
-    simulated makespan (tiles, plus ``overhead`` tiles per program:
-    config.Forward.program_overhead_tiles) is least; fewer splits unless one more saves at
-    least 0.5 %."""
+def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int, overhead: int,
+                    fixed_rows: int, launch_order: bool = True) -> int:
+    """Vocabulary splits per row block (at least min_splits). The GPU runs the programs in waves
+    of `slots` (resident programs); a last wave that is partly empty idles the rest of the GPU
+    for a whole program's time (Gemma 2 (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves,
+    19 % idle). Pick the split count whose simulated makespan (tiles, plus ``overhead`` tiles
+    per program: config.Forward.program_overhead_tiles) is least; fewer splits unless one more
+    saves at least 0.5 %. The simulation runs the programs in launch groups (group_rows) as the
+    kernels launch them. launch_order False: in split order, as if in one group, which puts
+    every short last-split program at the end, where they fill the last wave: it took grids
+    whose tail the hardware leaves 10 % idle (N 4096, D 3584, V 152064: 21 splits in groups of
+    7; forward-grid.md, "The launch order")."""
     lo = max(1, min(min_splits, num_tiles))
     # Past 8 waves of programs the last wave's idle share is small: no need to look further.
     hi = max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2)))
     best, best_time = lo, None
     for splits in range(lo, hi + 1):
-        per = cdiv(num_tiles, splits)
-        lengths = [min(per, num_tiles - k * per) + overhead
-                   for k in range(cdiv(num_tiles, per))]
-        free = [0] * slots  # list scheduling in launch order, as the hardware dispatches
-        heapq.heapify(free)
-        for length in lengths:
-            for _ in range(num_nb):
-                heapq.heappush(free, heapq.heappop(free) + length)
-        time = max(free)
+        programs = cdiv(num_tiles, cdiv(num_tiles, splits))  # splits that have tiles
+        group = group_rows(num_nb, programs, slots, fixed_rows) if launch_order else num_nb
+        time = makespan(launch_lengths(num_nb, num_tiles, splits, group, overhead), slots)
         if best_time is None or time < best_time * 0.995:
             best, best_time = splits, time
     return best
@@ -95,19 +128,17 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     min_splits, rows_fit = 1, max(1, int(budget // e_block)) if budget else num_nb
     if budget and min(num_nb, slots) * e_block > budget:
         min_splits = cdiv(slots, rows_fit)
+    # One group where the row blocks fit; l2_group "budget": as many as l2_mib holds (splits
+    # >= slots / rows_fit, so a wave still spans at most one group's row blocks; each group is
+    # one more pass over C from DRAM); "splits": the resident programs over the splits.
+    fixed_rows = (num_nb if min_splits == 1 else
+                  rows_fit if cfg.forward.l2_group == "budget" else 0)
     splits = balanced_splits(num_nb, num_tiles, slots, min_splits,
-                             cfg.forward.program_overhead_tiles)
+                             cfg.forward.program_overhead_tiles, fixed_rows,
+                             cfg.forward.makespan_order == "launch")
     v_per_split = cdiv(num_tiles, splits) * tiles.block_v
     splits = max(1, cdiv(v, v_per_split))  # no empty split
-    if min_splits == 1:
-        group_rows = num_nb
-    elif cfg.forward.l2_group == "budget":
-        # splits >= slots / rows_fit, so a wave still spans at most one group's row blocks;
-        # each group is one more pass over C from DRAM
-        group_rows = min(num_nb, rows_fit)
-    else:
-        group_rows = min(num_nb, cdiv(slots, splits))
-    return ForwardGrid(splits, v_per_split, group_rows)
+    return ForwardGrid(splits, v_per_split, group_rows(num_nb, splits, slots, fixed_rows))
 
 
 @dataclass(frozen=True)
