@@ -1,4 +1,6 @@
 """own_kernel against an fp64 reference under the Triton interpreter (fp32 / fp16, tiny shapes)."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -319,42 +321,51 @@ def test_forward_programs_per_sm_plans_waves_of_that_many_programs():
 
 
 def test_a_larger_per_program_overhead_plans_fewer_splits_where_waves_barely_differ():
-    # N 4096, D 8192, V 152064 on 132 SMs: 32 row blocks over the L2 budget. At one tile of
-    # overhead a program, 33 splits in groups of 4 fill exactly eight waves; at two, 1056
-    # programs' overhead outweighs the ragged tail of 12 splits in groups of 11. Where the waves
+    # N 2048, D 8192, V 152064 on 132 SMs: 16 row blocks over the L2 budget. At one tile of
+    # overhead a program, 33 splits in groups of 4 fill exactly four waves; at two, 528
+    # programs' overhead outweighs the ragged tail of 16 splits in groups of 9. Where the waves
     # decide clearly (Gemma 2 (2B)'s 64 row blocks) the count stays.
     from own_kernel.policy.plan import split_plan
 
     two = with_overrides(HOPPER_16BIT, {"forward": {"program_overhead_tiles": 2}})
-    grid = split_plan(4096, 152064, 8192, 2, HOPPER_16BIT, 132)
+    grid = split_plan(2048, 152064, 8192, 2, HOPPER_16BIT, 132)
     assert (grid.splits, grid.group_rows) == (33, 4)
-    grid = split_plan(4096, 152064, 8192, 2, two, 132)
-    assert (grid.splits, grid.group_rows) == (12, 11)
+    grid = split_plan(2048, 152064, 8192, 2, two, 132)
+    assert (grid.splits, grid.group_rows) == (16, 9)
     assert (split_plan(8192, 256000, 2304, 2, two, 132)
             == split_plan(8192, 256000, 2304, 2, HOPPER_16BIT, 132))
     with pytest.raises(ValueError, match="forward.program_overhead_tiles"):
         with_overrides(HOPPER_16BIT, {"forward": {"program_overhead_tiles": -1}})
     with pytest.raises(ValueError, match="forward.makespan_order"):
         with_overrides(HOPPER_16BIT, {"forward": {"makespan_order": "rows"}})
+    with pytest.raises(ValueError, match="forward.short_split_last"):
+        with_overrides(HOPPER_16BIT, {"forward": {"short_split_last": "yes"}})
 
 
 @triton.jit
-def _launch_order_kernel(out, num_nb, splits, group_rows):
+def _launch_order_kernel(out, num_nb, splits, group_rows, grouped_splits):
     pid = tl.program_id(0)
-    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits)
     tl.store(out + 2 * pid, nb)
     tl.store(out + 2 * pid + 1, split)
 
 
-@pytest.mark.parametrize("num_nb,splits,group_rows", [(5, 3, 2), (7, 4, 3), (4, 5, 4), (6, 1, 6)])
-def test_the_plans_launch_order_is_the_kernels(num_nb, splits, group_rows):
+@pytest.mark.parametrize("num_nb,splits,group_rows,short_last", [
+    (5, 3, 2, False), (7, 4, 3, False), (4, 5, 4, False), (6, 1, 6, False),
+    (5, 3, 2, True), (7, 4, 3, True), (4, 5, 4, True), (6, 2, 6, True), (3, 2, 1, True)])
+def test_the_plans_launch_order_is_the_kernels(num_nb, splits, group_rows, short_last):
     # plan.launch_order, which the split count's makespan simulation runs the programs in, must
-    # be tile.py's row_block_and_split program by program, the last group partial included.
-    from own_kernel.policy.plan import launch_order
+    # be tile.py's row_block_and_split program by program: the last group partial, and with
+    # short_last every row block's last split after the groups.
+    from own_kernel.policy.plan import ForwardGrid, launch_order
 
+    grid = ForwardGrid(splits, 64, group_rows, short_last=short_last)
     out = torch.full((num_nb * splits, 2), -1, dtype=torch.int32)
-    _launch_order_kernel[(num_nb * splits,)](out, num_nb, splits, group_rows)
-    assert [tuple(p) for p in out.tolist()] == launch_order(num_nb, splits, group_rows)
+    _launch_order_kernel[(num_nb * splits,)](out, num_nb, splits, group_rows,
+                                             grid.grouped_splits)
+    order = launch_order(num_nb, splits, group_rows, short_last)
+    assert [tuple(p) for p in out.tolist()] == order
+    assert sorted(order) == [(r, k) for r in range(num_nb) for k in range(splits)]
 
 
 HEADS_IN_L2_GROUPS = [(4096, 3584, 152064), (4096, 7168, 129280), (4096, 8192, 152064),
@@ -363,43 +374,52 @@ HEADS_IN_L2_GROUPS = [(4096, 3584, 152064), (4096, 7168, 129280), (4096, 8192, 1
                       (32768, 2304, 256000), (8192, 2304, 256000)]
 
 
+@pytest.mark.parametrize("short_split_last", [False, True])
 @pytest.mark.parametrize("n,d,v", HEADS_IN_L2_GROUPS)
-def test_the_forward_grid_has_the_least_makespan_in_launch_order(n, d, v):
-    # Every split count the plan considers, run in the kernels' launch order (launch groups of
-    # the resident programs over the splits, the short last split closing each group) by list
-    # scheduling on 132 SMs: the grid taken is within 1 % of the least makespan. Simulated in
-    # split order instead, the plan took grids whose last wave is ragged (N 4096, D 3584,
-    # V 152064: 21 splits, 6 % over the least; ncu measured the SMs idle 11 % of the launch).
+def test_the_forward_grid_has_the_least_makespan_in_launch_order(n, d, v, short_split_last):
+    # Every grid the plan considers, run in the kernels' launch order (launch groups of the
+    # resident programs over the splits, the short last split closing each group or, where
+    # forward.short_split_last allows, after all of them) by list scheduling on 132 SMs: the
+    # grid taken is within 1 % of the least makespan. Simulated in split order instead, the
+    # plan took grids whose last wave is ragged (N 4096, D 3584, V 152064: 21 splits closing
+    # each group, 6 % over the least; ncu measured the SMs idle 11 % of the launch).
     import heapq
     from own_kernel.policy.plan import cdiv, launch_order, split_plan
 
-    tiles, slots = HOPPER_16BIT.forward.tiles, 132
+    cfg = with_overrides(HOPPER_16BIT, {"forward": {"short_split_last": short_split_last}})
+    tiles, slots = cfg.forward.tiles, 132
     num_nb, num_tiles = cdiv(n, tiles.block_n), cdiv(v, tiles.block_v)
-    rows_fit = HOPPER_16BIT.forward.l2_mib * 2**20 // (tiles.block_n * d * 2)
+    rows_fit = cfg.forward.l2_mib * 2**20 // (tiles.block_n * d * 2)
     fewest = cdiv(slots, rows_fit)  # splits the L2 budget asks for at least
 
-    def makespan(splits):
+    def makespan(splits, short_last):
         per = cdiv(num_tiles, splits)
         programs = cdiv(num_tiles, per)
         group = min(num_nb, cdiv(slots, programs))
         free = [0] * slots
-        for _, k in launch_order(num_nb, programs, group):
+        for _, k in launch_order(num_nb, programs, group, short_last and programs > 1):
             heapq.heappush(free, heapq.heappop(free) + min(per, num_tiles - k * per) + 1)
         return max(free)
 
-    grid = split_plan(n, v, d, 2, HOPPER_16BIT, slots)
+    grid = split_plan(n, v, d, 2, cfg, slots)
     assert grid.group_rows < num_nb, "not a grouped grid: the head tests nothing here"
     assert grid.group_rows == min(num_nb, cdiv(slots, grid.splits))
-    least = min(makespan(s) for s in range(fewest, 8 * slots // num_nb + 3))
-    assert makespan(grid.splits) <= 1.01 * least
+    assert short_split_last or not grid.short_last
+    orders = (False, True) if short_split_last else (False,)
+    least = min(makespan(s, last) for s in range(fewest, 8 * slots // num_nb + 3)
+                for last in orders)
+    assert makespan(grid.splits, grid.short_last) <= 1.01 * least
 
 
+@pytest.mark.parametrize("short_last", [False, True])
 @pytest.mark.parametrize("l2_group", ["splits", "budget"])
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("l2_rows", [1, 2, 3])
-def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows, l2_group):
+def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_rows, l2_group,
+                                                        short_last):
     # forward.l2_mib sized for l2_rows of E's row blocks: more splits, launched in groups of row
-    # blocks (the last group partial); every (row block, split) must still run exactly once.
+    # blocks (the last group partial), and with short_last every row block's last split after
+    # the groups; every (row block, split) must still run exactly once.
     from own_kernel.paths import forward
     from own_kernel.policy.config import config_for
     from own_kernel.policy.plan import split_plan
@@ -421,9 +441,12 @@ def test_forward_grouped_launch_order_covers_every_tile(monkeypatch, tma, l2_row
     assert group_rows == (-(-slots // splits) if l2_group == "splits" else l2_rows)
     assert l2_rows >= group_rows and group_rows * splits >= slots
     assert group_rows < -(-n // cfg.forward.tiles.block_n)  # the grouped order is what runs
+    assert splits > 1  # a last split to launch after the groups
+    grid = dataclasses.replace(grid, short_last=short_last)
     grids = []  # the forward launches with this grid, on the route asked for
     real_plan = forward.split_plan
-    monkeypatch.setattr(forward, "split_plan", lambda *a: grids.append(real_plan(*a)) or grids[-1])
+    monkeypatch.setattr(forward, "split_plan", lambda *a: grids.append(
+        dataclasses.replace(real_plan(*a), short_last=short_last)) or grids[-1])
     routes = []
     for name in ("forward_partials", "forward_partials_tma"):
         real_partials = getattr(forward, name)

@@ -25,7 +25,8 @@ from own_kernel.policy.plan import cdiv
 
 @triton.jit
 def cce_fwd_kernel(E, C, Bias, Targets, Part,
-                   N, V, D, v_per_split, plane, splits, group_rows, ignore_index,
+                   N, V, D, v_per_split, plane, splits, group_rows, grouped_splits,
+                   ignore_index,
                    stride_en, stride_ed, stride_cv, stride_cd,
                    tanh_scale, cap,
                    HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
@@ -35,7 +36,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    HALVES: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
-    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     v_start = split * v_per_split
@@ -80,7 +81,7 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
     cce_fwd_kernel[(cdiv(n, k.block_n) * grid.splits,)](
         e, c, bias if bias is not None else part, targets, part,
         n, v, d, grid.v_per_split, grid.parts(v) * n, grid.splits, grid.group_rows,
-        int(ignore_index), e.stride(0), e.stride(1), c.stride(0), c.stride(1),
+        grid.grouped_splits, int(ignore_index), e.stride(0), e.stride(1), c.stride(0), c.stride(1),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,

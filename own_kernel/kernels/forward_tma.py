@@ -78,7 +78,7 @@ def _fold_shifted_tile(acc, x_max, v0, v_end, v_mask, m, s, z_sum, t, tanh_scale
 
 @triton.jit
 def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
-                       N, V, v_per_split, plane, splits, group_rows, ignore_index,
+                       N, V, v_per_split, plane, splits, group_rows, grouped_splits, ignore_index,
                        tanh_scale, cap,
                        HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_ZSUM: tl.constexpr,
                        NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -88,7 +88,7 @@ def cce_fwd_tma_kernel(E, C, Bias, Targets, Part, Y, M, m_stride,
                        Y_SLICES: tl.constexpr, PARTS: tl.constexpr, HALVES: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
-    nb, split = row_block_and_split(pid, num_nb, splits, group_rows)  # see tile.py
+    nb, split = row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits)  # tile.py
     n0 = nb * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     v_start = split * v_per_split
@@ -157,7 +157,7 @@ def forward_partials_tma(e, c, bias, targets, part, grid, softcap, ignore_index,
         e_desc, TensorDescriptor.from_tensor(c, [k.block_v, k.block_d]),
         bias if bias is not None else part, targets, part, y_desc, m, m_stride, n, v,
         grid.v_per_split,
-        grid.parts(v) * n, grid.splits, grid.group_rows, int(ignore_index),
+        grid.parts(v) * n, grid.splits, grid.group_rows, grid.grouped_splits, int(ignore_index),
         *softcap_scalars(softcap, sums.temperature), HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, D=d,

@@ -184,23 +184,29 @@ def ring_and_barriers(e_desc, c_desc, STAGES_: gl.constexpr):
 # arguments do not carry reliably: see above)
 @gluon.jit(do_not_specialize=["need_zsum"])
 def cce_fwd_ws_kernel(e_desc, c_desc, part, plane, n, v, d, v_per_split, splits, group_rows,
-                      tanh_scale, cap, need_zsum, HAS_SOFTCAP: gl.constexpr, STAGES_: gl.constexpr,
-                      CONSUMER_REGS_: gl.constexpr, PRODUCER_REGS_: gl.constexpr):
+                      grouped_splits, tanh_scale, cap, need_zsum, HAS_SOFTCAP: gl.constexpr,
+                      STAGES_: gl.constexpr, CONSUMER_REGS_: gl.constexpr,
+                      PRODUCER_REGS_: gl.constexpr):
     block_n: gl.constexpr = e_desc.block_type.shape[0]
     block_k: gl.constexpr = e_desc.block_type.shape[1]
     block_v: gl.constexpr = c_desc.block_type.shape[0]
-    # tile.py's row_block_and_split: group_rows row blocks, every split of them, then the next
+    # tile.py's row_block_and_split: group_rows row blocks, their first grouped_splits splits,
+    # then the next group; the last split of every row block after all groups where
+    # grouped_splits < splits
     num_nb = gl.cdiv(n, block_n)
     pid = gl.program_id(0)
-    first = (pid // (group_rows * splits)) * group_rows
-    local = pid % (group_rows * splits)
+    grouped = num_nb * grouped_splits
+    g = gl.minimum(pid, grouped - 1)
+    first = (g // (group_rows * grouped_splits)) * group_rows
+    local = g % (group_rows * grouped_splits)
     rows_in_group = gl.minimum(num_nb - first, group_rows)
-    split = local // rows_in_group
+    last = pid >= grouped
+    split = gl.where(last, splits - 1, local // rows_in_group)
     t_begin = split * (v_per_split // block_v)
     t_end = gl.minimum(t_begin + v_per_split // block_v, gl.cdiv(v, block_v))
 
     ring_e, ring_c, ready, empty, turn = ring_and_barriers(e_desc, c_desc, STAGES_)
-    row0 = (first + local % rows_in_group) * block_n
+    row0 = gl.where(last, pid - grouped, first + local % rows_in_group) * block_n
     k_steps = gl.cdiv(d, block_k)
     consumer_args = (ready, empty, turn, ring_e, ring_c, part, plane, n, v, row0, t_begin,
                      t_end, k_steps, split * 2, tanh_scale, cap, need_zsum)
@@ -230,7 +236,7 @@ def forward_partials_ws(e, c, part, grid, zsum: bool, softcap=None, temperature=
 
     cce_fwd_ws_kernel[(cdiv(n, BLOCK_N) * grid.splits,)](
         desc(e, BLOCK_N), desc(c, BLOCK_V), part, part.shape[1] * n, n, v, d, grid.v_per_split,
-        grid.splits, grid.group_rows, *softcap_scalars(softcap, temperature),
+        grid.splits, grid.group_rows, grid.grouped_splits, *softcap_scalars(softcap, temperature),
         int(zsum), HAS_SOFTCAP=softcap is not None, STAGES_=STAGES,
         CONSUMER_REGS_=CONSUMER_REGS, PRODUCER_REGS_=PRODUCER_REGS, num_warps=4,
         maxnreg=MAXNREG)

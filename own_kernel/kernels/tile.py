@@ -39,16 +39,22 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
 
 
 @triton.jit
-def row_block_and_split(pid, num_nb, splits, group_rows):
-    # Launch order: groups of group_rows row blocks, every split of a group before the next
-    # group, row blocks fastest inside it. The programs resident at once then share C tiles
-    # (same split) and E blocks (same group) through L2; group_rows = num_nb is plain
-    # row-blocks-fastest order.
-    in_group = group_rows * splits
-    first = (pid // in_group) * group_rows
+def row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits):
+    # Launch order (plan.launch_order): groups of group_rows row blocks, each group's first
+    # grouped_splits splits before the next group, row blocks fastest. The programs resident
+    # at once then share C tiles (same split) and E blocks (same group) through L2;
+    # group_rows = num_nb is plain row-blocks-fastest order. grouped_splits = splits - 1: the
+    # last split (the short one where the splits do not divide the tiles) of every row block
+    # runs after all the groups, where its programs fill the last wave.
+    grouped = num_nb * grouped_splits
+    g = tl.minimum(pid, grouped - 1)  # a last-split program's grouped slot: computed, unused
+    in_group = group_rows * grouped_splits
+    first = (g // in_group) * group_rows
     rows = tl.minimum(num_nb - first, group_rows)
-    local = pid % in_group
-    return first + local % rows, local // rows
+    local = g % in_group
+    last = pid >= grouped
+    return (tl.where(last, pid - grouped, first + local % rows),
+            tl.where(last, splits - 1, local // rows))
 
 
 @triton.jit

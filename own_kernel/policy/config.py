@@ -85,6 +85,10 @@ class Forward:
     # the same, elapsed 11 % over their mean at 21 splits, 5 % at 8; forward-grid.md, "The
     # launch order").
     makespan_order: Literal["launch", "split"] = "launch"
+    # Where the launch is grouped, plan.balanced_splits may also put every row block's last
+    # split (the short one) after all the groups, where its programs fill the last wave
+    # (N 4096, D 3584, V 152064: 21 splits so, against 8 without; modelled idle 4 % to 1 %).
+    short_split_last: bool = True
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
@@ -135,6 +139,9 @@ class Forward:
                              f"{self.cublas_max_rows}")
         if self.ws_max_d < 0:
             raise ValueError(f"forward.ws_max_d: expected >= 0 (0: any D), got {self.ws_max_d}")
+        if not isinstance(self.short_split_last, bool):
+            raise ValueError(f"forward.short_split_last: expected a bool, got "
+                             f"{self.short_split_last!r}")
         if self.makespan_order not in ("launch", "split"):
             raise ValueError(f"forward.makespan_order: expected 'launch' or 'split', got "
                              f"{self.makespan_order!r}")

@@ -36,25 +36,28 @@ def tma_ready(t) -> bool:
 
 # ---- forward --------------------------------------------------------------------------------
 
-def launch_order(num_nb: int, splits: int, group_rows: int) -> list[tuple[int, int]]:
+def launch_order(num_nb: int, splits: int, group_rows: int,
+                 short_last: bool = False) -> list[tuple[int, int]]:
     """(row block, split) of each program, in launch order, as tile.py's row_block_and_split
     maps program ids: groups of group_rows row blocks (the last may hold fewer), every split
-    of a group before the next group, row blocks fastest."""
+    of a group before the next group, row blocks fastest; short_last: the last split of every
+    row block after all the groups instead."""
+    grouped = splits - 1 if short_last else splits
     order = []
     for first in range(0, num_nb, group_rows):
         rows = min(num_nb - first, group_rows)
-        order += [(first + r, k) for k in range(splits) for r in range(rows)]
-    return order
+        order += [(first + r, k) for k in range(grouped) for r in range(rows)]
+    return order + [(r, splits - 1) for r in range(num_nb if short_last else 0)]
 
 
-def launch_lengths(num_nb: int, num_tiles: int, splits: int, group_rows: int,
-                   overhead: int) -> list[int]:
+def launch_lengths(num_nb: int, num_tiles: int, splits: int, group_rows: int, overhead: int,
+                   short_last: bool = False) -> list[int]:
     """Each program's time in tiles (its split's tiles plus ``overhead``), in launch order. The
-    last split is short where the splits do not divide the tiles, so in launch groups its
-    programs close each group, not the launch."""
+    last split is short where the splits do not divide the tiles: in launch groups its
+    programs close each group, not the launch, unless short_last puts them last."""
     per = cdiv(num_tiles, splits)
     lengths = [min(per, num_tiles - k * per) + overhead for k in range(cdiv(num_tiles, per))]
-    return [lengths[k] for _, k in launch_order(num_nb, len(lengths), group_rows)]
+    return [lengths[k] for _, k in launch_order(num_nb, len(lengths), group_rows, short_last)]
 
 
 def makespan(lengths: list[int], slots: int) -> int:
@@ -74,27 +77,32 @@ def group_rows(num_nb: int, splits: int, slots: int, fixed_rows: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def balanced_splits(num_nb: int, num_tiles: int, slots: int, min_splits: int, overhead: int,
-                    fixed_rows: int, launch_order: bool = True) -> int:
-    """Vocabulary splits per row block (at least min_splits). The GPU runs the programs in waves
-    of `slots` (resident programs); a last wave that is partly empty idles the rest of the GPU
-    for a whole program's time (Gemma 2 (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves,
-    19 % idle). Pick the split count whose simulated makespan (tiles, plus ``overhead`` tiles
-    per program: config.Forward.program_overhead_tiles) is least; fewer splits unless one more
-    saves at least 0.5 %. The simulation runs the programs in launch groups (group_rows) as the
-    kernels launch them. launch_order False: in split order, as if in one group, which puts
-    every short last-split program at the end, where they fill the last wave: it took grids
-    whose tail the hardware leaves 10 % idle (N 4096, D 3584, V 152064: 21 splits in groups of
-    7; forward-grid.md, "The launch order")."""
+                    fixed_rows: int, in_launch_order: bool = True,
+                    short_last: bool = False) -> tuple[int, bool]:
+    """Vocabulary splits per row block (at least min_splits), and whether the last split runs
+    after the launch groups. The GPU runs the programs in waves of `slots` (resident
+    programs); a last wave that is partly empty idles the rest of the GPU for a whole program's
+    time (Gemma 2 (2B) on 132 SMs: 64 row blocks x 5 splits = 2.4 waves, 19 % idle). Pick the
+    grid whose simulated makespan (tiles, plus ``overhead`` tiles per program:
+    config.Forward.program_overhead_tiles) is least; fewer splits, and the plain order, unless
+    the next saves at least 0.5 %. The simulation runs the programs in launch groups
+    (group_rows) as the kernels launch them; short_last also tries each split count with its
+    last split after the groups. in_launch_order False: in split order, as if in one group,
+    which puts every short last-split program at the end; it took grids whose tail the
+    hardware leaves 10 % idle (N 4096, D 3584, V 152064: 21 splits in groups of 7;
+    forward-grid.md, "The launch order")."""
     lo = max(1, min(min_splits, num_tiles))
     # Past 8 waves of programs the last wave's idle share is small: no need to look further.
     hi = max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2)))
-    best, best_time = lo, None
+    best, best_time = (lo, False), None
     for splits in range(lo, hi + 1):
         programs = cdiv(num_tiles, cdiv(num_tiles, splits))  # splits that have tiles
-        group = group_rows(num_nb, programs, slots, fixed_rows) if launch_order else num_nb
-        time = makespan(launch_lengths(num_nb, num_tiles, splits, group, overhead), slots)
-        if best_time is None or time < best_time * 0.995:
-            best, best_time = splits, time
+        group = group_rows(num_nb, programs, slots, fixed_rows) if in_launch_order else num_nb
+        for last in (False, True) if short_last and programs > 1 and group < num_nb else (False,):
+            time = makespan(launch_lengths(num_nb, num_tiles, splits, group, overhead, last),
+                            slots)
+            if best_time is None or time < best_time * 0.995:
+                best, best_time = (splits, last), time
     return best
 
 
@@ -104,6 +112,12 @@ class ForwardGrid:
     v_per_split: int     # columns per split (a multiple of the tile width)
     group_rows: int      # row blocks launched together (tile.py's row_block_and_split)
     parts_per_split: int = 1  # partials each split stores (batch_invariant: one per block)
+    short_last: bool = False  # every row block's last split after the launch groups
+
+    @property
+    def grouped_splits(self) -> int:
+        """The splits launched in groups (tile.py's row_block_and_split)."""
+        return self.splits - 1 if self.short_last else self.splits
 
     def parts(self, v: int) -> int:
         """Partials per row over a vocabulary of v columns: one per split, or with
@@ -133,12 +147,14 @@ def split_plan(n: int, v: int, d: int, elt: int, cfg: Config, slots: int) -> For
     # one more pass over C from DRAM); "splits": the resident programs over the splits.
     fixed_rows = (num_nb if min_splits == 1 else
                   rows_fit if cfg.forward.l2_group == "budget" else 0)
-    splits = balanced_splits(num_nb, num_tiles, slots, min_splits,
-                             cfg.forward.program_overhead_tiles, fixed_rows,
-                             cfg.forward.makespan_order == "launch")
+    splits, short_last = balanced_splits(num_nb, num_tiles, slots, min_splits,
+                                         cfg.forward.program_overhead_tiles, fixed_rows,
+                                         cfg.forward.makespan_order == "launch",
+                                         cfg.forward.short_split_last)
     v_per_split = cdiv(num_tiles, splits) * tiles.block_v
     splits = max(1, cdiv(v, v_per_split))  # no empty split
-    return ForwardGrid(splits, v_per_split, group_rows(num_nb, splits, slots, fixed_rows))
+    return ForwardGrid(splits, v_per_split, group_rows(num_nb, splits, slots, fixed_rows),
+                       short_last=short_last)
 
 
 @dataclass(frozen=True)
