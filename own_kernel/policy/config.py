@@ -86,9 +86,12 @@ class Forward:
     # launch order").
     makespan_order: Literal["launch", "split"] = "launch"
     # Where the launch is grouped, plan.balanced_splits may also put every row block's last
-    # split (the short one) after all the groups, where its programs fill the last wave
-    # (N 4096, D 3584, V 152064: 21 splits so, against 8 without; modelled idle 4 % to 1 %).
-    short_split_last: bool = True
+    # split (the short one) after all the groups, where its programs fill the last wave. On an
+    # H200 (call36d): faster at N 4096 with D 3584 and 4096, V 152064, level at four heads, but
+    # slower at N 16384, D 3072 and 3584, V 128256, where the tail's 128 row blocks of E (100 MB
+    # and more) do not stay in L2, as forward.l2_mib's groups do. Off (forward-grid.md, "The
+    # launch order").
+    short_split_last: bool = False
     # Softcapped logits: the forward (forward.py, forward_tma.py) folds each tile into its
     # online log-sum-exp as two column halves, so half the epilogue's fp32 temporaries (the
     # tanh's among them) live beside the accumulator at once. Forced on an H200 at Gemma 2
