@@ -516,3 +516,35 @@ def test_a_gpu_tests_step_cut_by_its_cap_still_names_a_failure(tmp_path):
     log = (tmp_path / "log").read_text()
     assert "rc=124" in done.stdout, done.stdout + done.stderr + log
     assert "FAILED" in log and "test_fails_first" in log, log
+
+
+def test_grid_tool_writes_the_plans_grid_and_its_simulated_span(tmp_path, capsys):
+    # The grid is split_plan's for each variant; the span is list scheduling in the kernels'
+    # launch order over the mean: the split-order model's grid at N 4096, D 3584, V 152064 (21
+    # splits in groups of 7) leaves more of its last wave idle than the plan's (ncu, call36a).
+    import csv
+    from own_kernel.policy.config import HOPPER_16BIT, with_overrides
+    from own_kernel.policy.plan import split_plan
+
+    out = tmp_path / "grid.csv"
+    old = {"forward": {"makespan_order": "split"}}
+    assert cli.main(["kernel", "grid", "--heads", "4096x3584x152064,1024x64x5000",
+                     "--variants", "old=" + json.dumps(old), "--out", str(out)]) == 0
+    rows = {(r["head"], r["entry"]): r for r in csv.DictReader(out.open())}
+    assert set(rows) == {(h, e) for h in ("4096x3584x152064", "1024x64x5000")
+                         for e in ("base", "old")}
+    for (head, entry), row in rows.items():
+        n, d, v = map(int, head.split("x"))
+        cfg = with_overrides(HOPPER_16BIT, old) if entry == "old" else HOPPER_16BIT
+        grid = split_plan(n, v, d, 2, cfg, 132)
+        assert (int(row["splits"]), int(row["group_rows"])) == (grid.splits, grid.group_rows)
+        assert int(row["programs"]) == -(-n // cfg.forward.tiles.block_n) * grid.splits
+        assert float(row["span_over_mean"]) >= 1
+    head = "4096x3584x152064"
+    assert (float(rows[head, "old"]["span_over_mean"])
+            > float(rows[head, "base"]["span_over_mean"]) + 0.03)
+    assert "span_over_mean" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--sms"):
+        cli.main(["kernel", "grid", "--heads", head, "--sms", "0"])
+    with pytest.raises(SystemExit, match="--heads"):
+        cli.main(["kernel", "grid", "--heads", "4096x3584"])

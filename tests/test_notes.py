@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from suite import report
-from suite.report import notes, tune_logs
+from suite.report import ncu_logs, notes, tune_logs
 from suite.report.formatting import fmt_sig
 from suite.report.notes import NOTES, NoteTableError, note_paths, render_note, rewrite_notes
 
@@ -222,6 +222,35 @@ def test_notes_generated_whole_are_current(tmp_path, name):
     out = tmp_path / name
     assert scaling.main(command.split() + ["--out", str(out)]) == 0
     assert out.read_text() == text
+
+
+# ---- ncu logs: their CSVs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("csv_path", sorted(NOTES.rglob(ncu_logs.CSV_NAME)),
+                         ids=lambda p: str(p.relative_to(NOTES)))
+def test_ncu_csvs_are_their_logs_parsed(csv_path):
+    """An ncu.csv is `python -m suite.report.ncu_logs <folder>`'s output, not typed."""
+    assert ncu_logs.folder_csv(csv_path.parent) == csv_path.read_text()
+
+
+def test_an_ncu_log_parses_into_a_row_per_launch(tmp_path):
+    (tmp_path / "ncu-a.txt").write_text(
+        "==PROF== Connected to process 505\n"
+        "  cce_fwd_tma_kernel (672, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+        "    Metric Name                                      Metric Unit Metric Value\n"
+        "    dram__bytes_read.sum                                   Gbyte         6.68\n"
+        "    gpc__cycles_elapsed.max                                cycle   10,060,546\n"
+        "    launch__waves_per_multiprocessor                                     5.09\n"
+        "    sm__cycles_active.avg                                  cycle 9,050,878.33\n")
+    (tmp_path / "ncu-b.txt").write_text("==ERROR== the kernel filter matched nothing\n")
+    assert ncu_logs.parse_log(tmp_path / "ncu-a.txt") == [dict(
+        log="ncu-a", kernel="cce_fwd_tma_kernel", grid="672", **{
+            "dram__bytes_read.sum": "6.68", "dram__bytes_read.sum_unit": "Gbyte",
+            "gpc__cycles_elapsed.max": "10060546", "gpc__cycles_elapsed.max_unit": "cycle",
+            "launch__waves_per_multiprocessor": "5.09", "sm__cycles_active.avg": "9050878.33",
+            "sm__cycles_active.avg_unit": "cycle", "span_over_mean": "1.1116"})]
+    with pytest.raises(ValueError, match="ncu-b.txt: no profiled launch"):
+        ncu_logs.folder_csv(tmp_path)
 
 
 # ---- tune logs: their CSVs, and what the notes may claim from them ----------------------------

@@ -3,6 +3,7 @@
 tune     time candidate configs (forward, backward, filtered) against the cuBLAS floor
 interleave  config variants' calls interleaved in one process, at heads and budgets (CSV)
 profile  launch each pass once for ncu, or profile the host's time per call
+grid     the forward's grid as planned and its simulated span over the waves (no GPU; CSV)
 memory   what is alive at the loss+grad memory peak (CUDA allocator trace)
 check    gradient agreement of own / own_filter with the naive baseline on the suite's inputs
 accuracy every route's loss and gradient errors against fp64, confident and large logits (CSV)
@@ -20,6 +21,7 @@ TOOLS = {
     "interleave": ("suite.kernel.interleave",
                    "config variants' calls interleaved in one process, vs torch.compile (CSV)"),
     "profile": ("suite.kernel.profile", "one launch per pass for ncu, or the host's time per call"),
+    "grid": ("suite.kernel.grid", "the forward's planned grid and its simulated span (no GPU)"),
     "memory": ("suite.kernel.memory", "what is alive at the loss+grad memory peak"),
     "check": ("suite.kernel.check", "gradient agreement with the naive baseline"),
     "accuracy": ("suite.kernel.accuracy", "every route's loss and gradient errors vs fp64 (CSV)"),

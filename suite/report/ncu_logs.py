@@ -1,0 +1,87 @@
+"""The logs of ``ncu --metrics ...`` (its plain-text report, one kernel launch per log) as a
+CSV, so a measurement note's table of hardware counters is generated from them
+(suite/report/notes.py) instead of being typed.
+
+    python -m suite.report.ncu_logs results/notes/forward-grid-h200/ncu-ov2/call36a [...]
+    # writes <folder>/ncu.csv
+
+Every ``ncu-*.txt`` in the folder becomes a row per profiled launch: the log's name, the
+kernel, its grid, and each metric the report prints (``Metric Name  Unit  Value``), in ncu's
+unit with thousands separators dropped (a `ms` metric stays in ms); where the log has
+``gpc__cycles_elapsed.max`` and ``sm__cycles_active.avg``, ``span_over_mean``: the launch's span
+over the SMs' mean active cycles, 1 when every SM is busy to the end (`python -m suite kernel
+grid` simulates the same ratio from the plan). A log with no launch
+(ncu failed, or matched no kernel) is an error naming it: a table over it would be silently
+short.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+from pathlib import Path
+
+CSV_NAME = "ncu.csv"
+LAUNCH = re.compile(r"^\s+(?P<kernel>\w+) \((?P<grid>\d+, \d+, \d+)\)x\(\d+, \d+, \d+\)")
+METRIC = re.compile(r"^\s+(?P<name>[a-z][\w.]+)\s+(?:(?P<unit>[A-Za-z%/]+)\s+)?"
+                    r"(?P<value>[\d,]+(?:\.\d+)?)$")
+
+
+def parse_log(path) -> list[dict]:
+    """One row per profiled launch of an ncu text report: log, kernel, grid and every metric
+    (name -> value, and name_unit -> its unit where ncu prints one); ValueError when the log
+    holds no launch."""
+    path = Path(path)
+    rows: list[dict] = []
+    for line in path.read_text().splitlines():
+        launch = LAUNCH.match(line)
+        if launch:
+            rows.append(dict(log=path.stem, kernel=launch["kernel"],
+                             grid=launch["grid"].split(",")[0]))
+            continue
+        metric = METRIC.match(line)
+        if metric and rows:
+            rows[-1][metric["name"]] = metric["value"].replace(",", "")
+            if metric["unit"]:
+                rows[-1][f"{metric['name']}_unit"] = metric["unit"]
+    if not rows:
+        raise ValueError(f"{path}: no profiled launch (ncu failed or matched no kernel)")
+    for row in rows:
+        if "gpc__cycles_elapsed.max" in row and "sm__cycles_active.avg" in row:
+            row["span_over_mean"] = str(round(float(row["gpc__cycles_elapsed.max"])
+                                              / float(row["sm__cycles_active.avg"]), 4))
+    return rows
+
+
+def folder_csv(folder) -> str:
+    """The CSV text of every ``ncu-*.txt`` log in ``folder``, by file name; the columns are
+    every metric any log printed, in first-seen order."""
+    rows = [row for log in sorted(Path(folder).glob("ncu-*.txt")) for row in parse_log(log)]
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m suite.report.ncu_logs",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", help="folders of ncu logs (ncu-*.txt)")
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not Path(folder).is_dir():
+            parser.error(f"folders: {folder} is not a folder")
+        if not any(Path(folder).glob("ncu-*.txt")):
+            parser.error(f"folders: {folder} holds no ncu-*.txt log")
+        (Path(folder) / CSV_NAME).write_text(folder_csv(folder))
+        print(f"ncu_logs: {Path(folder) / CSV_NAME} written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
