@@ -74,16 +74,19 @@ class Forward:
     # faster at N 4096, D 7168, slower at D 5120 and Gemma 2 (2B) (forward-grid.md).
     l2_group: Literal["budget", "splits"] = "splits"
     # What plan.balanced_splits adds to each program's tiles for its prologue and epilogue,
-    # in tiles' time. 2 takes fewer splits in larger groups at many grids: on an H200 the
-    # forward faster at four of six at N 4096, level elsewhere, slower in one process at
-    # N 2048, D 8192 and N 12288, D 4096, V 32000 (forward-grid.md, call35a-c, g): 1.
+    # in tiles' time. Under the split-order model 2 took fewer splits in larger groups: on an
+    # H200 faster at four of six grids at N 4096, slower in one process at N 2048, D 8192 and
+    # N 12288, D 4096, V 32000 (forward-grid.md, call35a-c, g). Both followed from the model's
+    # order (makespan_order below): in launch order 1 takes the faster grids and keeps the
+    # others. 1.
     program_overhead_tiles: int = 1
     # The order plan.balanced_splits runs the programs in: "launch", the kernels' (each launch
     # group's splits in turn, so the short last split closes every group); "split", every row
     # block's program of a split before the next split, as if in one group: it took grids that
     # leave the GPU's last wave ragged (ncu at N 4096, D 3584, V 152064: the SMs' active cycles
-    # the same, elapsed 11 % over their mean at 21 splits, 5 % at 8; forward-grid.md, "The
-    # launch order").
+    # the same, elapsed 11 % over their mean at 21 splits, 5 % at 8). On an H200 "launch" was
+    # faster at seven grids it moves (N 4096 and N 16384), level at eleven, slower at none;
+    # loss+grad level (forward-grid.md, "The launch order").
     makespan_order: Literal["launch", "split"] = "launch"
     # Where the launch is grouped, plan.balanced_splits may also put every row block's last
     # split (the short one) after all the groups, where its programs fill the last wave. On an
