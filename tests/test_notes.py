@@ -224,13 +224,16 @@ def test_notes_generated_whole_are_current(tmp_path, name):
     assert out.read_text() == text
 
 
-# ---- ncu logs: their CSVs ----------------------------------------------------------------------
+# ---- tune and ncu logs: their CSVs, and what the notes may claim from them --------------------
 
-@pytest.mark.parametrize("csv_path", sorted(NOTES.rglob(ncu_logs.CSV_NAME)),
-                         ids=lambda p: str(p.relative_to(NOTES)))
-def test_ncu_csvs_are_their_logs_parsed(csv_path):
-    """An ncu.csv is `python -m suite.report.ncu_logs <folder>`'s output, not typed."""
-    assert ncu_logs.folder_csv(csv_path.parent) == csv_path.read_text()
+LOG_CSVS = [(m, p) for m in (tune_logs, ncu_logs) for p in sorted(NOTES.rglob(m.CSV_NAME))]
+
+
+@pytest.mark.parametrize("parser,csv_path", LOG_CSVS, ids=[
+    str(p.relative_to(NOTES)) for _, p in LOG_CSVS])
+def test_log_csvs_are_their_logs_parsed(parser, csv_path):
+    """A tune.csv or ncu.csv is `python -m suite.report.<parser> <folder>`'s output, not typed."""
+    assert parser.folder_csv(csv_path.parent) == csv_path.read_text()
 
 
 def test_an_ncu_log_parses_into_a_row_per_launch(tmp_path):
@@ -251,15 +254,6 @@ def test_an_ncu_log_parses_into_a_row_per_launch(tmp_path):
             "sm__cycles_active.avg_unit": "cycle", "span_over_mean": "1.1116"})]
     with pytest.raises(ValueError, match="ncu-b.txt: no profiled launch"):
         ncu_logs.folder_csv(tmp_path)
-
-
-# ---- tune logs: their CSVs, and what the notes may claim from them ----------------------------
-
-@pytest.mark.parametrize("csv_path", sorted(NOTES.rglob(tune_logs.CSV_NAME)),
-                         ids=lambda p: str(p.relative_to(NOTES)))
-def test_tune_csvs_are_their_logs_parsed(csv_path):
-    """A tune.csv is `python -m suite.report.tune_logs <folder>`'s output, not typed."""
-    assert tune_logs.folder_csv(csv_path.parent) == csv_path.read_text()
 
 
 def test_a_tune_log_parses_into_rows(tmp_path):

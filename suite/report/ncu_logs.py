@@ -16,11 +16,12 @@ short.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import re
 from pathlib import Path
+
+from suite.report.log_csv import folders_main
 
 CSV_NAME = "ncu.csv"
 LAUNCH = re.compile(r"^\s+(?P<kernel>\w+) \((?P<grid>\d+, \d+, \d+)\)x\(\d+, \d+, \d+\)")
@@ -69,18 +70,8 @@ def folder_csv(folder) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m suite.report.ncu_logs",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", help="folders of ncu logs (ncu-*.txt)")
-    args = parser.parse_args(argv)
-    for folder in args.folders:
-        if not Path(folder).is_dir():
-            parser.error(f"folders: {folder} is not a folder")
-        if not any(Path(folder).glob("ncu-*.txt")):
-            parser.error(f"folders: {folder} holds no ncu-*.txt log")
-        (Path(folder) / CSV_NAME).write_text(folder_csv(folder))
-        print(f"ncu_logs: {Path(folder) / CSV_NAME} written")
-    return 0
+    return folders_main(argv, "python -m suite.report.ncu_logs", __doc__.splitlines()[0],
+                        "ncu-*.txt", CSV_NAME, folder_csv)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ and the notes say so.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import re
 from pathlib import Path
+
+from suite.report.log_csv import folders_main
 
 CSV_NAME = "tune.csv"
 COLUMNS = ("log", "gpu", "n", "d", "v", "softcap", "measured", "config", "ms", "floors")
@@ -62,16 +63,8 @@ def folder_csv(folder) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m suite.report.tune_logs",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", help="folders of tune logs (*.txt)")
-    args = parser.parse_args(argv)
-    for folder in args.folders:
-        if not Path(folder).is_dir():
-            parser.error(f"folders: {folder} is not a folder")
-        (Path(folder) / CSV_NAME).write_text(folder_csv(folder))
-        print(f"tune_logs: {Path(folder) / CSV_NAME} written")
-    return 0
+    return folders_main(argv, "python -m suite.report.tune_logs", __doc__.splitlines()[0],
+                        "*.txt", CSV_NAME, folder_csv)
 
 
 if __name__ == "__main__":
