@@ -382,7 +382,8 @@ def test_the_forward_grid_has_the_least_makespan_in_launch_order(n, d, v, short_
     # forward.short_split_last allows, after all of them) by list scheduling on 132 SMs: the
     # grid taken is within 1 % of the least makespan. Simulated in split order instead, the
     # plan took grids whose last wave is ragged (N 4096, D 3584, V 152064: 21 splits closing
-    # each group, 6 % over the least; ncu measured the SMs idle 11 % of the launch).
+    # each group, 6 % over the least; ncu measured the launch 11 % past the SMs' mean busy
+    # time).
     import heapq
     from own_kernel.policy.plan import cdiv, launch_order, split_plan
 
