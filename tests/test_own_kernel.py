@@ -412,6 +412,36 @@ def test_the_forward_grid_has_the_least_makespan_in_launch_order(n, d, v, short_
     assert makespan(grid.splits, grid.short_last) <= 1.01 * least
 
 
+def test_balanced_splits_skips_only_grids_that_cannot_win():
+    # balanced_splits does not simulate a grid whose longest program or evenly spread work
+    # already comes within 0.5 % of the best so far: it must take the grid that simulating
+    # every candidate takes, at one row block and many (the skip's reason: a thousand split
+    # counts at N 128, V 256000), grouped or not, in every order.
+    import itertools
+    from own_kernel.policy.plan import (balanced_splits, cdiv, group_rows, launch_lengths,
+                                        makespan)
+
+    def every_candidate(num_nb, num_tiles, slots, min_splits, overhead, fixed, order, short):
+        lo = max(1, min(min_splits, num_tiles))
+        best, best_time = (lo, False), None
+        for splits in range(lo, max(lo, min(num_tiles, max(1, 8 * slots // num_nb + 2))) + 1):
+            programs = cdiv(num_tiles, cdiv(num_tiles, splits))
+            group = group_rows(num_nb, programs, slots, fixed) if order else num_nb
+            for last in (False, True) if short and programs > 1 and group < num_nb else (False,):
+                time = makespan(launch_lengths(num_nb, num_tiles, splits, group, overhead, last),
+                                slots)
+                if best_time is None or time < best_time * 0.995:
+                    best, best_time = (splits, last), time
+        return best
+
+    for num_nb, num_tiles, slots, min_splits, overhead, order, short in itertools.product(
+            (1, 3, 17, 40), (5, 64, 300), (8, 132), (1, 4), (0, 2), (True, False),
+            (False, True)):
+        for fixed in {0, num_nb}:
+            args = (num_nb, num_tiles, slots, min_splits, overhead, fixed, order, short)
+            assert balanced_splits(*args) == every_candidate(*args), args
+
+
 @pytest.mark.parametrize("short_last", [False, True])
 @pytest.mark.parametrize("l2_group", ["splits", "budget"])
 @pytest.mark.parametrize("tma", [True, False])
