@@ -32,11 +32,24 @@ for _mib, _marker in zip(BUDGETS_MIB, _MARKERS, strict=True):
 
 def add_arguments(parser) -> None:
     parser.add_argument("results", nargs="+", help="run folders of a frontier sweep")
+    parser.add_argument("--targets-csv", metavar="CSV",
+                        help="also write the exact call's targets against torch.compile, one "
+                             "row per cell, to CSV (suite/report/exact_targets.py)")
+    parser.add_argument("--forward", nargs="+", default=[], metavar="RUN",
+                        help="with --targets-csv: run folders of the forward step (phase fwd: "
+                             "own, own_portable), matched to the cells by cell_id")
 
 
 def main(args) -> int:
     if not by_cell(args.results):
         print(f"no {PHASE} rows in {', '.join(args.results)}")
         return 2
+    if args.forward and not args.targets_csv:
+        raise SystemExit("--forward: needs --targets-csv (the forward rows feed only that CSV)")
     print(report(args.results))
+    if args.targets_csv:
+        from suite.report.exact_targets import targets, write_csv
+
+        path = write_csv(targets(args.results, args.forward), args.targets_csv)
+        print(f"wrote {path}")
     return 0

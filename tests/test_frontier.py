@@ -50,3 +50,93 @@ def test_the_plugin_registers_the_sweep_the_tables_read_as_exact():
     for name in SWEEP:
         assert catalog.get(name).exact and is_exact(name), name
     assert not is_exact("own_filter") and not is_exact("someone_unknown")
+
+
+# ---- the exact call's targets (suite/report/exact_targets.py) ------------------------------
+
+def _cell_row(provider, mib, ms, spread=0.5, phase="loss+grad", floors="", de="1e-3", dc="1e-3"):
+    return dict(cell_id="lm-n8-d4-v16", n="8", d="4", v="16", softcap="", phase=phase,
+                status="ok", provider=provider, peak_extra_mib=str(mib), ms=str(ms),
+                ms_p20=str(ms - spread), ms_p80=str(ms + spread), floor_ratio=floors,
+                de_rel_err=de, dc_rel_err=dc)
+
+
+def _targets(rows, fwd_rows=()):
+    from suite.report.exact_targets import cell_targets
+
+    return cell_targets(list(rows), list(fwd_rows))
+
+
+def test_targets_best_point_counts_only_within_torch_compiles_memory():
+    out = _targets([_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 49),
+                    _cell_row("own_ws8192", 6000, 40), _cell_row("own_ws2048", 3000.5, 47)])
+    assert out["best_provider"] == "own_ws2048"  # within the 1 MiB slack; ws8192 is over it
+    assert out["best_over_compile"] == 47 / 50 and out["best_met"]
+
+
+def test_targets_best_needs_the_ratio_and_the_noise_rule():
+    def best(ms, spread):
+        return _targets([_cell_row("torch_compile", 3000, 50, spread),
+                         _cell_row("own", 2000, ms, spread)])["best_met"]
+
+    assert best(48, 0.5)           # 0.96x, ranges apart
+    assert not best(48, 1.5)       # 0.96x by the medians, but the ranges overlap: level
+    assert not best(49, 0.2)       # faster, but 0.98x
+
+
+def test_targets_default_is_met_when_level_and_missed_when_slower():
+    level = _targets([_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 50.6)])
+    slower = _targets([_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 52)])
+    assert (level["default_vs_compile"], level["default_met"]) == ("level", True)
+    assert (slower["default_vs_compile"], slower["default_met"]) == ("slower", False)
+
+
+def test_targets_error_is_the_worst_exact_own_point_in_de_or_dc():
+    out = _targets([_cell_row("torch_compile", 3000, 50, de="1e-2", dc="1e-2"),
+                    _cell_row("own", 2000, 49, de="5e-3", dc="1.3e-2"),
+                    _cell_row("own_ws0", 1000, 60, de="9e-3", dc="2e-3"),
+                    _cell_row("own_filter", 1000, 30, de="5e-2", dc="5e-2"),  # not exact
+                    _cell_row("naive", 9000, 70, de="9e-2", dc="9e-2")])
+    assert out["err_provider"] == "own" and abs(out["err_over_compile"] - 1.3) < 1e-12
+    assert out["err_met"] is False
+
+
+def test_targets_floors_and_filter_and_a_missing_forward():
+    rows = [_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 49),
+            _cell_row("own_ws0", 1000, 60, floors="4.2"), _cell_row("own_filter", 1000, 51)]
+    fwd = [_cell_row("own", 0, 10, phase="fwd", floors="1.04"),
+           _cell_row("own_portable", 0, 12, phase="fwd", floors="1.3")]
+    out = _targets(rows, fwd)
+    assert (out["ws0_floors"], out["ws0_met"]) == (4.2, False)
+    assert (out["filter_vs_default"], out["filter_met"]) == ("slower", False)
+    assert (out["fwd_met"], out["portable_fwd_met"]) == (True, False)
+    bare = _targets(rows)
+    assert bare["fwd_floors"] is None and bare["fwd_met"] is None
+
+
+def test_targets_csv_from_run_folders(tmp_path):
+    import csv as csv_mod
+    import json
+
+    from suite.report.exact_targets import COLUMNS, targets, write_csv
+    from suite.schema import ROW_FIELDS
+
+    def run(name, rows):
+        folder = tmp_path / name
+        folder.mkdir()
+        with (folder / "results.csv").open("w", newline="") as f:
+            writer = csv_mod.DictWriter(f, fieldnames=ROW_FIELDS)
+            writer.writeheader()
+            writer.writerows({**dict.fromkeys(ROW_FIELDS, ""), **r, "timestamp": "t"}
+                             for r in rows)
+        (folder / "env.json").write_text(json.dumps({"gpu_name": "GPU X", "git_commit": "a" * 40}))
+        return folder
+
+    lg = run("lg", [_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 49)])
+    fw = run("fw", [_cell_row("own", 0, 10, phase="fwd", floors="1.01")])
+    path = write_csv(targets([lg], [fw]), tmp_path / "t.csv")
+    (row,) = list(csv_mod.DictReader(path.open()))
+    assert list(row) == list(COLUMNS)
+    assert (row["default_met"], row["fwd_floors"], row["gpu"], row["commit"]) == \
+        ("yes", "1.01", "GPU X", "a" * 10)
+    assert row["ws0_floors"] == "" and row["ws0_met"] == ""  # no own_ws0 row: not judged

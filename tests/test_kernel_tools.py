@@ -340,7 +340,8 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
     shape and its softcapped twin, fp32, TESTS=1 on a CPU-only test file): the tests' step
     first, a frontier run folder per shape and one forward folder of phase fwd (the forward
     under no_grad, not the loss phase: on the three-matmul path that phase holds the gradients'
-    work too), packed into $OUT/frontier-test.tar, and the frontier table printed last."""
+    work too) and the targets' CSV, packed into $OUT/frontier-test.tar, and the frontier table
+    printed last."""
     import csv
     import io
     import re
@@ -365,6 +366,10 @@ def test_the_frontier_script_runs_each_shape_and_the_forward_and_prints_the_fron
         forward = rows(tar, "frontier-test/forward-test/results.csv")
         plain = rows(tar, "frontier-test/frontier-32x16x97-test/results.csv")
         capped = rows(tar, "frontier-test/frontier-32x16x97x30-test/results.csv")
+        targets = rows(tar, "frontier-test/targets.csv")  # packed after the last step too
+    # the targets' CSV: a row per shape's cell
+    assert sorted(r["cell_id"] for r in targets) == sorted({plain[0]["cell_id"],
+                                                            capped[0]["cell_id"]})
     assert {r["provider"] for r in forward} == {"own", "naive"}
     assert {r["phase"] for r in forward} == {"fwd"}
     # NxDxVxS: the softcap reaches the cells, and torch_native (no softcap) is left out there

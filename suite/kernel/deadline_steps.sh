@@ -71,8 +71,11 @@ capped_step() {
   timeout -k 10 "$limit" "$@" >> "$LOG" 2>&1
   STEP_RC=$?
   echo "   $name: exit $STEP_RC at $(( SECONDS - START )) s" | tee -a "$LOG"
-  tar -C "$(dirname "$RUN")" -cf "$PACK" "$(basename "$RUN")"
+  pack_run
 }
+
+# pack_run: RUN into PACK (after every step, and after whatever a script writes last)
+pack_run() { tar -C "$(dirname "$RUN")" -cf "$PACK" "$(basename "$RUN")"; }
 
 # print_rows GLOB KEY...: the table a device script prints last, whole cells (never rounded):
 # a header, then each row of the CSVs GLOB matches (sorted), its folder's name first and then

@@ -17,7 +17,8 @@
 # first runs the GPU tests (deadline_steps.sh's gpu_tests_step: GPU_TESTS, TEST_WORKERS,
 # TESTS_CAP_S). Steps run under what is left of FRONTIER_DEADLINE_S (default 540 s from the
 # start), so one slow step cannot take the others' rows with it (deadline_steps.sh). Writes RUN
-# (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/ and forward-<gpu>/) and, after every
+# (default /tmp/run/frontier-<gpu>: frontier-<shape>-<gpu>/, forward-<gpu>/ and targets.csv, the
+# exact call's targets per cell) and, after every
 # step, $OUT/<RUN's name>.tar of it and $OUT/frontier.log; prints the frontier tables last,
 # then the forward step's rows (deadline_steps.sh's print_rows).
 set -uo pipefail
@@ -94,6 +95,11 @@ fi
 for folder in "$RUN"/frontier-*; do
   [ -d "$folder" ] && "$PYTHON" -m suite frontier "$folder" 2>&1 | tail -n 40 | tee -a "$LOG"
 done
+# the exact call's targets per cell (suite/report/exact_targets.py), the forward step's included
+FORWARD_ARGS=()
+[ -f "$RUN/forward-$GPU/results.csv" ] && FORWARD_ARGS=(--forward "$RUN/forward-$GPU")
+compgen -G "$RUN/frontier-*" > /dev/null && "$PYTHON" -m suite frontier "$RUN"/frontier-* \
+  "${FORWARD_ARGS[@]}" --targets-csv "$RUN/targets.csv" > /dev/null 2>> "$LOG" && pack_run
 if [ "${FORWARD:-1}" = 1 ] && [ -f "$RUN/forward-$GPU/results.csv" ]; then
   print_rows "$RUN/forward-$GPU/results.csv" n d v softcap provider status ms ms_p20 ms_p80 \
     floor_ratio sm_mhz | tee -a "$LOG"
