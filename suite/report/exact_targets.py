@@ -25,9 +25,8 @@ from pathlib import Path
 
 from suite.report.envs import read_envs
 from suite.report.formatting import num
-from suite.report.frontier_tables import MEM_SLACK_MIB, is_exact, is_own
+from suite.report.frontier_tables import MEM_SLACK_MIB, by_cell, is_exact, is_own
 from suite.report.verdict import FASTER, SLOWER, time_verdict
-from suite.results import read_rows
 
 BEST_MAX_RATIO = 0.97
 WS0_MAX_FLOORS = 4.1
@@ -133,12 +132,11 @@ def _commits(run_dir) -> str:
 
 
 def _cells(run_dirs, phase: str) -> dict[str, tuple[list[dict], Path]]:
-    """Each cell's rows of one phase, with the folder they came from (the first that has it)."""
+    """Each cell's rows of one phase, from the first run folder that has the cell, with it."""
     cells: dict[str, tuple[list[dict], Path]] = {}
     for d in run_dirs:
-        for r in read_rows(d):
-            if r["phase"] == phase:
-                cells.setdefault(r["cell_id"], ([], Path(d)))[0].append(r)
+        for cell_id, rows in by_cell([d], phase).items():
+            cells.setdefault(cell_id, (rows, Path(d)))
     return cells
 
 

@@ -134,11 +134,12 @@ def cell_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def by_cell(run_dirs) -> dict[str, list[dict]]:
+def by_cell(run_dirs, phase: str = PHASE) -> dict[str, list[dict]]:
+    """The rows of one phase (default loss+grad) per cell_id, over every run folder."""
     cells: dict[str, list[dict]] = {}
     for d in run_dirs:
         for r in read_rows(d):
-            if r["phase"] == PHASE:
+            if r["phase"] == phase:
                 cells.setdefault(r["cell_id"], []).append(r)
     return cells
 
