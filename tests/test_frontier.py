@@ -114,29 +114,48 @@ def test_targets_floors_and_filter_and_a_missing_forward():
     assert bare["fwd_floors"] is None and bare["fwd_met"] is None
 
 
-def test_targets_csv_from_run_folders(tmp_path):
+def _run_folder(tmp_path, name, rows):
+    """A run folder of results.csv rows (every schema column, empty where rows lack it) and an
+    env.json."""
     import csv as csv_mod
     import json
 
-    from suite.report.exact_targets import COLUMNS, targets, write_csv
     from suite.schema import ROW_FIELDS
 
-    def run(name, rows):
-        folder = tmp_path / name
-        folder.mkdir()
-        with (folder / "results.csv").open("w", newline="") as f:
-            writer = csv_mod.DictWriter(f, fieldnames=ROW_FIELDS)
-            writer.writeheader()
-            writer.writerows({**dict.fromkeys(ROW_FIELDS, ""), **r, "timestamp": "t"}
-                             for r in rows)
-        (folder / "env.json").write_text(json.dumps({"gpu_name": "GPU X", "git_commit": "a" * 40}))
-        return folder
+    folder = tmp_path / name
+    folder.mkdir()
+    with (folder / "results.csv").open("w", newline="") as f:
+        writer = csv_mod.DictWriter(f, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+        writer.writerows({**dict.fromkeys(ROW_FIELDS, ""), **r, "timestamp": "t"} for r in rows)
+    (folder / "env.json").write_text(json.dumps({"gpu_name": "GPU X", "git_commit": "a" * 40}))
+    return folder
 
-    lg = run("lg", [_cell_row("torch_compile", 3000, 50), _cell_row("own", 2000, 49)])
-    fw = run("fw", [_cell_row("own", 0, 10, phase="fwd", floors="1.01")])
+
+def test_targets_csv_from_run_folders(tmp_path):
+    import csv as csv_mod
+
+    from suite.report.exact_targets import COLUMNS, targets, write_csv
+
+    lg = _run_folder(tmp_path, "lg", [_cell_row("torch_compile", 3000, 50),
+                                      _cell_row("own", 2000, 49)])
+    fw = _run_folder(tmp_path, "fw", [_cell_row("own", 0, 10, phase="fwd", floors="1.01")])
     path = write_csv(targets([lg], [fw]), tmp_path / "t.csv")
     (row,) = list(csv_mod.DictReader(path.open()))
     assert list(row) == list(COLUMNS)
     assert (row["default_met"], row["fwd_floors"], row["gpu"], row["commit"]) == \
         ("yes", "1.01", "GPU X", "a" * 10)
     assert row["ws0_floors"] == "" and row["ws0_met"] == ""  # no own_ws0 row: not judged
+
+
+def test_frontier_command_refuses_forward_runs_without_a_targets_csv(tmp_path):
+    import argparse
+
+    import pytest
+
+    from suite.frontier import main
+
+    lg = _run_folder(tmp_path, "lg", [_cell_row("own", 2000, 49)])
+    args = argparse.Namespace(results=[str(lg)], forward=[str(lg)], targets_csv=None)
+    with pytest.raises(SystemExit, match="--forward: needs --targets-csv"):
+        main(args)
