@@ -26,7 +26,7 @@ from pathlib import Path
 from suite.report.envs import read_envs
 from suite.report.formatting import num
 from suite.report.frontier_tables import MEM_SLACK_MIB, by_cell, is_exact, is_own
-from suite.report.verdict import FASTER, SLOWER, time_verdict
+from suite.report.verdict import FASTER, at_most, time_verdict
 
 BEST_MAX_RATIO = 0.97
 WS0_MAX_FLOORS = 4.1
@@ -112,22 +112,21 @@ def cell_targets(rows: list[dict], fwd_rows: list[dict]) -> dict:
     ws0 = _floors(_ok(rows, "own_ws0", "loss+grad"))
     out.update(ws0_floors=ws0, ws0_met=_met(ws0, WS0_MAX_FLOORS))
     filtered = _ok(rows, "own_filter", "loss+grad")
-    word = time_verdict(filtered, own)
-    out.update(filter_over_default=_ratio(filtered, own), filter_vs_default=word,
-               filter_met=None if word is None else word != SLOWER)
+    out.update(filter_over_default=_ratio(filtered, own),
+               filter_vs_default=time_verdict(filtered, own), filter_met=at_most(filtered, own))
     if compile_row is None:
         return out
-    word = time_verdict(own, compile_row)
-    out.update(default_over_compile=_ratio(own, compile_row), default_vs_compile=word,
-               default_met=None if word is None else word != SLOWER)
+    out.update(default_over_compile=_ratio(own, compile_row),
+               default_vs_compile=time_verdict(own, compile_row),
+               default_met=at_most(own, compile_row))
     out.update(_best_within(rows, compile_row))
     out.update(_worst_error(rows, compile_row))
     return out
 
 
-def _commits(run_dir) -> str:
-    """The commits of the sessions that wrote a run folder (env.json, env-2.json, ...)."""
-    seen = [(env.get("git_commit") or "unknown")[:10] for env in read_envs(run_dir)]
+def _commits(envs: list[dict]) -> str:
+    """The commits of the sessions that wrote a run folder (its env.json, env-2.json, ...)."""
+    seen = [(env.get("git_commit") or "unknown")[:10] for env in envs]
     return " ".join(dict.fromkeys(seen))
 
 
@@ -148,8 +147,8 @@ def targets(run_dirs, forward_dirs=()) -> list[dict]:
         fwd_rows, fwd_folder = forward.get(cell_id, ([], None))
         row = cell_targets(rows, fwd_rows)
         envs = read_envs(folder)
-        row.update(gpu=envs[0].get("gpu_name", "") if envs else "", commit=_commits(folder),
-                   fwd_commit=_commits(fwd_folder) if fwd_folder else None)
+        row.update(gpu=envs[0].get("gpu_name", "") if envs else "", commit=_commits(envs),
+                   fwd_commit=_commits(read_envs(fwd_folder)) if fwd_folder else None)
         out.append(row)
     return out
 
