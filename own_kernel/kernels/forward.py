@@ -33,7 +33,7 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTS: tl.constexpr,
-                   HALVES: tl.constexpr):
+                   HALVES: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits)
@@ -43,6 +43,10 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
     v_end = tl.minimum(v_start + v_per_split, V)
     if SKIP_IGNORED:
         v_end = skip_if_all_ignored(Targets, offs_n, n_mask, ignore_index, v_start, v_end)
+    # IN_BOUNDS (config.Forward.in_bounds_loads): rows past N read row N - 1 and columns past
+    # the split its last column, unmasked; their logits are masked out of the sums below and
+    # their rows' partials are not stored, so the results are the masked loads' bit for bit.
+    rows = tl.minimum(offs_n, N - 1) if IN_BOUNDS else offs_n
 
     if PARTS > 1:  # batch_invariant: one tile per split, its blocks' partials (tile.py)
         offs_v = v_start + tl.arange(0, BLOCK_V)
@@ -58,9 +62,10 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
         for v0 in tl.range(v_start, v_end, BLOCK_V, flatten=FLATTEN):
             offs_v = v0 + tl.arange(0, BLOCK_V)
             v_mask = offs_v < v_end
-            x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+            cols = tl.minimum(offs_v, v_end - 1) if IN_BOUNDS else offs_v
+            x = logit_tile(E, C, Bias, rows, cols, n_mask, v_mask, D,
                            stride_en, stride_ed, stride_cv, stride_cd,
-                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D)
             if HALVES:
                 m, s, z_sum, t = lse_halves_update(x, v0, v_end, m, s, z_sum, t, tanh_scale,
                                                    cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT,
@@ -86,4 +91,5 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
         HAS_SOFTCAP=softcap is not None, NEED_ZSUM=sums.zsum, NEED_ENT=sums.entropy,
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
         DOT_PRECISION=dot_precision(e.dtype), PARTS=grid.parts_per_split,
-        HALVES=cfg.forward.softcap_halves and softcap is not None, **k.launch())
+        HALVES=cfg.forward.softcap_halves and softcap is not None,
+        IN_BOUNDS=cfg.forward.in_bounds_loads, EVEN_D=d % k.block_d == 0, **k.launch())

@@ -19,17 +19,30 @@ LOG2E = tl.constexpr(LOG2E_F)  # a global read inside @triton.jit must be a cons
 def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                stride_en, stride_ed, stride_cv, stride_cd,
                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               IN_BOUNDS: tl.constexpr = False, EVEN_D: tl.constexpr = False):
     # x[n, v] = sum_d E[n, d] C[v, d] + bias[v], accumulated in fp32 over D.
+    # IN_BOUNDS: every offs_n and offs_v is a valid row (the caller clamped them), so the loads
+    # need no row or column mask; EVEN_D (D a multiple of BLOCK_D) drops the depth mask too.
+    # A masked pointer load costs a compare and a select per 16 bytes each k-step, which issued
+    # more than the loads and products themselves (ncu: portable-forward-loads.md).
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     # 64-bit row offsets: N*D and V*D can pass 2^31 elements.
     e_ptrs = E + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed
     c_ptrs = C + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
     for d0 in range(0, D, BLOCK_D):
-        d_mask = offs_d < D - d0
-        e = tl.load(e_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        c = tl.load(c_ptrs, mask=v_mask[:, None] & d_mask[None, :], other=0.0)
+        if IN_BOUNDS and EVEN_D:
+            e = tl.load(e_ptrs)
+            c = tl.load(c_ptrs)
+        elif IN_BOUNDS:
+            d_mask = (offs_d < D - d0)[None, :]
+            e = tl.load(e_ptrs, mask=d_mask, other=0.0)
+            c = tl.load(c_ptrs, mask=d_mask, other=0.0)
+        else:
+            d_mask = offs_d < D - d0
+            e = tl.load(e_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+            c = tl.load(c_ptrs, mask=v_mask[:, None] & d_mask[None, :], other=0.0)
         acc = tl.dot(e, tl.trans(c), acc, input_precision=DOT_PRECISION)
         e_ptrs += BLOCK_D * stride_ed
         c_ptrs += BLOCK_D * stride_cd

@@ -102,6 +102,11 @@ class Forward:
     # TMA forward level alone and its loss+grad faster; slower without a softcap, so only with
     # one (both GPU configs set it; portable-forward-softcap.md).
     softcap_halves: bool = False
+    # The pointer forward (forward.py) reads clamped rows and columns without masks, and with
+    # D a multiple of the tile's depth no depth mask either: the masks' compares and selects
+    # issued more instructions per k-step than the loads and products (ncu, an H200 forced
+    # portable: results/notes/portable-forward-loads.md). The same logits bit for bit.
+    in_bounds_loads: bool = False
     # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
     # the tensor cores. On an H200, faster than forward_tma.py interleaved in one process at

@@ -1,0 +1,62 @@
+"""The pointer forward's in-bounds loads (config.Forward.in_bounds_loads, kernels/forward.py):
+clamped rows and columns read without masks give the masked loads' results bit for bit, and
+never read past E or C. Under the interpreter (fp32, tiny shapes) a read past either raises; with
+CCE_TEST_DEVICE=cuda the same calls run compiled (bf16, ragged shapes the GPU's tiles leave
+partial) against the masked loads and fp64."""
+import os
+import warnings
+
+import pytest
+import torch
+
+from own_kernel import linear_cross_entropy, token_logprobs
+from own_kernel.kernels import forward as pointer
+from own_kernel.policy.config import overridden
+from tests.test_own_kernel import reference, spy_kernel_args
+
+DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
+CPU = DEV.type == "cpu"
+# (N, D, V): rows past N and columns past V in the last tiles, a depth with and without a
+# partial last k-step (the interpreter's tiles are 16 deep, the GPU's 64)
+SHAPES = ([(50, 24, 300), (50, 32, 37)] if CPU else
+          [(1000, 2048, 49157), (1000, 2056, 4099), (129, 1152, 262144)])
+
+
+def _views_with_overflowing_rows_after(rows: int, d: int, dtype) -> torch.Tensor:
+    """A rows x d view of a buffer whose next 16 rows overflow any product: under the
+    interpreter a load past the view turns into numpy's overflow warning."""
+    return torch.full((rows + 16, d), 3e38 if dtype == torch.float32 else 6e4,
+                      dtype=dtype, device=DEV)[:rows]
+
+
+@pytest.mark.parametrize("n, d, v", SHAPES)
+def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, n, d, v):
+    launches = spy_kernel_args(monkeypatch, pointer, "cce_fwd_kernel", "IN_BOUNDS", "EVEN_D")
+    dtype = torch.float32 if CPU else torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    e, c = (_views_with_overflowing_rows_after(r, d, dtype) for r in (n, v))
+    e.copy_(torch.randn(n, d, generator=g))
+    c.copy_(torch.randn(v, d, generator=g) / d ** 0.5)
+    b = torch.randn(v, generator=g).to(DEV)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = -100
+    t = t.to(DEV)
+
+    def run(in_bounds: bool):
+        with overridden({"forward": {"tma": False, "ws": False, "cublas_min_d": 0,
+                                     "in_bounds_loads": in_bounds}}), \
+                torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            return (*linear_cross_entropy(e, c, t, bias=b, softcap=5.0, label_smoothing=0.1,
+                                          reduction="none", return_lse=True),
+                    token_logprobs(e, c, t))
+    masked, in_bounds = run(False), run(True)
+    even = d % (16 if CPU else 64) == 0
+    assert launches == [(False, even)] * 2 + [(True, even)] * 2
+    for a, b_ in zip(masked, in_bounds):
+        assert torch.equal(a, b_)
+    # and right: the losses against fp64, to the fp32 sums over D and V (and bf16's rounding
+    # of each logit on the GPU, whose inputs are exact in both)
+    loss = reference(e, c, t, bias=b, softcap=5.0, reduction="none", ls=0.1)[0]
+    tol = 8 * torch.finfo(torch.float32).eps * (d + v) * 5.0
+    assert torch.allclose(in_bounds[0].double(), loss, atol=tol)
