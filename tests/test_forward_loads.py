@@ -37,7 +37,7 @@ def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, 
     e, c = (_views_with_overflowing_rows_after(r, d, dtype) for r in (n, v))
     e.copy_(torch.randn(n, d, generator=g))
     c.copy_(torch.randn(v, d, generator=g) / d ** 0.5)
-    b = torch.randn(v, generator=g).to(DEV)
+    b = torch.randn(v, generator=g).to(DEV, dtype)
     t = torch.randint(0, v, (n,), generator=g)
     t[::7] = -100
     t = t.to(DEV)

@@ -104,9 +104,10 @@ class Forward:
     softcap_halves: bool = False
     # The pointer forward (forward.py) reads clamped rows and columns without masks, and with
     # D a multiple of the tile's depth no depth mask either: the masks' compares and selects
-    # issued more instructions per k-step than the loads and products (ncu, an H200 forced
-    # portable: results/notes/portable-forward-loads.md). The same logits bit for bit.
-    in_bounds_loads: bool = False
+    # issued more instructions per k-step than the loads and products. The same logits bit for
+    # bit; on an H200 forced portable, faster at four heads, interleaved and blocked
+    # (results/notes/portable-forward-loads.md).
+    in_bounds_loads: bool = True
     # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
     # the tensor cores. On an H200, faster than forward_tma.py interleaved in one process at
