@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from suite import report
-from suite.report import ncu_logs, notes, tune_logs
+from suite.report import ncu_logs, ncu_source, notes, tune_logs
 from suite.report.formatting import fmt_sig
 from suite.report.notes import NOTES, NoteTableError, note_paths, render_note, rewrite_notes
 
@@ -226,13 +226,15 @@ def test_notes_generated_whole_are_current(tmp_path, name):
 
 # ---- tune and ncu logs: their CSVs, and what the notes may claim from them --------------------
 
-LOG_CSVS = [(m, p) for m in (tune_logs, ncu_logs) for p in sorted(NOTES.rglob(m.CSV_NAME))]
+LOG_CSVS = [(m, p) for m in (tune_logs, ncu_logs, ncu_source)
+            for p in sorted(NOTES.rglob(m.CSV_NAME))]
 
 
 @pytest.mark.parametrize("parser,csv_path", LOG_CSVS, ids=[
     str(p.relative_to(NOTES)) for _, p in LOG_CSVS])
 def test_log_csvs_are_their_logs_parsed(parser, csv_path):
-    """A tune.csv or ncu.csv is `python -m suite.report.<parser> <folder>`'s output, not typed."""
+    """A tune.csv, ncu.csv or stalls.csv is `python -m suite.report.<parser> <folder>`'s output,
+    not typed."""
     assert parser.folder_csv(csv_path.parent) == csv_path.read_text()
 
 
@@ -254,6 +256,22 @@ def test_an_ncu_log_parses_into_a_row_per_launch(tmp_path):
             "sm__cycles_active.avg_unit": "cycle", "span_over_mean": "1.1116"})]
     with pytest.raises(ValueError, match="ncu-b.txt: no profiled launch"):
         ncu_logs.folder_csv(tmp_path)
+
+
+def test_an_ncu_source_export_parses_into_rows_by_opcode(tmp_path):
+    cols = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+            '"stall_wait","stall_barrier","stall_wait (Not Issued)"\n')
+    (tmp_path / "sass-a.csv").write_text(
+        '"Kernel Name","cce_fwd_kernel",\n' + cols
+        + '"0x1","      LDGSTS.E.BYPASS.128 desc[UR18][R198.64], P6, [R243]","6","10","5","1","9"\n'
+        + '"0x2","  @!PT  LDS RZ, [RZ]","3","10","0","3","0"\n'
+        + '"0x3","      LDGSTS.E.BYPASS.128 desc[UR18][R244.64], P6, [R243]","1","10","1","0","0"\n')
+    (tmp_path / "sass-b.csv").write_text('"Kernel Name","x",\n' + cols)
+    assert ncu_source.parse_export(tmp_path / "sass-a.csv") == [
+        dict(export="sass-a", opcode="LDGSTS", stall_share=0.7, executed=20, top_reason="wait"),
+        dict(export="sass-a", opcode="LDS", stall_share=0.3, executed=10, top_reason="barrier")]
+    with pytest.raises(ValueError, match="sass-b.csv: no instruction"):
+        ncu_source.folder_csv(tmp_path)
 
 
 def test_a_tune_log_parses_into_rows(tmp_path):
