@@ -97,6 +97,15 @@ def test_a_run_on_the_cpu_writes_a_row_per_entry_with_ratios_and_gradient_differ
     assert "wrote" in capsys.readouterr().out
 
 
+def test_low_memory_sends_every_own_entry_down_the_low_memory_path(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["kernel", "interleave", "--device", "cpu", "--dtype", "fp32",
+                     "--heads", "40x16x72", "--low-memory", "--reps", "1", "--warmup", "0",
+                     "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "interleave.csv")))
+    assert [(r["entry"], r["status"], r["path"]) for r in rows] == [("base", "ok", "low-memory")]
+
+
 def test_the_floor_is_timed_in_the_same_sweeps_as_the_entries(tmp_path, monkeypatch):
     # The floors column divides times taken side by side: the floor's median of those sweeps.
     seen = {}

@@ -41,7 +41,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
                        COL_ROUND: tl.constexpr,
                        DETERMINISTIC: tl.constexpr, TILES: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, IN_BOUNDS: tl.constexpr,
+                       EVEN_D: tl.constexpr):
     pid = tl.program_id(0)
     num_vb = tl.cdiv(width, BLOCK_V)
     num_groups = tl.cdiv(num_vb, TILES)
@@ -50,6 +51,10 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
     nb = pid // num_groups
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    # IN_BOUNDS (config.Config.dlogits_in_bounds_loads): the logits' loads read clamped rows and
+    # columns unmasked (tile.logit_tile); what lies past N or the chunk is masked below as before.
+    rows = tl.minimum(offs_n, N - 1) if IN_BOUNDS else offs_n
+    v_last = tl.minimum(v_start + width, V) - 1
     lse, lo2, w, wp, tgt, pt_m1 = row_terms(Lse, LseLo, Nll, RowWeight, RowWeightLse, Targets,
                                             offs_n, n_mask, HAS_GRAD_LSE)
     ent, pz_t, wh = entropy_terms(Ent, RowWeightEnt, Nll, offs_n, n_mask, HAS_ENTROPY)
@@ -62,9 +67,10 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
         offs_w = vb * BLOCK_V + tl.arange(0, BLOCK_V)  # column inside the chunk
         offs_v = v_start + offs_w
         v_mask = (offs_w < width) & (offs_v < V)
-        x = logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
+        cols = tl.minimum(offs_v, v_last) if IN_BOUNDS else offs_v
+        x = logit_tile(E, C, Bias, rows, cols, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
-                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION)
+                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D)
         d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V,
                                   smooth, tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
         d = tl.where(v_mask[None, :], d, 0.0)
@@ -119,6 +125,7 @@ def _launch(tiles, e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round
         HAS_GRAD_LSE=rows.weight_lse is not None, HAS_ENTROPY=rows.weight_ent is not None,
         COL_ROUND=col_round,
         DETERMINISTIC=deterministic, TILES=cfg.dlogits_tiles_per_program,
-        DOT_PRECISION=dot_precision(e.dtype), **tiles.launch())
+        DOT_PRECISION=dot_precision(e.dtype), IN_BOUNDS=cfg.dlogits_in_bounds_loads,
+        EVEN_D=e.shape[1] % tiles.block_d == 0, **tiles.launch())
     part.add_to(sums, v_start, {"row_round"} | ({"col_round"} if col_round else set())
                 | ({"col_sum"} if bias is not None else set()))

@@ -414,6 +414,9 @@ class Config:
     compaction: Compaction = field(default_factory=Compaction)
     low_memory: LowMemory = field(default_factory=LowMemory)
     fused: Fused = field(default_factory=Fused)
+    # The pointer W writer's logits read clamped rows and columns unmasked, as the pointer
+    # forward's do (Forward.in_bounds_loads): the same W and sums bit for bit. Off until timed.
+    dlogits_in_bounds_loads: bool = False
     rows_gemm: RowsGemm = field(
         default_factory=lambda: RowsGemm(Tiles(64, 128, 32, num_warps=4, num_stages=3)))
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)

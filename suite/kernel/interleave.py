@@ -1,6 +1,7 @@
 """Config variants of the own kernel timed in one process, their calls interleaved:
 `python -m suite kernel interleave --out DIR --heads 8192x4096x128256,8192x4608x256000x30
---variants 'flat={"forward": {"flatten": true}}' [--budgets default,4096] [--compile]`.
+--variants 'flat={"forward": {"flatten": true}}' [--budgets default,4096] [--compile]
+[--low-memory]`.
 
 Why not `suite bench --variant`: there each variant runs in a process of its own per round, so
 two configs are compared across processes (another clock state, another compile) and each
@@ -124,6 +125,8 @@ def add_arguments(ap) -> None:
                     help="NAME=JSON config overrides, each timed beside the base ({})")
     ap.add_argument("--budgets", default="default",
                     help="workspace_mib values: 'default' (the call's) or MiB, e.g. default,4096")
+    ap.add_argument("--low-memory", action="store_true",
+                    help="every own entry's call with low_memory=True (the low-memory path)")
     ap.add_argument("--compile", action="store_true",
                     help="also torch.compile of the naive loss, interleaved with the rest")
     ap.add_argument("--phase", choices=("loss+grad", "fwd"), default="loss+grad",
@@ -146,7 +149,7 @@ def add_arguments(ap) -> None:
                     help="cuda, or cpu (TRITON_INTERPRET=1, fp16 or fp32: tools' tests)")
 
 
-def _call(entry: Entry, inputs: dict, softcap, phase: str):
+def _call(entry: Entry, inputs: dict, softcap, phase: str, low_memory: bool = False):
     """A function of no arguments making entry's call once (backward included)."""
     from own_kernel import linear_cross_entropy
     from own_kernel.policy.config import overridden
@@ -157,7 +160,8 @@ def _call(entry: Entry, inputs: dict, softcap, phase: str):
     def loss():
         if entry.variant == COMPILE:
             return torch_compile(e, c, t, softcap=softcap)
-        return linear_cross_entropy(e, c, t, softcap=softcap, workspace_mib=entry.budget)
+        return linear_cross_entropy(e, c, t, softcap=softcap, workspace_mib=entry.budget,
+                                    low_memory=low_memory)
 
     def run():
         with overridden(entry.overrides):
@@ -169,7 +173,7 @@ def _call(entry: Entry, inputs: dict, softcap, phase: str):
     return run
 
 
-def _route_fields(entry: Entry, inputs: dict, softcap) -> dict:
+def _route_fields(entry: Entry, inputs: dict, softcap, low_memory: bool = False) -> dict:
     if entry.variant == COMPILE:
         return {}
     import own_kernel
@@ -177,7 +181,7 @@ def _route_fields(entry: Entry, inputs: dict, softcap) -> dict:
 
     with overridden(entry.overrides):
         p = own_kernel.plan(inputs["e"], inputs["c"], inputs["targets"], softcap=softcap,
-                            workspace_mib=entry.budget)
+                            workspace_mib=entry.budget, low_memory=low_memory)
     return {"path": p.path, "chunks": p.chunks}
 
 
@@ -252,9 +256,9 @@ def _prepare(entry: Entry, inputs, softcap, args, device, base_grads) -> tuple[d
 
     row = {"entry": entry.name, "budget": "" if entry.budget is None else entry.budget,
            "overrides": json.dumps(entry.overrides, sort_keys=True), "status": "ok"}
-    run = _call(entry, inputs, softcap, args.phase)
+    run = _call(entry, inputs, softcap, args.phase, args.low_memory)
     try:
-        row.update(_route_fields(entry, inputs, softcap))
+        row.update(_route_fields(entry, inputs, softcap, args.low_memory))
         for _ in range(args.warmup):
             run()
             inputs["e"].grad = inputs["c"].grad = None

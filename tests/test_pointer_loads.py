@@ -1,8 +1,9 @@
-"""The pointer forward's in-bounds loads (config.Forward.in_bounds_loads, kernels/forward.py):
-clamped rows and columns read without masks give the masked loads' results bit for bit, and
-never read past E or C. Under the interpreter (fp32, tiny shapes) a read past either raises; with
-CCE_TEST_DEVICE=cuda the same calls run compiled (bf16, ragged shapes the GPU's tiles leave
-partial) against the masked loads and fp64."""
+"""The pointer kernels' in-bounds loads (kernels/tile.logit_tile's IN_BOUNDS): clamped rows and
+columns read without masks give the masked loads' results bit for bit, and never read past E or
+C. The forward (config.Forward.in_bounds_loads, kernels/forward.py) and the W writer
+(config.Config.dlogits_in_bounds_loads, kernels/dlogits.py). Under the interpreter (fp32, tiny
+shapes) a read past either raises; with CCE_TEST_DEVICE=cuda the same calls run compiled (bf16,
+ragged shapes the GPU's tiles leave partial) against the masked loads and fp64."""
 import os
 import warnings
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from own_kernel import linear_cross_entropy, token_logprobs
-from own_kernel.kernels import forward as pointer
-from own_kernel.policy.config import overridden
+from own_kernel.kernels import dlogits, forward as pointer
+from own_kernel.policy.config import INTERPRETER, PORTABLE, overridden, with_overrides
+from tests.test_backward_portable import chunk_case
 from tests.test_own_kernel import reference, spy_kernel_args
 
 DEV = torch.device(os.environ.get("CCE_TEST_DEVICE", "cpu"))
@@ -60,3 +62,33 @@ def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, 
     loss = reference(e, c, t, bias=b, softcap=5.0, reduction="none", ls=0.1)[0]
     tol = 8 * torch.finfo(torch.float32).eps * (d + v) * 5.0
     assert torch.allclose(in_bounds[0].double(), loss, atol=tol)
+
+
+@pytest.mark.parametrize("d", [24, 32] if CPU else [2048, 2056])
+def test_the_w_writers_in_bounds_loads_give_the_masked_loads_w_and_sums(monkeypatch, d):
+    # One chunk of 40 columns from column 8 of 53: its last tile runs past the chunk and past V,
+    # and 19 rows leave the last row block partial (the GPU's: 1000 rows, 4099 columns from 8).
+    launches = spy_kernel_args(monkeypatch, dlogits, "cce_dlogits_kernel", "IN_BOUNDS", "EVEN_D")
+    shape = dict(n=19, v=53, width=40) if CPU else dict(n=1000, v=4107, width=4099)
+    dtype = torch.float32 if CPU else torch.bfloat16
+    base = with_overrides(INTERPRETER if CPU else PORTABLE, {"autotune": False})
+    cases = {}
+    for in_bounds in (False, True):
+        case = cases[in_bounds] = chunk_case(dtype, d=d, v_start=8, device=DEV, **shape)
+        for name in ("e", "c"):  # past their last row: values no product can hold
+            t = getattr(case, name)
+            view = _views_with_overflowing_rows_after(t.shape[0], d, dtype)
+            setattr(case, name, view.copy_(t))
+        cfg = with_overrides(base, {"dlogits_in_bounds_loads": in_bounds})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            dlogits.write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums,
+                                    case.v_start, case.softcap, case.ls, cfg)
+    even = d % base.dlogits.block_d == 0
+    assert launches == [(False, even), (True, even)]
+    masked, in_bounds = cases[False], cases[True]
+    assert torch.equal(masked.w, in_bounds.w)
+    for name in ("row_round", "col_round", "col_sum"):
+        a, b = getattr(masked.sums, name), getattr(in_bounds.sums, name)
+        # the interpreter adds tiles in one order; a GPU's atomics in the order they finish
+        assert torch.equal(a, b) if CPU else torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
