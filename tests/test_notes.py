@@ -265,11 +265,14 @@ def test_an_ncu_source_export_parses_into_rows_by_opcode(tmp_path):
         '"Kernel Name","cce_fwd_kernel",\n' + cols
         + '"0x1","      LDGSTS.E.BYPASS.128 desc[UR18][R198.64], P6, [R243]","6","10","5","1","9"\n'
         + '"0x2","  @!PT  LDS RZ, [RZ]","3","10","0","3","0"\n'
-        + '"0x3","      LDGSTS.E.BYPASS.128 desc[UR18][R244.64], P6, [R243]","1","10","1","0","0"\n')
+        + '"0x3","      LDGSTS.E.BYPASS.128 desc[UR18][R244.64], P6, [R243]","1","10","1","0","0"\n'
+        + "".join(f'"0x{i}","      NOP","0","1","0","0","0"\n' for i in range(4, 6))
+        + '"0x6","      EXIT","0","2","0","0","0"\n')
     (tmp_path / "sass-b.csv").write_text('"Kernel Name","x",\n' + cols)
     assert ncu_source.parse_export(tmp_path / "sass-a.csv") == [
         dict(export="sass-a", opcode="LDGSTS", stall_share=0.7, executed=20, top_reason="wait"),
-        dict(export="sass-a", opcode="LDS", stall_share=0.3, executed=10, top_reason="barrier")]
+        dict(export="sass-a", opcode="LDS", stall_share=0.3, executed=10, top_reason="barrier"),
+        dict(export="sass-a", opcode="other", stall_share=0.0, executed=4, top_reason="")]
     with pytest.raises(ValueError, match="sass-b.csv: no instruction"):
         ncu_source.folder_csv(tmp_path)
 

@@ -415,7 +415,9 @@ class Config:
     low_memory: LowMemory = field(default_factory=LowMemory)
     fused: Fused = field(default_factory=Fused)
     # The pointer W writer's logits read clamped rows and columns unmasked, as the pointer
-    # forward's do (Forward.in_bounds_loads): the same W and sums bit for bit. Off until timed.
+    # forward's do (Forward.in_bounds_loads): the same W and sums bit for bit. Off: on an H200
+    # forced portable it was faster interleaved but level blocked at two heads with low_memory,
+    # and a default changes where both agree (results/notes/portable-forward-loads.md).
     dlogits_in_bounds_loads: bool = False
     rows_gemm: RowsGemm = field(
         default_factory=lambda: RowsGemm(Tiles(64, 128, 32, num_warps=4, num_stages=3)))

@@ -9,7 +9,8 @@ Every ``sass-*.csv[.gz]`` in the folder becomes one row per opcode (the mnemonic
 first dot, predicates dropped): the export's name, the opcode, its share of the kernel's warp
 stall samples (``stall_share``), the instructions of it the launch executed, and the stall
 reason with the most of its samples (``top_reason``, ncu's ``stall_*`` column without the
-prefix). Rows go by share, largest first; an export with no instruction is an error naming it.
+prefix). Rows go by share, largest first; opcodes under MIN_SHARE of the samples are summed into
+one last row, ``other`` (no reason). An export with no instruction is an error naming it.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from suite.report.log_csv import folders_main
 
 CSV_NAME = "stalls.csv"
+MIN_SHARE = 0.01
 SAMPLES = "Warp Stall Sampling (All Samples)"
 OPCODE = re.compile(r"\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -50,10 +52,17 @@ def parse_export(path) -> list[dict]:
             counts[k] += int(row[k] or 0)
     total = sum(samples.values()) or 1
     name = path.name.split(".")[0]
-    return [dict(export=name, opcode=op, stall_share=round(n / total, 4),
+    main = [op for op, n in samples.most_common() if n / total >= MIN_SHARE]
+    rows = [dict(export=name, opcode=op, stall_share=round(samples[op] / total, 4),
                  executed=executed[op],
                  top_reason=by_reason[op].most_common(1)[0][0].removeprefix("stall_"))
-            for op, n in samples.most_common()]
+            for op in main]
+    rest = [op for op in samples if op not in main]
+    if rest:
+        rows.append(dict(export=name, opcode="other",
+                         stall_share=round(sum(samples[op] for op in rest) / total, 4),
+                         executed=sum(executed[op] for op in rest), top_reason=""))
+    return rows
 
 
 def folder_csv(folder) -> str:
