@@ -1,4 +1,8 @@
 """The frontier report's verdicts: memory bounds which own points count, noise decides level."""
+from pathlib import Path
+
+import pytest
+
 from suite.report.frontier_tables import Point, cell_table, own_front, verdict
 
 
@@ -159,3 +163,38 @@ def test_frontier_command_refuses_forward_runs_without_a_targets_csv(tmp_path):
     args = argparse.Namespace(results=[str(lg)], forward=[str(lg)], targets_csv=None)
     with pytest.raises(SystemExit, match="--forward: needs --targets-csv"):
         main(args)
+
+
+# ---- the autocast target (suite/report/autocast_targets.py) ----------------------------------
+
+def _autocast_row(provider, mib, ms, spread=0.5):
+    return dict(shape="s", n="8", d="4", v="16", provider=provider, status="ok",
+                peak_mib=str(mib), ms=str(ms), ms_p20=str(ms - spread), ms_p80=str(ms + spread))
+
+
+def test_autocast_target_takes_default_config_points_within_torch_compiles_memory():
+    from suite.report.autocast_targets import shape_targets
+
+    rows = [_autocast_row("torch_compile", 3000, 50), _autocast_row("own", 2000, 49),
+            _autocast_row("own_ws8192", 3500, 40),       # over torch.compile's memory
+            _autocast_row("own_logits16", 2000, 41),     # a logits-format variant, not a config
+            _autocast_row("own_ws3072", 3000.5, 47)]     # within the 1 MiB slack
+    out = shape_targets(rows)
+    assert (out["best_provider"], out["best_over_compile"], out["best_met"]) == (
+        "own_ws3072", 47 / 50, True)
+    assert (out["default_over_compile"], out["default_vs_compile"]) == (49 / 50, "level")
+    assert not shape_targets(rows[:2] + [_autocast_row("own_ws3072", 3000, 48)])["best_met"]
+    assert not shape_targets(rows[:2] + [_autocast_row("own_ws3072", 3000, 47, 3)])["best_met"]
+
+
+def test_the_committed_autocast_targets_are_their_runs_read_again(tmp_path):
+    from suite.report import autocast_targets
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [root / "results/autocast-h200/autocast.csv"] + sorted(
+        (root / "results/notes/autocast-heads-h200").glob("round-*/autocast.csv"))
+    out = tmp_path / "t.csv"
+    assert autocast_targets.main([str(out), *map(str, runs)]) == 0
+    assert out.read_text() == (root / "results/notes/autocast-targets-h200.csv").read_text()
+    with pytest.raises(SystemExit):
+        autocast_targets.main([str(out), str(tmp_path / "none.csv")])

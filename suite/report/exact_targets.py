@@ -163,12 +163,14 @@ def _cell_text(value) -> str:
     return str(value)
 
 
-def write_csv(rows: list[dict], path) -> Path:
+def write_csv(rows: list[dict], path, columns=COLUMNS) -> Path:
+    """rows as a CSV of these columns (yes / no for a met flag, floats to 4 digits, an empty
+    cell for a value a row lacks)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _cell_text(row.get(k)) for k in COLUMNS})
+            writer.writerow({k: _cell_text(row.get(k)) for k in columns})
     return path
