@@ -18,10 +18,9 @@ import re
 from pathlib import Path
 
 from suite.report.envs import read_envs
-from suite.report.exact_targets import write_csv
+from suite.report.exact_targets import best_within, write_csv
 from suite.report.formatting import num
-from suite.report.frontier_tables import MEM_SLACK_MIB
-from suite.report.verdict import FASTER, time_verdict
+from suite.report.verdict import time_verdict
 
 MAX_RATIO = 0.95
 DEFAULT_CONFIG = re.compile(r"own(_ws\d+)?$")
@@ -36,19 +35,12 @@ def shape_targets(rows: list[dict]) -> dict:
     compiled = next((r for r in rows if r["provider"] == "torch_compile"), None)
     if compiled is None:
         return out
-    ms, mib = num(compiled["ms"]), num(compiled["peak_mib"])
     own = next((r for r in rows if r["provider"] == "own"), None)
     if own is not None:
-        out.update(default_over_compile=num(own["ms"]) / ms,
+        out.update(default_over_compile=num(own["ms"]) / num(compiled["ms"]),
                    default_vs_compile=time_verdict(own, compiled))
-    fits = [r for r in rows if DEFAULT_CONFIG.match(r["provider"])
-            and num(r["peak_mib"]) <= mib + MEM_SLACK_MIB]
-    if fits:
-        best = min(fits, key=lambda r: num(r["ms"]))
-        ratio, word = num(best["ms"]) / ms, time_verdict(best, compiled)
-        out.update(best_provider=best["provider"], best_over_compile=ratio, best_vs_compile=word,
-                   best_mib_over_compile=num(best["peak_mib"]) / mib,
-                   best_met=ratio <= MAX_RATIO and word == FASTER)
+    out.update(best_within([r for r in rows if DEFAULT_CONFIG.match(r["provider"])], compiled,
+                           "peak_mib", MAX_RATIO))
     return out
 
 

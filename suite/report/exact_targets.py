@@ -64,17 +64,19 @@ def _own_exact(rows: list[dict]) -> list[dict]:
             and is_own(r["provider"]) and is_exact(r["provider"])]
 
 
-def _best_within(rows: list[dict], compile_row: dict) -> dict:
-    """The fastest own exact point within torch.compile's memory, against it."""
-    cap = num(compile_row["peak_extra_mib"]) + MEM_SLACK_MIB
-    fits = [r for r in _own_exact(rows) if num(r["peak_extra_mib"]) <= cap]
+def best_within(candidates: list[dict], compile_row: dict, mib_column: str,
+                max_ratio: float) -> dict:
+    """The fastest of candidates within torch.compile's memory (its mib_column, 1 MiB of
+    allocator slack), against it: met at <= max_ratio of its time and faster by the rule."""
+    cap = num(compile_row[mib_column]) + MEM_SLACK_MIB
+    fits = [r for r in candidates if num(r[mib_column]) <= cap]
     if not fits:
         return {}
     best = min(fits, key=lambda r: num(r["ms"]))
     ratio, word = _ratio(best, compile_row), time_verdict(best, compile_row)
     return dict(best_provider=best["provider"], best_over_compile=ratio, best_vs_compile=word,
-                best_mib_over_compile=_ratio(best, compile_row, "peak_extra_mib"),
-                best_met=ratio is not None and ratio <= BEST_MAX_RATIO and word == FASTER)
+                best_mib_over_compile=_ratio(best, compile_row, mib_column),
+                best_met=ratio is not None and ratio <= max_ratio and word == FASTER)
 
 
 def _worst_error(rows: list[dict], compile_row: dict) -> dict:
@@ -119,7 +121,7 @@ def cell_targets(rows: list[dict], fwd_rows: list[dict]) -> dict:
     out.update(default_over_compile=_ratio(own, compile_row),
                default_vs_compile=time_verdict(own, compile_row),
                default_met=at_most(own, compile_row))
-    out.update(_best_within(rows, compile_row))
+    out.update(best_within(_own_exact(rows), compile_row, "peak_extra_mib", BEST_MAX_RATIO))
     out.update(_worst_error(rows, compile_row))
     return out
 
