@@ -3,8 +3,19 @@ become one CSV beside them, so a note's table is generated from the logs, not ty
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 from pathlib import Path
 from typing import Callable
+
+
+def csv_text(rows: list[dict], columns) -> str:
+    """rows as CSV text with this header, lines ending in a bare newline (the committed CSVs')."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
 
 
 def folders_main(argv, prog: str, description: str, pattern: str, csv_name: str,

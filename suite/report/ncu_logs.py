@@ -16,12 +16,10 @@ short.
 """
 from __future__ import annotations
 
-import csv
-import io
 import re
 from pathlib import Path
 
-from suite.report.log_csv import folders_main
+from suite.report.log_csv import csv_text, folders_main
 
 CSV_NAME = "ncu.csv"
 LAUNCH = re.compile(r"^\s+(?P<kernel>\w+) \((?P<grid>\d+, \d+, \d+)\)x\(\d+, \d+, \d+\)")
@@ -62,11 +60,7 @@ def folder_csv(folder) -> str:
     columns: dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))
-    out = io.StringIO()
-    writer = csv.DictWriter(out, list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return csv_text(rows, columns)
 
 
 def main(argv=None) -> int:

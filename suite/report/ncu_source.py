@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import re
 from collections import Counter
 from pathlib import Path
 
-from suite.report.log_csv import folders_main
+from suite.report.log_csv import csv_text, folders_main
 
 CSV_NAME = "stalls.csv"
 MIN_SHARE = 0.01
@@ -69,12 +68,7 @@ def folder_csv(folder) -> str:
     """The CSV text of every ``sass-*.csv[.gz]`` export in ``folder``, by file name."""
     rows = [row for path in sorted(Path(folder).glob("sass-*.csv*"))
             for row in parse_export(path)]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, ["export", "opcode", "stall_share", "executed", "top_reason"],
-                            lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return csv_text(rows, ("export", "opcode", "stall_share", "executed", "top_reason"))
 
 
 def main(argv=None) -> int:

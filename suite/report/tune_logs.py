@@ -14,12 +14,10 @@ and the notes say so.
 """
 from __future__ import annotations
 
-import csv
-import io
 import re
 from pathlib import Path
 
-from suite.report.log_csv import folders_main
+from suite.report.log_csv import csv_text, folders_main
 
 CSV_NAME = "tune.csv"
 COLUMNS = ("log", "gpu", "n", "d", "v", "softcap", "measured", "config", "ms", "floors")
@@ -51,15 +49,13 @@ def parse_log(path) -> list[dict]:
 def folder_csv(folder) -> str:
     """The CSV text of every tune log (``*.txt`` whose first line names a shape) in ``folder``,
     by file name."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
-    writer.writeheader()
+    rows = []
     for log in sorted(Path(folder).glob("*.txt")):
         try:
-            writer.writerows(parse_log(log))
+            rows += parse_log(log)
         except ValueError:
             continue  # another kind of log (ncu, a profile): not a tune log
-    return out.getvalue()
+    return csv_text(rows, COLUMNS)
 
 
 def main(argv=None) -> int:
