@@ -24,7 +24,7 @@ SHAPES = ([(50, 24, 300), (50, 32, 37)] if CPU else
           [(1000, 2048, 49157), (1000, 2056, 4099), (129, 1152, 262144)])
 
 
-def _views_with_overflowing_rows_after(rows: int, d: int, dtype) -> torch.Tensor:
+def _view_with_overflowing_rows_after(rows: int, d: int, dtype) -> torch.Tensor:
     """A rows x d view of a buffer whose next 16 rows overflow any product: under the
     interpreter a load past the view turns into numpy's overflow warning."""
     return torch.full((rows + 16, d), 3e38 if dtype == torch.float32 else 6e4,
@@ -36,7 +36,7 @@ def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, 
     launches = spy_kernel_args(monkeypatch, pointer, "cce_fwd_kernel", "IN_BOUNDS", "EVEN_D")
     dtype = torch.float32 if CPU else torch.bfloat16
     g = torch.Generator().manual_seed(3)
-    e, c = (_views_with_overflowing_rows_after(r, d, dtype) for r in (n, v))
+    e, c = (_view_with_overflowing_rows_after(r, d, dtype) for r in (n, v))
     e.copy_(torch.randn(n, d, generator=g))
     c.copy_(torch.randn(v, d, generator=g) / d ** 0.5)
     b = torch.randn(v, generator=g).to(DEV, dtype)
@@ -77,7 +77,7 @@ def test_the_w_writers_in_bounds_loads_give_the_masked_loads_w_and_sums(monkeypa
         case = cases[in_bounds] = chunk_case(dtype, d=d, v_start=8, device=DEV, **shape)
         for name in ("e", "c"):  # past their last row: values no product can hold
             t = getattr(case, name)
-            view = _views_with_overflowing_rows_after(t.shape[0], d, dtype)
+            view = _view_with_overflowing_rows_after(t.shape[0], d, dtype)
             setattr(case, name, view.copy_(t))
         cfg = with_overrides(base, {"dlogits_in_bounds_loads": in_bounds})
         with warnings.catch_warnings():
