@@ -1,6 +1,7 @@
 """The pointer kernels' in-bounds loads (kernels/tile.logit_tile's IN_BOUNDS): clamped rows and
 columns read without masks give the masked loads' results bit for bit, and never read past E or
-C. The forward (config.Forward.in_bounds_loads, kernels/forward.py) and the W writer
+C; loads from pointers fixed before the k-loop (FIXED_BASE, config.Forward.fixed_base_loads)
+give the same. The forward (config.Forward.in_bounds_loads, kernels/forward.py) and the W writer
 (config.Config.dlogits_in_bounds_loads, kernels/dlogits.py). Under the interpreter (fp32, tiny
 shapes) a read past either raises; with CCE_TEST_DEVICE=cuda the same calls run compiled (bf16,
 ragged shapes the GPU's tiles leave partial) against the masked loads and fp64."""
@@ -33,7 +34,8 @@ def _view_with_overflowing_rows_after(rows: int, d: int, dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("n, d, v", SHAPES)
 def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, n, d, v):
-    launches = spy_kernel_args(monkeypatch, pointer, "cce_fwd_kernel", "IN_BOUNDS", "EVEN_D")
+    launches = spy_kernel_args(monkeypatch, pointer, "cce_fwd_kernel", "IN_BOUNDS", "EVEN_D",
+                               "FIXED_BASE")
     dtype = torch.float32 if CPU else torch.bfloat16
     g = torch.Generator().manual_seed(3)
     e, c = (_view_with_overflowing_rows_after(r, d, dtype) for r in (n, v))
@@ -44,19 +46,23 @@ def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, 
     t[::7] = -100
     t = t.to(DEV)
 
-    def run(in_bounds: bool):
+    def run(in_bounds: bool, fixed_base: bool = False):
         with overridden({"forward": {"tma": False, "ws": False, "cublas_min_d": 0,
-                                     "in_bounds_loads": in_bounds}}), \
+                                     "in_bounds_loads": in_bounds,
+                                     "fixed_base_loads": fixed_base}}), \
                 torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             return (*linear_cross_entropy(e, c, t, bias=b, softcap=5.0, label_smoothing=0.1,
                                           reduction="none", return_lse=True),
                     token_logprobs(e, c, t))
     masked, in_bounds = run(False), run(True)
+    variants = [run(False, True), run(True, True)]  # fixed base pointers, masked and in bounds
     even = d % (16 if CPU else 64) == 0
-    assert launches == [(False, even)] * 2 + [(True, even)] * 2
-    for a, b_ in zip(masked, in_bounds):
-        assert torch.equal(a, b_)
+    assert launches == [(False, even, False)] * 2 + [(True, even, False)] * 2 + \
+        [(False, even, True)] * 2 + [(True, even, True)] * 2
+    for other in [in_bounds] + variants:
+        for a, b_ in zip(masked, other):
+            assert torch.equal(a, b_)
     # and right: the losses against fp64, to the fp32 sums over D and V (and bf16's rounding
     # of each logit on the GPU, whose inputs are exact in both)
     loss = reference(e, c, t, bias=b, softcap=5.0, reduction="none", ls=0.1)[0]
@@ -68,27 +74,33 @@ def test_in_bounds_loads_give_the_masked_loads_results_bit_for_bit(monkeypatch, 
 def test_the_w_writers_in_bounds_loads_give_the_masked_loads_w_and_sums(monkeypatch, d):
     # One chunk of 40 columns from column 8 of 53: its last tile runs past the chunk and past V,
     # and 19 rows leave the last row block partial (the GPU's: 1000 rows, 4099 columns from 8).
-    launches = spy_kernel_args(monkeypatch, dlogits, "cce_dlogits_kernel", "IN_BOUNDS", "EVEN_D")
+    launches = spy_kernel_args(monkeypatch, dlogits, "cce_dlogits_kernel", "IN_BOUNDS", "EVEN_D",
+                               "FIXED_BASE")
     shape = dict(n=19, v=53, width=40) if CPU else dict(n=1000, v=4107, width=4099)
     dtype = torch.float32 if CPU else torch.bfloat16
     base = with_overrides(INTERPRETER if CPU else PORTABLE, {"autotune": False})
     cases = {}
-    for in_bounds in (False, True):
-        case = cases[in_bounds] = chunk_case(dtype, d=d, v_start=8, device=DEV, **shape)
+    loads = [(False, False), (True, False), (False, True), (True, True)]  # in bounds, fixed base
+    for in_bounds, fixed_base in loads:
+        case = cases[in_bounds, fixed_base] = chunk_case(dtype, d=d, v_start=8, device=DEV,
+                                                         **shape)
         for name in ("e", "c"):  # past their last row: values no product can hold
             t = getattr(case, name)
             view = _view_with_overflowing_rows_after(t.shape[0], d, dtype)
             setattr(case, name, view.copy_(t))
-        cfg = with_overrides(base, {"dlogits_in_bounds_loads": in_bounds})
+        cfg = with_overrides(base, {"dlogits_in_bounds_loads": in_bounds,
+                                    "dlogits_fixed_base_loads": fixed_base})
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             dlogits.write_w_pointer(case.e, case.c, case.w, case.bias, case.rows, case.sums,
                                     case.v_start, case.softcap, case.ls, cfg)
     even = d % base.dlogits.block_d == 0
-    assert launches == [(False, even), (True, even)]
-    masked, in_bounds = cases[False], cases[True]
-    assert torch.equal(masked.w, in_bounds.w)
-    for name in ("row_round", "col_round", "col_sum"):
-        a, b = getattr(masked.sums, name), getattr(in_bounds.sums, name)
-        # the interpreter adds tiles in one order; a GPU's atomics in the order they finish
-        assert torch.equal(a, b) if CPU else torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+    assert launches == [(i, even, f) for i, f in loads]
+    masked = cases[False, False]
+    for key in loads[1:]:
+        assert torch.equal(masked.w, cases[key].w), key
+        for name in ("row_round", "col_round", "col_sum"):
+            a, b = getattr(masked.sums, name), getattr(cases[key].sums, name)
+            # the interpreter adds tiles in one order; a GPU's atomics in the order they finish
+            assert torch.equal(a, b) if CPU else torch.allclose(a, b, rtol=1e-5, atol=1e-6), \
+                (key, name)

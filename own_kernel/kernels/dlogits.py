@@ -42,7 +42,7 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
                        DETERMINISTIC: tl.constexpr, TILES: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, IN_BOUNDS: tl.constexpr,
-                       EVEN_D: tl.constexpr):
+                       EVEN_D: tl.constexpr, FIXED_BASE: tl.constexpr):
     pid = tl.program_id(0)
     num_vb = tl.cdiv(width, BLOCK_V)
     num_groups = tl.cdiv(num_vb, TILES)
@@ -70,7 +70,8 @@ def cce_dlogits_kernel(E, C, Bias, Targets, Lse, LseLo, Nll, RowWeight, RowWeigh
         cols = tl.minimum(offs_v, v_last) if IN_BOUNDS else offs_v
         x = logit_tile(E, C, Bias, rows, cols, n_mask, v_mask, D,
                        stride_en, stride_ed, stride_cv, stride_cd,
-                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D)
+                       HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D,
+                       FIXED_BASE)
         d = softmax_ent_grad_tile(x, lse, lo2, w, wp, tgt, pt_m1, ent, pz_t, wh, offs_v, V,
                                   smooth, tanh_scale, cap, HAS_SOFTCAP, HAS_ENTROPY)
         d = tl.where(v_mask[None, :], d, 0.0)
@@ -126,6 +127,7 @@ def _launch(tiles, e, c, w, bias, rows, v_start, softcap, smooth, cfg, col_round
         COL_ROUND=col_round,
         DETERMINISTIC=deterministic, TILES=cfg.dlogits_tiles_per_program,
         DOT_PRECISION=dot_precision(e.dtype), IN_BOUNDS=cfg.dlogits_in_bounds_loads,
-        EVEN_D=e.shape[1] % tiles.block_d == 0, **tiles.launch())
+        EVEN_D=e.shape[1] % tiles.block_d == 0, FIXED_BASE=cfg.dlogits_fixed_base_loads,
+        **tiles.launch())
     part.add_to(sums, v_start, {"row_round"} | ({"col_round"} if col_round else set())
                 | ({"col_sum"} if bias is not None else set()))

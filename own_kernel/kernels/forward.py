@@ -33,7 +33,8 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
                    NEED_ENT: tl.constexpr, SKIP_IGNORED: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    FLATTEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTS: tl.constexpr,
-                   HALVES: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr):
+                   HALVES: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr,
+                   FIXED_BASE: tl.constexpr):
     pid = tl.program_id(0)
     num_nb = tl.cdiv(N, BLOCK_N)
     nb, split = row_block_and_split(pid, num_nb, splits, group_rows, grouped_splits)
@@ -65,7 +66,8 @@ def cce_fwd_kernel(E, C, Bias, Targets, Part,
             cols = tl.minimum(offs_v, v_end - 1) if IN_BOUNDS else offs_v
             x = logit_tile(E, C, Bias, rows, cols, n_mask, v_mask, D,
                            stride_en, stride_ed, stride_cv, stride_cd,
-                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D)
+                           HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, IN_BOUNDS, EVEN_D,
+                           FIXED_BASE)
             if HALVES:
                 m, s, z_sum, t = lse_halves_update(x, v0, v_end, m, s, z_sum, t, tanh_scale,
                                                    cap, HAS_SOFTCAP, NEED_ZSUM, NEED_ENT,
@@ -92,4 +94,5 @@ def forward_partials(e, c, bias, targets, part, grid, softcap, ignore_index, cfg
         SKIP_IGNORED=skip_ignored, FLATTEN=cfg.forward.flatten,
         DOT_PRECISION=dot_precision(e.dtype), PARTS=grid.parts_per_split,
         HALVES=cfg.forward.softcap_halves and softcap is not None,
-        IN_BOUNDS=cfg.forward.in_bounds_loads, EVEN_D=d % k.block_d == 0, **k.launch())
+        IN_BOUNDS=cfg.forward.in_bounds_loads, EVEN_D=d % k.block_d == 0,
+        FIXED_BASE=cfg.forward.fixed_base_loads, **k.launch())

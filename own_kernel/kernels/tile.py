@@ -20,18 +20,26 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
                stride_en, stride_ed, stride_cv, stride_cd,
                HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
                BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               IN_BOUNDS: tl.constexpr = False, EVEN_D: tl.constexpr = False):
+               IN_BOUNDS: tl.constexpr = False, EVEN_D: tl.constexpr = False,
+               FIXED_BASE: tl.constexpr = False):
     # x[n, v] = sum_d E[n, d] C[v, d] + bias[v], accumulated in fp32 over D.
     # IN_BOUNDS: every offs_n and offs_v is a valid row (the caller clamped them), so the loads
     # need no row or column mask; EVEN_D (D a multiple of BLOCK_D) drops the depth mask too.
     # A masked pointer load costs a compare and a select per 16 bytes each k-step, which issued
     # more than the loads and products themselves (ncu: portable-forward-loads.md).
+    # FIXED_BASE: each k-step loads base + d0 from pointers fixed before the loop, instead of
+    # stepping every pointer by BLOCK_D: the step cost a 64-bit add per 16-byte load (SASS).
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     # 64-bit row offsets: N*D and V*D can pass 2^31 elements.
-    e_ptrs = E + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed
-    c_ptrs = C + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
+    e_base = E + offs_n[:, None].to(tl.int64) * stride_en + offs_d[None, :] * stride_ed
+    c_base = C + offs_v[:, None].to(tl.int64) * stride_cv + offs_d[None, :] * stride_cd
+    e_ptrs = e_base
+    c_ptrs = c_base
     for d0 in range(0, D, BLOCK_D):
+        if FIXED_BASE:
+            e_ptrs = e_base + d0 * stride_ed
+            c_ptrs = c_base + d0 * stride_cd
         if IN_BOUNDS and EVEN_D:
             e = tl.load(e_ptrs)
             c = tl.load(c_ptrs)
@@ -44,8 +52,9 @@ def logit_tile(E, C, Bias, offs_n, offs_v, n_mask, v_mask, D,
             e = tl.load(e_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
             c = tl.load(c_ptrs, mask=v_mask[:, None] & d_mask[None, :], other=0.0)
         acc = tl.dot(e, tl.trans(c), acc, input_precision=DOT_PRECISION)
-        e_ptrs += BLOCK_D * stride_ed
-        c_ptrs += BLOCK_D * stride_cd
+        if not FIXED_BASE:
+            e_ptrs += BLOCK_D * stride_ed
+            c_ptrs += BLOCK_D * stride_cd
     if HAS_BIAS:
         acc += tl.load(Bias + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
     return acc
