@@ -109,9 +109,12 @@ class Forward:
     # (results/notes/portable-forward-loads.md).
     in_bounds_loads: bool = True
     # The pointer forward's k-loop loads base + d0 from pointers fixed before the loop, where it
-    # stepped every pointer by the tile's depth each k-step: in Triton 3.6's sm90 SASS the step
-    # was a 64-bit add per 16-byte load. The same loads, so the same logits bit for bit.
-    fixed_base_loads: bool = False
+    # stepped every pointer by the tile's depth each k-step: in Triton 3.6's SASS the step was a
+    # 64-bit add per 16-byte load (sm90: 125 instructions a k-step, 76 without). The same loads,
+    # so the same logits bit for bit. On an H200 forced portable, at four heads in two rounds:
+    # slower nowhere, faster both interleaved and blocked at Gemma 2 (2B)'s head, faster blocked
+    # at two more (results/notes/fixed-base-loads.md).
+    fixed_base_loads: bool = True
     # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
     # the tensor cores. On an H200, faster than forward_tma.py interleaved in one process at
@@ -423,7 +426,8 @@ class Config:
     # forced portable it was faster interleaved but level blocked at two heads with low_memory,
     # and a default changes where both agree (results/notes/portable-forward-loads.md).
     dlogits_in_bounds_loads: bool = False
-    # Its k-loop's loads from pointers fixed before the loop (Forward.fixed_base_loads).
+    # Its k-loop's loads from pointers fixed before the loop (Forward.fixed_base_loads). Off: level
+    # interleaved and blocked at two heads with low_memory (results/notes/fixed-base-loads.md).
     dlogits_fixed_base_loads: bool = False
     rows_gemm: RowsGemm = field(
         default_factory=lambda: RowsGemm(Tiles(64, 128, 32, num_warps=4, num_stages=3)))
