@@ -235,6 +235,12 @@ def _device_arg(argv) -> str | None:
     return None
 
 
+def _compiles_only(argv) -> bool:
+    """`kernel sass` compiles kernels for a GPU without one: the interpreter would replace them."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[:2] == ["kernel", "sass"]
+
+
 def _prepare_triton(argv) -> bool:
     """Set TRITON_INTERPRET=1 when measuring on the CPU, before anything imports triton.
     Returns whether CUDA is usable for this command."""
@@ -453,7 +459,7 @@ def _bench_vocab_parallel(args, parser, cells, providers, preset, device) -> int
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = _chosen_command(argv)
-    if chosen in ("bench", "list", *EXTERNAL):
+    if chosen in ("bench", "list", *EXTERNAL) and not _compiles_only(argv):
         _prepare_triton(argv)
     parser = build_parser(chosen)
     args = parser.parse_args(argv)

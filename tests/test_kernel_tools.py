@@ -553,3 +553,66 @@ def test_grid_tool_writes_the_plans_grid_and_its_simulated_span(tmp_path, capsys
         cli.main(["kernel", "grid", "--heads", head, "--sms", "0"])
     with pytest.raises(SystemExit, match="--heads"):
         cli.main(["kernel", "grid", "--heads", "4096x3584"])
+
+
+# nvdisasm's layout: a label line, then `/*addr*/ instruction ;` lines, addresses past 0xffff
+# with five hex digits. The inner label .L_x_9 is a branch target inside the loop, not its head.
+_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_2:
+        /*fff0*/                   IMAD.WIDE R4, R2, 0x2, R6 ;
+.L_x_9:
+        /*10000*/              @P0 LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64] ;
+        /*10010*/                  HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*10020*/              @!P1 BRA `(.L_x_9) ;
+        /*10030*/                  IADD3 R2, R2, 0x40, RZ ;
+        /*10040*/              @!P5 BRA `(.L_x_2) ;
+        /*10050*/                  EXIT ;
+"""
+
+
+def test_sass_loop_is_the_innermost_loop_around_the_first_tensor_core_instruction():
+    from suite.kernel.sass import mma_loop, opcode
+
+    # .L_x_9's branch back comes first, but the loop around the MMA is the label a branch after
+    # it returns to nearest before it: .L_x_9 here (the inner one), and its body is 3 lines
+    assert mma_loop(_SASS) == {"LDGSTS": 1, "HGMMA": 1, "BRA": 1}
+    # without the inner branch the loop is .L_x_2's, five-digit addresses included
+    outer = _SASS.replace("@!P1 BRA `(.L_x_9)", "NOP")
+    assert mma_loop(outer) == {"IMAD": 1, "LDGSTS": 1, "HGMMA": 1, "NOP": 1, "IADD3": 1,
+                               "BRA": 1}
+    assert opcode("@!P5 BRA `(.L_x_2)") == "BRA" and opcode("HGMMA.64x256x16.F32") == "HGMMA"
+    with pytest.raises(ValueError, match="tensor-core"):
+        mma_loop(_SASS.replace("HGMMA", "FFMA"))
+    with pytest.raises(ValueError, match="no loop"):
+        mma_loop(outer.replace("@!P5 BRA `(.L_x_2)", "NOP"))
+
+
+def test_sass_tool_refuses_the_interpreter_naming_it(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit, match="TRITON_INTERPRET"):
+        cli.main(["kernel", "sass", "--arch", "90"])
+
+
+def test_sass_tool_counts_the_forwards_k_loop_compiled_for_sm90(tmp_path):
+    # Compiled in a process without the interpreter (tests.gluon_sm90's way). At 128 x 256 x 64
+    # and 8 warps a k-step is 4 HGMMAs per warp (two warpgroups of 64 rows, 64 = 4 x 16 deep)
+    # and (128 + 256) rows x 128 bytes in 16-byte copies over 256 threads: 12 LDGSTS each. The
+    # fixed base pointers take the stepping adds out (config.Forward.fixed_base_loads).
+    import csv
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    out = tmp_path / "sass.csv"
+    stepped = {"forward": {"fixed_base_loads": False}}
+    done = subprocess.run(
+        [sys.executable, "-m", "suite", "kernel", "sass", "--arch", "90", "--tiles",
+         "128x256x64x8x3", "--variants", "stepped=" + json.dumps(stepped), "--out", str(out)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["entry"]: r for r in csv.DictReader(out.open())}
+    assert set(rows) == {"base", "stepped"}
+    for row in rows.values():
+        ops = dict(item.split(":") for item in row["loop_top_ops"].split())
+        assert (ops["HGMMA"], ops["LDGSTS"]) == ("4", "12"), row
+        assert row["arch"] == "sm90" and row["tiles"] == "128x256x64 w8 s3"
+    assert int(rows["base"]["loop_instructions"]) < int(rows["stepped"]["loop_instructions"])

@@ -110,7 +110,7 @@ class Forward:
     in_bounds_loads: bool = True
     # The pointer forward's k-loop loads base + d0 from pointers fixed before the loop, where it
     # stepped every pointer by the tile's depth each k-step: in Triton 3.6's SASS the step was a
-    # 64-bit add per 16-byte load (sm90: 125 instructions a k-step, 76 without). The same loads,
+    # 64-bit add per 16-byte load (python -m suite kernel sass counts the k-loop). The same loads,
     # so the same logits bit for bit. On an H200 forced portable, at four heads in two rounds:
     # slower nowhere, faster both interleaved and blocked at Gemma 2 (2B)'s head, faster blocked
     # at two more (results/notes/fixed-base-loads.md).

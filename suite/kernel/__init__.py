@@ -11,6 +11,7 @@ autocast loss+grad under bf16 autocast with an fp32 weight: own against torch.co
 rl       per-token log-probability + entropy + backward against loss+grad, naive, Liger, verl (CSV)
 invariance  batch_invariant's bitwise checks: rows alone vs inside other batches (JSON, markdown)
 rows-gemm   batch_invariant's dE GEMM: candidate configs timed against cuBLAS, bits checked (CSV)
+sass     the pointer kernels' k-loop in SASS, compiled for an architecture (no GPU; CSV)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ TOOLS = {
     "rl": ("suite.kernel.rl", "per-token logprob + entropy + backward vs loss+grad and peers"),
     "invariance": ("suite.kernel.invariance", "batch_invariant: rows' bits alone vs in batches"),
     "rows-gemm": ("suite.kernel.rows_gemm", "batch_invariant's dE GEMM candidates vs cuBLAS"),
+    "sass": ("suite.kernel.sass", "the pointer kernels' k-loop in SASS per architecture (no GPU)"),
 }
 
 
