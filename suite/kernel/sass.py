@@ -14,13 +14,13 @@ profile (ncu's source counters) then weighs. Prints the rows; --out also writes 
 from __future__ import annotations
 
 import collections
-import csv
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
+
+from suite.report.log_csv import csv_text
 
 COLUMNS = ("kernel", "arch", "entry", "tiles", "loop_instructions", "loop_top_ops",
            "kernel_instructions", "shared_bytes", "triton")
@@ -229,12 +229,9 @@ def main(args) -> int:
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"--variants: {exc}") from None
     rows = [sass_row(args.kernel, arch, name, cfg) for arch in arches for name, cfg in configs]
-    writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
+    text = csv_text(rows, COLUMNS)
+    print(text, end="")
     if args.out:
         with open(args.out, "w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-            out.writeheader()
-            out.writerows(rows)
+            f.write(text)
     return 0
