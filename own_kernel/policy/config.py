@@ -112,8 +112,8 @@ class Forward:
     # stepped every pointer by the tile's depth each k-step: in Triton 3.6's SASS the step was a
     # 64-bit add per 16-byte load (python -m suite kernel sass counts the k-loop). The same loads,
     # so the same logits bit for bit. On an H200 forced portable, at four heads in two rounds:
-    # slower nowhere, faster both interleaved and blocked at Gemma 2 (2B)'s head, faster blocked
-    # at two more (results/notes/fixed-base-loads.md).
+    # slower nowhere; faster interleaved and blocked at one head in one round, near the runs'
+    # noise (results/notes/fixed-base-loads.md).
     fixed_base_loads: bool = True
     # Plain logits (no bias, softcap, temperature or entropy's sum) through the warp-specialised
     # Gluon kernel (forward_ws.py), where Triton has Gluon's Hopper API: its epilogue runs under
