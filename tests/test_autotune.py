@@ -23,8 +23,9 @@ def test_shape_bucket_groups_shapes_that_share_tiles():
     assert autotune.shape_bucket(8192, 256000, 2304) == "n8192-v262144-d2304"
     assert autotune.shape_bucket(8000, 200000, 2300) == autotune.shape_bucket(8192, 256000, 2304)
     assert autotune.shape_bucket(16384, 256000, 2304) != autotune.shape_bucket(8192, 256000, 2304)
-    assert autotune.tune_key("forward", torch.device("cpu"), torch.bfloat16, "b") == \
-        "forward|cpu|bfloat16|b"
+    key = autotune.tune_key("forward", torch.device("cpu"), torch.bfloat16, "b",
+                            candidates=PORTABLE.forward_candidates)
+    assert key.startswith("forward|cpu|bfloat16|b|") and len(key.split("|")) == 5
     assert autotune.shape_bucket(19, 40) == "n32-v64"  # softmax_grad: no reduction over D
 
 
@@ -138,7 +139,8 @@ def test_cache_entries_rebuild_their_type(monkeypatch, tmp_path):
     def never(candidate):
         raise AssertionError("read from the cache: nothing to time")
 
-    assert autotune.tuned_tiles("forward|gpu|bfloat16|b", (Tiles(64, 128, 32, 4, 3),), never) == old
+    assert autotune.tuned_tiles("forward|gpu|bfloat16|b", (Tiles(64, 128, 32, 4, 3), old),
+                                never) == old
     best = SoftmaxGrad(32, 128, num_warps=8, stages=3, waves=8, tma=False)
     key = "softmax_grad|gpu|bfloat16|n8192-v4096"
     assert autotune.tuned_tiles(key, (PORTABLE.softmax_grad, best),
@@ -147,10 +149,63 @@ def test_cache_entries_rebuild_their_type(monkeypatch, tmp_path):
     assert entry["type"] == "SoftmaxGrad" and entry["tiles"]["block_n"] == 32
     assert entry["tiles"]["tma"] is False
     autotune._MEMO.clear()
-    again = autotune.tuned_tiles(key, (PORTABLE.softmax_grad,), never)
+    again = autotune.tuned_tiles(key, (PORTABLE.softmax_grad, best), never)
     assert again == best and isinstance(again, SoftmaxGrad)
     autotune._MEMO.clear()
     assert autotune.tuned_tiles(key, (old,), lambda k: 1.0) == old
+
+
+def test_the_key_tells_candidates_and_kernel_variants_apart(monkeypatch, tmp_path):
+    # A config with other candidates, or another load scheme of the same kernel, tunes for
+    # itself: before the key digested them, it read the other's pick (one outside its own
+    # candidates, or one timed on other code).
+    monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(tmp_path / "tiles.json"))
+    monkeypatch.setattr(autotune, "_MEMO", {})
+    cpu, a, b = torch.device("cpu"), Tiles(64, 128, 32, 4, 3), Tiles(128, 128, 64, 8, 3)
+
+    def key(candidates, variant=()):
+        return autotune.tune_key("dlogits", cpu, torch.bfloat16, "n8192-v4096-d2048",
+                                 candidates=candidates, variant=variant)
+
+    keys = {key((a, b)), key((b,)), key((a, b), (("fixed_base", True),)),
+            key((a, b), (("fixed_base", False),))}
+    assert len(keys) == 4
+    assert key((a, b)) == key((a, b))  # the same in every process (no id() in it)
+    assert autotune.tuned_tiles(key((a, b)), (a, b), lambda t: 1.0 if t == a else 2.0) == a
+    assert autotune.tuned_tiles(key((b,)), (b,), lambda t: 1.0) == b
+    fixed = key((a, b), (("fixed_base", True),))
+    assert autotune.tuned_tiles(fixed, (a, b), lambda t: 1.0 if t == b else 2.0) == b
+
+
+def test_a_cached_pick_outside_the_candidates_is_tuned_again(monkeypatch, tmp_path):
+    cache = tmp_path / "tiles.json"
+    monkeypatch.setenv("CCE_OWN_TUNE_CACHE", str(cache))
+    monkeypatch.setattr(autotune, "_MEMO", {})
+    stale, fresh = Tiles(16, 16, 16, 1, 1), Tiles(64, 128, 32, 4, 3)
+    cache.write_text(json.dumps({"k": dict(tiles=dataclasses.asdict(stale), type="Tiles",
+                                           ms=0.5)}))
+    timed = []
+    assert autotune.tuned_tiles("k", (fresh,), lambda t: timed.append(t) or 1.0) == fresh
+    assert timed == [fresh]
+    assert autotune.read_cache()["k"]["tiles"] == dataclasses.asdict(fresh)
+
+
+def test_the_forwards_key_follows_its_load_scheme(monkeypatch, tmp_path):
+    # paths/forward.py keys the forward's pick by every Forward option but the tiles: one
+    # tuned with fixed base pointers is not read by the stepped loads.
+    from own_kernel.paths import forward as fwd
+
+    keys = []
+    monkeypatch.setattr(fwd, "tuned_tiles", lambda key, candidates, time_ms: keys.append(key)
+                        or candidates[0])
+    g = torch.Generator().manual_seed(0)
+    e, c = torch.randn(8, 16, generator=g), torch.randn(32, 16, generator=g)
+    t = torch.randint(0, 32, (8,), generator=g)
+    sums = fwd.PartialSums()
+    for on in (False, True, False):
+        cfg = with_overrides(PORTABLE, {"forward": {"fixed_base_loads": on}})
+        fwd._tuned(e, c, None, t, sums, None, -100, cfg, False)
+    assert keys[0] == keys[2] != keys[1]
 
 
 # ---- the backward's kernels: timed into scratch sums -------------------------------------------
@@ -209,13 +264,14 @@ def test_backward_tuning_times_into_scratch_and_keeps_the_result(tune_here, kern
         a, b = getattr(tuned.sums, name), getattr(untuned.sums, name)
         assert (a is None and b is None) or torch.equal(a, b), name
     entries = autotune.read_cache(tune_here.cache)
-    assert list(entries) == [expect_key]  # the key names the kernel
+    assert [k.rsplit("|", 1)[0] for k in entries] == [expect_key]  # the key names the kernel
+    expect_key = next(iter(entries))  # and ends in its candidates' and options' digest
     autotune._MEMO.clear()  # rebuilt from the file: the same launch shape, of its type
 
     def never(candidate):
         raise AssertionError("read from the cache: nothing to time")
 
-    assert autotune.tuned_tiles(expect_key, (fixed,), never) == best
+    assert autotune.tuned_tiles(expect_key, (fixed, best), never) == best
     write(chunk_case(dtype, filters=kernel == "softmax_grad"), tuning)
     assert len(tune_here.timed) == 2  # tuned once per bucket
 

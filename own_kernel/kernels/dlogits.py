@@ -100,7 +100,11 @@ def write_w_pointer(e, c, w, bias, rows, sums, v_start, softcap, smooth, cfg, *,
             temperature)
     if tuned:
         n, width = w.shape
-        key = tune_key("dlogits", e.device, e.dtype, shape_bucket(n, width, e.shape[1]))
+        variant = (("tiles_per_program", cfg.dlogits_tiles_per_program),
+                   ("in_bounds", cfg.dlogits_in_bounds_loads),
+                   ("fixed_base", cfg.dlogits_fixed_base_loads))
+        key = tune_key("dlogits", e.device, e.dtype, shape_bucket(n, width, e.shape[1]),
+                       candidates=cfg.dlogits_candidates, variant=variant)
         tiles = tuned_launch(key, cfg.dlogits_candidates,
                              lambda trial, scratch: _launch(trial, *args, scratch),
                              n, sums.col_round.numel(), e.device)

@@ -158,7 +158,8 @@ def write_w_from_logits(x, w, bias, rows, sums, v_start, softcap, smooth, cfg, *
     if tuned:
         n, width = x.shape
         kernel = "softmax_grad_filter" if filters else "softmax_grad"  # FILTER: more registers
-        key = tune_key(kernel, x.device, w.dtype, shape_bucket(n, width))
+        key = tune_key(kernel, x.device, w.dtype, shape_bucket(n, width),
+                       candidates=cfg.softmax_grad_candidates)
         k = tuned_launch(key, cfg.softmax_grad_candidates,
                          lambda trial, scratch: _launch(trial, *args, scratch, scratch.kept_count),
                          n, sums.col_round.numel(), x.device, filters)

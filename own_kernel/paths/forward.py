@@ -13,6 +13,7 @@ one partial per fixed block of columns (plan.invariant_split_plan), combined lef
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -115,7 +116,11 @@ def _tuned(e, c, bias, targets, sums, softcap, ignore_index, cfg, skip_ignored):
     (policy/autotune.py): each candidate times the partials pass into a scratch buffer (the
     result is not used), once per bucket and machine."""
     (n, d), v = e.shape, c.shape[0]
-    key = tune_key("forward", e.device, e.dtype, shape_bucket(n, v, d))
+    # The forward's other options set its loads and its grid: part of the pick's key.
+    variant = tuple((f.name, getattr(cfg.forward, f.name))
+                    for f in dataclasses.fields(cfg.forward) if f.name != "tiles")
+    key = tune_key("forward", e.device, e.dtype, shape_bucket(n, v, d),
+                   candidates=cfg.forward_candidates, variant=variant)
 
     def time_ms(tiles):
         trial = _with_forward_tiles(cfg, tiles)

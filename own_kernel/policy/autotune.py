@@ -5,8 +5,10 @@ measured here for every GPU it may meet. So its kernels (the forward, the backwa
 dlogits and softmax_grad) time a small set of candidate launch shapes (policy/config.py:
 ``Tiles``, or
 ``SoftmaxGrad`` for softmax_grad) on the first call of a shape bucket, keep the fastest, and
-store it in a JSON cache keyed by (kernel, GPU name, dtype, shape bucket): later calls, later
-processes and the benchmark's timed calls read it and pay nothing. ``python -m suite kernel
+store it in a JSON cache keyed by (kernel, GPU name, dtype, shape bucket, and a digest of the
+candidates and the kernel's other options): later calls, later processes and the benchmark's
+timed calls read it and pay nothing, and a config with other candidates or another kernel
+variant tunes for itself instead of reading another's pick. ``python -m suite kernel
 tune --portable`` fills the cache ahead of time and prints it.
 
 The backward's kernels add into their sums with atomics and write W: their candidates are timed
@@ -21,6 +23,7 @@ file.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -48,9 +51,14 @@ def shape_bucket(n: int, v: int, d: int | None = None) -> str:
     return f"n{pow2(n)}-v{pow2(v)}" + (f"-d{-(-d // 256) * 256}" if d is not None else "")
 
 
-def tune_key(kernel: str, device: torch.device, dtype: torch.dtype, bucket: str) -> str:
+def tune_key(kernel: str, device: torch.device, dtype: torch.dtype, bucket: str, *,
+             candidates: tuple, variant: tuple = ()) -> str:
+    """The cache key of a kernel's pick. Its last field digests the candidates and `variant`
+    (the options the kernel compiles or plans with besides its launch shape, as (name, value)
+    pairs): the fastest tiles of one load scheme or grid are not another's."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{kernel}|{name}|{str(dtype).removeprefix('torch.')}|{bucket}"
+    digest = hashlib.sha1(repr((candidates, variant)).encode()).hexdigest()[:10]
+    return f"{kernel}|{name}|{str(dtype).removeprefix('torch.')}|{bucket}|{digest}"
 
 
 def read_cache(path: Path | None = None) -> dict:
@@ -82,13 +90,20 @@ def _from_entry(entry: dict | None, kind: type):
         return None
 
 
+def _cached_pick(key: str, candidates: tuple):
+    """The cache's pick for key if it is one of the candidates (a file edited by hand, or
+    written by another version, may name others), else None."""
+    cached = _from_entry(read_cache().get(key), type(candidates[0])) if candidates else None
+    return cached if cached in candidates else None
+
+
 def tuned_tiles(key: str, candidates: tuple, time_ms):
-    """The cached launch shape of `key` (of the candidates' type: Tiles or SoftmaxGrad), else
-    the fastest candidate by time_ms(candidate) (a candidate that fails to compile or run is
-    skipped), stored for next time."""
+    """The cached launch shape of `key` if it is one of the candidates, else the fastest
+    candidate by time_ms(candidate) (a candidate that fails to compile or run is skipped),
+    stored for next time. key: tune_key's, which digests the candidates."""
     if key in _MEMO:
         return _MEMO[key]
-    cached = _from_entry(read_cache().get(key), type(candidates[0])) if candidates else None
+    cached = _cached_pick(key, candidates)
     if cached is not None:
         _MEMO[key] = cached
         return cached
