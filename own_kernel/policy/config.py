@@ -421,14 +421,14 @@ class Config:
     compaction: Compaction = field(default_factory=Compaction)
     low_memory: LowMemory = field(default_factory=LowMemory)
     fused: Fused = field(default_factory=Fused)
-    # The pointer W writer's logits read clamped rows and columns unmasked, as the pointer
-    # forward's do (Forward.in_bounds_loads): the same W and sums bit for bit. Off: on an H200
-    # forced portable it was faster interleaved but level blocked at two heads with low_memory,
-    # and a default changes where both agree (results/notes/portable-forward-loads.md).
-    dlogits_in_bounds_loads: bool = False
-    # Its k-loop's loads from pointers fixed before the loop (Forward.fixed_base_loads). Off: level
-    # interleaved and blocked at two heads with low_memory (results/notes/fixed-base-loads.md).
-    dlogits_fixed_base_loads: bool = False
+    # The pointer W writer's k-loop as the pointer forward's: its logits read clamped rows and
+    # columns unmasked (Forward.in_bounds_loads) from pointers fixed before the loop
+    # (Forward.fixed_base_loads); the same W and sums bit for bit, and in sm90 SASS the
+    # forward's loop length only with both. On: forced portable on an H200 with low_memory,
+    # the pair was faster interleaved and blocked at two of three heads in its second round,
+    # slower at none in two rounds; each alone was level (results/notes/fixed-base-loads.md).
+    dlogits_in_bounds_loads: bool = True
+    dlogits_fixed_base_loads: bool = True
     rows_gemm: RowsGemm = field(
         default_factory=lambda: RowsGemm(Tiles(64, 128, 32, num_warps=4, num_stages=3)))
     poison: bool = False           # fill workspaces with NaN first (tests: reads follow writes)
