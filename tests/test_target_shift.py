@@ -126,6 +126,33 @@ def test_calls_in_chunks_match_the_reference(monkeypatch, softcap, reduction, ma
     assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
 
 
+def test_the_pass_keeps_its_partials_in_the_chunks_de_rows(monkeypatch):
+    # The pass's partials (4 x splits x rows fp32) live in the chunk's dE rows, which dE's GEMM
+    # writes only after the pass: a buffer of their own took a call at N 4096, D 7168 2 MiB
+    # past torch.compile's peak. The gradients stay the reference's.
+    seen = []
+    real = fused.target_shifted_to_grad
+
+    def spy(y, *args, splits, scratch=None, **kw):
+        seen.append((y.shape[1], splits, scratch))
+        return real(y, *args, splits=splits, scratch=scratch, **kw)
+
+    monkeypatch.setattr(fused, "target_shifted_to_grad", spy)
+    e, c, t = _random(23, 67, 64, F16, 4)
+    e.requires_grad_()
+    c.requires_grad_()
+    ref, e2, c2, _ = reference(e, c, t, None, None, "mean", 0.0)
+    ref.backward()
+    with overridden({"fused": {**TARGET_SHIFT, "min_rows": 1, "min_chunk_flops": 0}}):
+        linear_cross_entropy(e, c, t, workspace_mib=16).backward()
+    (rows, splits, scratch), = seen
+    assert scratch is not None and scratch.numel() >= 4 * splits * rows
+    start, end = e.grad.data_ptr(), e.grad.data_ptr() + e.grad.nbytes
+    assert start <= scratch.data_ptr() < end  # dE's bytes (scaled in place into e.grad)
+    tol = 3 * torch.finfo(F16).eps
+    assert rel(e.grad, e2.grad) < tol and rel(c.grad, c2.grad) < tol
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_causal_shift_over_a_batch_matches_the_reference(dtype):
     # (batch, sequence) rows, each sequence's targets one step ahead (shift=1), an ignored

@@ -205,12 +205,15 @@ def _target_shifted_grad_kernel(Y, stride_v, Bias, Targets, Part, Loss, R, V, sp
 def target_shifted_to_grad(y: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
                            loss: torch.Tensor, *, ignore_index: int, softcap: float | None,
                            label_smoothing: float, block_r: int, block_v: int, num_warps: int,
-                           splits: int, row_round: torch.Tensor | None = None) -> None:
+                           splits: int, row_round: torch.Tensor | None = None,
+                           scratch: torch.Tensor | None = None) -> None:
     """Over y (V x R, unit stride along R: the chunk's logits shifted by bias, the input-dtype
     value per row that the GEMM added), write their unweighted gradient, and each row's loss
     into loss (fp32, R); row_round (fp32, R, or None): what rounding each row's gradient
     removed, summed. targets: the R rows' targets. splits: vocabulary splits per strip (their
-    columns a multiple of block_v)."""
+    columns a multiple of block_v). scratch (contiguous fp32, or None): room for the splits'
+    partials (4 x splits x R) that nothing reads before this returns; where it is too small
+    or None they get a buffer of their own."""
     v, rows = y.shape
     if rows == 0:
         return
@@ -218,7 +221,10 @@ def target_shifted_to_grad(y: torch.Tensor, bias: torch.Tensor, targets: torch.T
         raise ValueError(f"y: expected unit stride along its rows (dim 1), got {y.stride()}")
     split_v = cdiv(cdiv(v, splits), block_v) * block_v
     splits = cdiv(v, split_v)
-    part = torch.empty(4, splits, rows, device=y.device, dtype=torch.float32)
+    need = 4 * splits * rows
+    part = (scratch[:need].view(4, splits, rows) if scratch is not None
+            and scratch.numel() >= need else
+            torch.empty(4, splits, rows, device=y.device, dtype=torch.float32))
     tanh_scale, cap = softcap_scalars(softcap)
     grid = (cdiv(rows, block_r), splits)
     common = dict(HAS_SOFTCAP=softcap is not None, SMOOTH=label_smoothing > 0, BLOCK_R=block_r,

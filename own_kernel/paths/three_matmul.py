@@ -248,12 +248,13 @@ def _shifted_logits_and_grad(y, tile_max, e_rows, c, bias, targets, losses, opts
 
 
 def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: Options,
-                                    route: Route, kept, row_round) -> torch.Tensor:
+                                    route: Route, kept, row_round, scratch) -> torch.Tensor:
     """y (V x the rows rounded up to 8) = C E_rows^T less each row's target logit, rounded to
     the input dtype and added by cuBLAS as its bias (config.Fused.target_shift: no bias or
     filter here), then
     their gradient over y (target_shifted_grad.py) with their losses and row_round; returns
-    the gradient as rows x V (a transposed view of y)."""
+    the gradient as rows x V (a transposed view of y). scratch: fp32 room for the pass's
+    partials (the chunk's dE rows, or None)."""
     shift = target_logit(e_rows, c, None, targets, None).neg_().to(e_rows.dtype)
     rows, padded = e_rows.shape[0], y.shape[1]
     gemm_rows, gemm_shift = e_rows, shift
@@ -267,7 +268,7 @@ def _target_shifted_logits_and_grad(y, e_rows, c, bias, targets, losses, opts: O
     target_shifted_to_grad(y, shift, targets, losses, ignore_index=opts.ignore_index,
                            softcap=opts.softcap, label_smoothing=opts.label_smoothing,
                            block_r=block_r, block_v=block_v, num_warps=num_warps,
-                           splits=splits, row_round=row_round)
+                           splits=splits, row_round=row_round, scratch=scratch)
     return y.t()
 
 
@@ -315,7 +316,10 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
         if plan.target_shifted:
             padded = cdiv(r1 - r0, ALIGN) * ALIGN
             y = logits.view(-1)[:v * padded].view(v, padded)
-            return _target_shifted_logits_and_grad(y, *args, row_round)
+            # the pass's partials in the chunk's dE rows, which dE's GEMM writes after it
+            # (2 MiB at N 4096, D 7168 took the call past torch.compile's peak)
+            return _target_shifted_logits_and_grad(y, *args, row_round,
+                                                   _fp32_room(rows.de[r0:r1]))
         if plan.shifted:
             m = (rows.de[r0:r1].view(torch.float32)[:, :plan.shift_tiles]
                  if plan.tile_max_in_de else tile_max[:r1 - r0])
@@ -346,6 +350,14 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     sums.de32 = None
     rest.finish(sums.de, first)
     return losses[:first + m].sum() * sums.weight, sums
+
+
+def _fp32_room(t: torch.Tensor) -> torch.Tensor | None:
+    """t's bytes as a flat fp32 tensor where t is contiguous and they align, else None."""
+    if not t.is_contiguous() or (t.numel() * t.element_size()) % 4 \
+            or (t.storage_offset() * t.element_size()) % 4:
+        return None
+    return t.view(-1).view(torch.float32)
 
 
 def _runs(kept, cfg: Config, v: int, every_column):
