@@ -426,7 +426,8 @@ class Config:
     # (Forward.fixed_base_loads); the same W and sums bit for bit, and in sm90 SASS the
     # forward's loop length only with both. On: forced portable on an H200 with low_memory,
     # the pair was faster interleaved and blocked at two of three heads in its second round,
-    # slower at none in two rounds; each alone was level (results/notes/fixed-base-loads.md).
+    # slower at none in two rounds; each alone was level in six of eight cells
+    # (results/notes/fixed-base-loads.md).
     dlogits_in_bounds_loads: bool = True
     dlogits_fixed_base_loads: bool = True
     rows_gemm: RowsGemm = field(
