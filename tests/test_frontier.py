@@ -192,7 +192,7 @@ def test_the_committed_autocast_targets_are_their_runs_read_again(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     runs = [root / "results/autocast-h200/autocast.csv"] + sorted(
-        (root / "results/notes/autocast-heads-h200").glob("round-*/autocast.csv"))
+        (root / "results/notes/autocast-heads-h200/a2c981f").glob("round-*/autocast.csv"))
     out = tmp_path / "t.csv"
     assert autocast_targets.main([str(out), *map(str, runs)]) == 0
     assert out.read_text() == (root / "results/notes/autocast-targets-h200.csv").read_text()
