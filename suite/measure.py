@@ -15,6 +15,7 @@ import contextlib
 import gc
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -57,6 +58,15 @@ def free_memory(device: torch.device, collect: bool = True) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def reset_compiled():
+    """Fresh torch.compile caches, for each shape a tool times: otherwise a second shape
+    compiles with dynamic shapes (dynamo's automatic dynamic: generic kernels, which one shape
+    at a time never needs), and over a grid the recompile limit is reached and the compiled
+    providers silently fall back to eager."""
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
 
 
 def sync(device: torch.device) -> None:

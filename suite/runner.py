@@ -34,7 +34,8 @@ from suite import catalog, presets, ranks, registry
 from suite.cells import INFLIGHT, PLAN, Cell
 from suite.isolate import Worker, serve
 from suite.inputs import LM_ENTROPY, make_inputs
-from suite.measure import free_memory, is_oom, measure_floor, measure_provider, one_line
+from suite.measure import (free_memory, is_oom, measure_floor, measure_provider, one_line,
+                           reset_compiled)
 from suite.reference import reference
 from suite.results import ResultsWriter, done_pairs, environment, read_rows
 from suite.schema import PHASES
@@ -107,13 +108,6 @@ def default_reps(device) -> tuple[int, int]:
 
 # ---- one cell --------------------------------------------------------------------------
 
-def _reset_compiled():
-    """Fresh torch.compile caches per cell: otherwise dynamo's recompile limit is reached over
-    a grid and the compiled providers silently fall back to eager."""
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
-
-
 def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer, run_id,
                  progress=None, inflight_path=None, clocks=False) -> None:
     device = torch.device(device)
@@ -143,7 +137,7 @@ def measure_cell(cell: Cell, providers, phases, *, device, reps, warmup, writer,
     if not runnable:
         return
 
-    _reset_compiled()
+    reset_compiled()
     stage = "inputs"
     try:
         inputs = make_inputs(cell.dist, cell.n, cell.d, cell.v, cell.dtype, seed=cell.seed,

@@ -9,7 +9,9 @@ process pays its compiles. Here every entry (a variant at a budget, and torch.co
 loss with --compile) is called once per sweep, in turn, the order reversed every other sweep,
 for --reps sweeps: drift of the GPU's clocks hits every entry alike, and the p20-p80 rule
 compares neighbours in time. The floor (one cuBLAS E @ C.T) is one more entry of the sweeps,
-so the floors column divides times taken side by side. The base variant (the config in force,
+so the floors column divides times taken side by side. Each head's torch.compile compiles
+afresh for its shapes (before 2026-12-01 a second head's compile ran dynamo's dynamic-shape
+graph). The base variant (the config in force,
 `{}`) always runs. The two methods can disagree beyond their noise: large matmuls run at the
 GPU's power cap, where interleaved entries share the clock their mix sets, and a kernel that
 draws more power than its neighbours gets a clock it would not get alone
@@ -300,8 +302,9 @@ def head_rows(head: str, args, device) -> list[dict]:
     sequence (call_order)."""
     from suite.inputs import make_inputs
     from suite.clocks import ClockLog, summary
-    from suite.measure import free_memory, time_stats
+    from suite.measure import free_memory, reset_compiled, time_stats
 
+    reset_compiled()  # torch.compile afresh: static shapes, not the last head's dynamic ones
     n, d, v, softcap = parse_head(head)
     inputs = make_inputs("lm", n, d, v, args.dtype, seed=0, device=device, softcap=softcap)
     inputs["e"].requires_grad_(args.phase != "fwd")
