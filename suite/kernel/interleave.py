@@ -10,8 +10,8 @@ loss with --compile) is called once per sweep, in turn, the order reversed every
 for --reps sweeps: drift of the GPU's clocks hits every entry alike, and the p20-p80 rule
 compares neighbours in time. The floor (one cuBLAS E @ C.T) is one more entry of the sweeps,
 so the floors column divides times taken side by side. Each head's torch.compile compiles
-afresh for its shapes (before 2026-12-01 a second head's compile ran dynamo's dynamic-shape
-graph). The base variant (the config in force,
+afresh for its shapes: one compile for every head would time dynamo's dynamic-shape graph at
+each head after the first. The base variant (the config in force,
 `{}`) always runs. The two methods can disagree beyond their noise: large matmuls run at the
 GPU's power cap, where interleaved entries share the clock their mix sets, and a kernel that
 draws more power than its neighbours gets a clock it would not get alone
