@@ -3,6 +3,7 @@ kernels/target_shifted_grad.py) under the Triton interpreter (fp16, tiny shapes)
 against an fp64 reference (splits, ragged row blocks, rows of loss above its GUARD), the API's
 calls in chunks, and where the route takes them. CCE_TEST_DEVICE=cuda runs the pass and the
 calls with the compiled kernels, in bf16 too."""
+import contextlib
 import os
 
 import pytest
@@ -14,7 +15,8 @@ from own_kernel import linear_cross_entropy
 from own_kernel.kernels.target import target_logit
 from own_kernel.kernels.target_shifted_grad import GUARD, target_shifted_to_grad
 from own_kernel.paths import three_matmul as fused
-from own_kernel.policy.config import HOPPER_16BIT, PORTABLE, overridden, with_overrides
+from own_kernel.policy.config import (HOPPER_16BIT, PORTABLE, overridden, use_target,
+                                      with_overrides)
 from own_kernel.policy.plan import fused_plan, target_shift_splits
 from own_kernel.policy.route import Call, route
 from tests.test_fused import TARGET_SHIFT  # Hopper's config would take shifted logits first
@@ -261,7 +263,9 @@ def test_an_fp32_weight_under_autocast_takes_them_and_keeps_its_fp32_gradient():
     x64, c64 = (p.detach().half().double().requires_grad_() for p in (x, c))
     ref = F.cross_entropy(x64 @ c64.T, t)
     ref.backward()
-    with overridden({"fused": {**TARGET_SHIFT, "min_rows": 1, "max_rows": 16}}), \
+    # the portable config's three-matmul path (a Hopper GPU would take its own path for fp16)
+    portable = use_target("portable") if DEV.type == "cuda" else contextlib.nullcontext()
+    with portable, overridden({"fused": {**TARGET_SHIFT, "min_rows": 1, "max_rows": 16}}), \
             torch.autocast(DEV.type, dtype=F16):
         r = own_kernel.plan(x, c, t, workspace_mib=64)
         loss = linear_cross_entropy(x, c, t, workspace_mib=64)
