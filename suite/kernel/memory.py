@@ -45,6 +45,9 @@ def add_arguments(ap) -> None:
     add_call_arguments(ap)
     ap.add_argument("--workspace-mib", type=int, default=None,
                     help="the call's workspace_mib (default: the config's; 0: the recompute path)")
+    ap.add_argument("--list-kib", type=float, default=1024.0,
+                    help="list each block alive at the peak of at least this many KiB (default "
+                         "1024); the smaller ones are summed in one line")
 
 
 def main(args) -> int:
@@ -81,9 +84,11 @@ def main(args) -> int:
     print(f"N={n} D={d} V={v} softcap={softcap} filter={eps} low_memory={args.low_memory}: peak extra {measured / mib:.1f} MiB "
           f"(trace replay {peak / mib:.1f}); gradients dE+dC {grads / mib:.1f} MiB; "
           f"ratio {measured / grads:.3f}")
+    listed = args.list_kib * 1024
     for size, site in alive:
-        if size >= mib:
-            print(f"  {size / mib:9.1f} MiB  {site}")
-    rest = sum(s for s, _ in alive if s < mib)
-    print(f"  {rest / mib:9.1f} MiB  (blocks under 1 MiB, {sum(1 for s, _ in alive if s < mib)})")
+        if size >= listed:
+            print(f"  {size / mib:11.3f} MiB  {site}")
+    rest = sum(s for s, _ in alive if s < listed)
+    print(f"  {rest / mib:11.3f} MiB  (blocks under {args.list_kib:g} KiB, "
+          f"{sum(1 for s, _ in alive if s < listed)})")
     return 0
