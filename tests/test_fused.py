@@ -4,10 +4,13 @@ the API's choice of path. CCE_TEST_DEVICE=cuda runs the reference tests (test_ma
 the shifted logits' accuracy) with the compiled kernels; the others read the CPU's route."""
 import dataclasses
 import os
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import own_kernel
 from own_kernel import linear_cross_entropy
 from own_kernel.paths import three_matmul as fused
 from own_kernel.policy.config import (HOPPER_16BIT, INTERPRETER, config_for, overridden,
@@ -244,6 +247,51 @@ def test_the_first_chunk_overwrites_dcs_unzeroed_buffer(fused_calls, monkeypatch
         linear_cross_entropy(e, c, t, workspace_mib=16).backward()
     assert fused_calls and fused_calls[0][1]  # several chunks: the fp32 accumulator
     assert rel(c.grad, c2.grad) < 1e-5 and rel(e.grad, e2.grad) < 1e-5
+
+
+class _AliveWhenDcIsMade(TorchDispatchMode):
+    """Weak references to every tensor the call's ops make; when an op makes dC's buffer (a
+    new tensor of ``numel`` elements), the bytes of each storage then alive (by pointer), the
+    inputs' left out."""
+
+    def __init__(self, numel, inputs):
+        super().__init__()
+        self.numel, self.made, self.alive = numel, [], None
+        self.inputs = {t.untyped_storage().data_ptr() for t in inputs}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else [out]:
+            if not isinstance(o, torch.Tensor):
+                continue
+            if (self.alive is None and o.numel() == self.numel
+                    and func.overloadpacket.__name__ in ("empty", "zeros")):
+                alive = [r() for r in self.made]
+                self.alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                              for t in alive if t is not None}
+                for ptr in self.inputs:
+                    self.alive.pop(ptr, None)
+            self.made.append(weakref.ref(o))
+        return out
+
+
+@pytest.mark.parametrize("logits", [{}, TARGET_SHIFT, IN_DE], ids=["logits", "target-shifted",
+                                                                   "tile-max-in-de"])
+def test_a_one_chunk_call_makes_dc_with_no_per_row_vector_alive(logits):
+    # dC's buffer is made at its first GEMM, after the losses are summed and the rounding
+    # residues and C's mean row are dropped: at N 4096, D 7168 those held a one-chunk call
+    # 0.09 MiB above torch.compile's peak (dC, the logits and dE, which both hold too).
+    e, c, t, _ = _inputs(torch.float16, (24,), 64, 67, False, ignore_every=7)
+    with overridden({"fused": {**logits, "min_rows": 1, "min_chunk_flops": 0}}), \
+            _AliveWhenDcIsMade(c.numel(), (e, c, t)) as seen:
+        plan = own_kernel.plan(e, c, t, workspace_mib=16)
+        linear_cross_entropy(e, c, t, workspace_mib=16).backward()
+    assert plan.path == "three-matmul" and plan.fused.chunks == 1, plan
+    # Alive: the logits, dE (and its fp32 rows where V mod 8 splits its reduction), and a few
+    # bytes: the loss and the targets' counts. No vector of rows or of D (each >= 96 bytes).
+    sizes = sorted(seen.alive.values(), reverse=True)
+    assert e.numel() * e.element_size() in sizes, sizes
+    assert sum(b for b in sizes if b < e.numel() * e.element_size()) < 32, sizes
 
 
 def test_upstream_gradient_scales_the_gradients(fused_calls):

@@ -91,13 +91,11 @@ class _Sums:
         # Exact, the first chunk writes every row of dC (its fp32 buffer with beta 0): no pass
         # to zero its bytes. Filtered, a skipped block's rows must read as zero.
         self.dc32_zeroed = filtered
-        alloc = torch.zeros if filtered else torch.empty
-        if plan.accumulate_dc:
-            self.dc32 = alloc(v, d, device=c.device, dtype=torch.float32)
-            self.dc = None
-        else:
-            self.dc32 = None
-            self.dc = alloc(c.shape, device=c.device, dtype=c.dtype)  # contiguous: scale_into
+        # dC's buffer (fp32 sums, or dC's own 16-bit one): made at its first GEMM (dc_buffer)
+        self.dc_sums: torch.Tensor | None = None
+        self.accumulate_dc = plan.accumulate_dc
+        self.dc_layout = dict(size=(v, d), device=c.device,
+                              dtype=torch.float32 if plan.accumulate_dc else c.dtype)
         self.dbias32 = (torch.zeros(v, device=c.device, dtype=torch.float32)
                         if bias is not None else None)
         self.dtype, self.bias_dtype = c.dtype, None if bias is None else bias.dtype
@@ -110,11 +108,23 @@ class _Sums:
             self.row_round = torch.empty(plan.rows, device=c.device, dtype=torch.float32)
             self.c_mean = sampled_mean(c)
 
-    def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs) -> None:
+    def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs, last: bool) -> None:
         """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
-        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards)."""
+        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards). After the last
+        chunk's dE the rounding residues and C's mean row are dropped: a one-chunk call then
+        makes dC's buffer with none of its per-row vectors alive (its peak, which would else
+        sit that much above torch.compile's where their buffers are the same)."""
         self._add_de(g, de_rows, c, runs)
+        if last:
+            self.row_round = self.c_mean = None
         self._add_dc(g, e_rows, first, runs)
+
+    def dc_buffer(self) -> torch.Tensor:
+        """dC's sums, made at their first write (zeros where filtered: see __init__)."""
+        if self.dc_sums is None:
+            alloc = torch.zeros if self.dc32_zeroed else torch.empty
+            self.dc_sums = alloc(**self.dc_layout)  # contiguous: scale_into
+        return self.dc_sums
 
     def _add_de(self, g, de_rows, c, runs) -> None:
         one_run = len(runs) == 1  # else (several runs, or none kept) the rows sum from zero
@@ -142,23 +152,19 @@ class _Sums:
         # a skipped block's rows must read as zero). With dC's own 16-bit buffer as the
         # accumulator (plan.accumulate_dc off, several chunks), the rest add theirs into it.
         dc_beta = 0.0 if first and not self.dc32_zeroed else 1.0
+        dc = self.dc_buffer()
         for a, b in runs:
-            if self.dc32 is not None:
-                addmm_fp32(self.dc32[a:b], g[:, a:b].t(), e_rows, alpha=self.weight,
-                           beta=dc_beta)
+            if self.accumulate_dc:
+                addmm_fp32(dc[a:b], g[:, a:b].t(), e_rows, alpha=self.weight, beta=dc_beta)
             else:
-                mm_scaled(self.dc[a:b], g[:, a:b].t(), e_rows, self.weight,
-                          accumulate=not first)
+                mm_scaled(dc[a:b], g[:, a:b].t(), e_rows, self.weight, accumulate=not first)
             if self.dbias32 is not None:
                 self.dbias32[a:b] += g[:, a:b].sum(0, dtype=torch.float32)
 
     def zero(self) -> None:
         """No row has a target: every gradient is zero."""
         self.de.zero_()
-        if self.dc32 is not None:
-            self.dc32.zero_()
-        else:
-            self.dc.zero_()
+        self.dc_buffer().zero_()
         self.weight = 0.0
 
     def gradients(self, grad: torch.Tensor, in_place: bool = True):
@@ -169,13 +175,12 @@ class _Sums:
             return t if in_place else torch.empty_like(t)
 
         de = scale_into(self.de, out(self.de), grad)
-        if self.dc32 is None:
-            dc = scale_into(self.dc, out(self.dc), grad)
-        elif self.dc32.dtype == self.dtype:  # fp32 inputs, or an fp32 weight: the buffer is dC
-            dc = scale_into(self.dc32, out(self.dc32), grad)
-        else:  # scaled while rounded to 16 bits: one pass, as the rounding alone would be
-            dc = scale_into(self.dc32, torch.empty(self.dc32.shape, device=de.device,
-                                                   dtype=self.dtype), grad)
+        sums = self.dc_buffer()
+        if sums.dtype == self.dtype:  # dC's own buffer (fp32 inputs, an fp32 weight: the sums)
+            dc = scale_into(sums, out(sums), grad)
+        else:  # fp32 sums scaled while rounded to 16 bits: one pass, as the rounding alone
+            dc = scale_into(sums, torch.empty(sums.shape, device=de.device, dtype=self.dtype),
+                            grad)
         dbias = (None if self.dbias32 is None else
                  (self.dbias32 * (grad * self.weight)).to(self.bias_dtype))
         return de, dc, dbias
@@ -283,18 +288,9 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     and the rest's rows with a target, gathered when some have none."""
     n, v = e.shape[0], c.shape[0]
     cfg, plan = route.cfg, route.fused
-    # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
-    # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
-    # written over the first half of each row's bytes (logits_grad.py).
-    logits = torch.empty(cdiv(plan.rows, ALIGN) * ALIGN if plan.target_shifted else plan.rows,
-                         plan.row_stride, device=e.device,
-                         dtype=torch.float32 if plan.logits_fp32 else e.dtype)
+    logits, tile_max = _workspace(e, plan)
     # (target-shifted logits take V x rows views of the same buffer instead: chunk())
     ws, gs = logits[:, :v], logits.view(e.dtype)[:, :v]
-    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
-    # or in the chunk's own dE rows (plan.tile_max_in_de: written after the gradient pass)
-    tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
-                if plan.shifted and not plan.tile_max_in_de else None)
     losses = torch.empty(n, device=e.device, dtype=torch.float32)
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if route.filter is not None else None)
@@ -337,19 +333,41 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
         sums.zero()
         return torch.full((), math.nan if mean else 0.0, device=e.device), sums
     sums.weight = 1.0 / num_used if mean else 1.0
-    sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column))
-    rest = _Rows.rest(e, targets, sums.de, first, num_used - used_first, opts.ignore_index)
-    m = rest.e.shape[0]
+    m = num_used - used_first  # the rest's rows (those with a target)
+    # The losses are summed once the last chunk's pass has written them, before that chunk's
+    # GEMMs (see _Sums.add_chunk: a one-chunk call's peak holds no per-row vector)
+    loss = None
+    if m == 0:
+        loss, losses = losses[:first].sum() * sums.weight, None
+    sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column), m == 0)
+    rest = _Rows.rest(e, targets, sums.de, first, m, opts.ignore_index)
     step = even_rows(m, plan.rows, plan.row_align)  # the rest's gathered rows: fewer
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
         z = chunk(rest, r0, r1, first)
+        if r1 == m:
+            loss, losses = losses[:first + m].sum() * sums.weight, None
         sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
-                       _runs(kept, cfg, v, every_column))
+                       _runs(kept, cfg, v, every_column), r1 == m)
     del logits, ws, gs, z, tile_max
     sums.de32 = None
     rest.finish(sums.de, first)
-    return losses[:first + m].sum() * sums.weight, sums
+    return loss, sums
+
+
+def _workspace(e, plan: FusedPlan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the chunk's logits buffer, its shifted logits' tile maxima or None)."""
+    # Rows 16-byte aligned whatever V (50257: cuBLAS's fast kernels need aligned leading dims).
+    # fp32 logits of 16-bit inputs (plan.logits_fp32): the gradient, in the input dtype, is
+    # written over the first half of each row's bytes (logits_grad.py).
+    logits = torch.empty(cdiv(plan.rows, ALIGN) * ALIGN if plan.target_shifted else plan.rows,
+                         plan.row_stride, device=e.device,
+                         dtype=torch.float32 if plan.logits_fp32 else e.dtype)
+    # Shifted logits (plan.shifted): each row's max per forward tile, beside the 16-bit logits,
+    # or in the chunk's own dE rows (plan.tile_max_in_de: written after the gradient pass)
+    tile_max = (torch.empty(plan.rows, plan.shift_tiles, device=e.device, dtype=torch.float32)
+                if plan.shifted and not plan.tile_max_in_de else None)
+    return logits, tile_max
 
 
 def _fp32_room(t: torch.Tensor) -> torch.Tensor | None:
