@@ -208,6 +208,23 @@ def _errors(loss, grads, ref_loss, ref_grads):
         rel(g, r) for g, r in zip(grads, ref_grads)]
 
 
+def test_a_one_chunk_call_drops_cs_16_bit_copy_before_dcs_fp32_buffer():
+    # No GEMM reads C after the last chunk's dE, so autocast's 16-bit copy of the fp32 weight
+    # is gone when dC's fp32 sums are made: a one-chunk call peaks at the larger of the two,
+    # not their sum (V D 2 bytes less: 1.77 GB at D 7168, V 129280).
+    from tests.test_fused import _AliveWhenDcIsMade
+
+    n, d, v = 24, 32, 1024
+    x, c, _, t = _leaves(n, d, v, seed=2, x_dtype=F16, has_bias=False)
+    with overridden({"fused": {"min_rows": 1}}), torch.autocast("cpu", dtype=F16), \
+            _AliveWhenDcIsMade(v * d, (x, c, t)) as seen:
+        planned = own_kernel.plan(x, c, t, workspace_mib=64)
+        linear_cross_entropy(x, c, t, workspace_mib=64).backward()
+    assert planned.path == "three-matmul" and planned.chunks == 1, planned
+    assert seen.alive is not None and v * d * 2 not in seen.alive.values(), seen.alive
+    assert c.grad.dtype == torch.float32
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float32, F16])
 def test_gradients_match_fp64_within_the_naive_fp16_computations_error(x_dtype):
     """Loss, dE, dC and dbias against fp64 of autocast's rounded operands: no larger than torch's

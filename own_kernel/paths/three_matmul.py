@@ -108,16 +108,15 @@ class _Sums:
             self.row_round = torch.empty(plan.rows, device=c.device, dtype=torch.float32)
             self.c_mean = sampled_mean(c)
 
-    def add_chunk(self, g, e_rows, de_rows, c, first: bool, runs, last: bool) -> None:
-        """The chunk's dE rows into de_rows and its share of dC and dbias, weighted by
-        self.weight on the GEMMs' alpha (no pass to scale the rows afterwards). After the last
-        chunk's dE the rounding residues and C's mean row are dropped: a one-chunk call then
-        makes dC's buffer with none of its per-row vectors alive (its peak, which would else
-        sit that much above torch.compile's where their buffers are the same)."""
+    def add_de(self, g, de_rows, c, runs, last: bool) -> None:
+        """The chunk's dE rows into de_rows, weighted by self.weight on the GEMMs' alpha (no
+        pass to scale the rows afterwards). After the last chunk's the rounding residues and
+        C's mean row are dropped: a one-chunk call then makes dC's buffer (add_dc) with none of
+        its per-row vectors alive (its peak, which they held above torch.compile's where their
+        large buffers are the same)."""
         self._add_de(g, de_rows, c, runs)
         if last:
             self.row_round = self.c_mean = None
-        self._add_dc(g, e_rows, first, runs)
 
     def dc_buffer(self) -> torch.Tensor:
         """dC's sums, made at their first write (zeros where filtered: see __init__)."""
@@ -147,7 +146,8 @@ class _Sums:
         if self.de32 is not None:
             de_rows.copy_(de32)
 
-    def _add_dc(self, g, e_rows, first: bool, runs) -> None:
+    def add_dc(self, g, e_rows, first: bool, runs) -> None:
+        """The chunk's share of dC and dbias, weighted as dE's."""
         # The first chunk writes dC's sums (beta 0; into fp32 sums the filter zeroed, it adds:
         # a skipped block's rows must read as zero). With dC's own 16-bit buffer as the
         # accumulator (plan.accumulate_dc off, several chunks), the rest add theirs into it.
@@ -334,21 +334,26 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
         return torch.full((), math.nan if mean else 0.0, device=e.device), sums
     sums.weight = 1.0 / num_used if mean else 1.0
     m = num_used - used_first  # the rest's rows (those with a target)
-    # The losses are summed once the last chunk's pass has written them, before that chunk's
-    # GEMMs (see _Sums.add_chunk: a one-chunk call's peak holds no per-row vector)
+
+    def add(z, rows: _Rows, r0: int, r1: int, first_chunk: bool, last: bool):
+        """The chunk's GEMMs; the last's after the losses' sum, its dC after C's last reader
+        (autocast's 16-bit copy of an fp32 weight goes before dC's buffer is made)."""
+        nonlocal c, losses, loss
+        runs = _runs(kept, cfg, v, every_column)
+        if last:
+            loss, losses = losses[:first + m].sum() * sums.weight, None
+        sums.add_de(z, rows.de[r0:r1], c, runs, last)
+        if last:
+            c = None
+        sums.add_dc(z, rows.e[r0:r1], first_chunk, runs)
+
     loss = None
-    if m == 0:
-        loss, losses = losses[:first].sum() * sums.weight, None
-    sums.add_chunk(z, head.e, head.de, c, True, _runs(kept, cfg, v, every_column), m == 0)
+    add(z, head, 0, first, True, m == 0)
     rest = _Rows.rest(e, targets, sums.de, first, m, opts.ignore_index)
     step = even_rows(m, plan.rows, plan.row_align)  # the rest's gathered rows: fewer
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
-        z = chunk(rest, r0, r1, first)
-        if r1 == m:
-            loss, losses = losses[:first + m].sum() * sums.weight, None
-        sums.add_chunk(z, rest.e[r0:r1], rest.de[r0:r1], c, False,
-                       _runs(kept, cfg, v, every_column), r1 == m)
+        add(chunk(rest, r0, r1, first), rest, r0, r1, False, r1 == m)
     del logits, ws, gs, z, tile_max
     sums.de32 = None
     rest.finish(sums.de, first)
