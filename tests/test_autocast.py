@@ -71,6 +71,19 @@ def test_an_fp32_weight_takes_the_three_matmul_path_at_the_default_budget(n, v, 
     assert peak <= 2 * n * d + 4 * v * d + 2 * v * d + budget * MIB + 4 * n
 
 
+def test_a_one_chunk_calls_peak_holds_dc_or_the_weights_copy_not_both():
+    # N 4096, D 7168, V 129280 in one chunk: dC's fp32 buffer is made after the last dE drops
+    # autocast's 16-bit copy of C and the losses, so the peak is dE, the chunk and the larger
+    # of the two (call41h's peak on an H200 within a MiB of this estimate)
+    n, v, d = 4096, 129280, 7168
+    r = route(Call(n, v, d, BF16, fp32_weight=True), HOPPER_16BIT)
+    assert r.path == "three-matmul" and r.chunks == 1
+    dc32, copy = 4 * v * d, 2 * v * d
+    assert r.peak_bytes == 2 * n * d + r.fused.extra_bytes + max(dc32, copy + 4 * n)
+    bf16 = route(Call(n, v, d, BF16), HOPPER_16BIT)  # no copy: the gradients and the chunk
+    assert bf16.chunks == 1 and bf16.peak_bytes == 2 * n * d + 2 * v * d + bf16.fused.extra_bytes
+
+
 def test_fp32_logits_halve_the_rows_the_budget_holds():
     from own_kernel.policy.config import with_overrides
     n, v, d = SHAPES[1]

@@ -628,7 +628,12 @@ class Route:
         """(chunks, chunk_size, peak_bytes): the path's chunking and its estimated peak."""
         call, n = self.call, self.call.n
         if self.path == "three-matmul":
-            peak = _gradient_bytes(call) + _weight_copy_bytes(call) + self.fused.extra_bytes + 4 * n
+            # the chunk, dE, autocast's copy of an fp32 weight, the losses and dC; one chunk
+            # makes dC's buffer once its dE has dropped the copy and the losses
+            # (paths/three_matmul.py): the larger of the two then, not their sum
+            held, dc = _weight_copy_bytes(call) + 4 * n, _weight_gradient_bytes(call)
+            beside = max(dc, held) if self.fused.chunks == 1 else dc + held
+            peak = _gradient_bytes(call) - dc + self.fused.extra_bytes + beside
             return self.fused.chunks, self.fused.rows, peak
         # the cuBLAS forward's logits, freed before any backward allocates
         rows = self.forward_rows
@@ -665,9 +670,13 @@ def _de_accumulator_bytes(call: Call) -> int:
 
 def _gradient_bytes(call: Call) -> int:
     """dE, dC and dbias in their dtypes (an fp32 weight's: fp32)."""
+    return call.n * call.d * call.elt + _weight_gradient_bytes(call)
+
+
+def _weight_gradient_bytes(call: Call) -> int:
+    """dC and dbias in their dtype (an fp32 weight's: fp32)."""
     weight_elt = 4 if call.fp32_weight else call.elt
-    return (call.n * call.d * call.elt
-            + (call.v * call.d + (call.v if call.has_bias else 0)) * weight_elt)
+    return (call.v * call.d + (call.v if call.has_bias else 0)) * weight_elt
 
 
 def _weight_copy_bytes(call: Call) -> int:
