@@ -295,8 +295,7 @@ def fused_loss_and_grads(e, c, targets, bias, opts: Options, route: Route, check
     kept = (torch.empty(cdiv(v, cfg.fused.block), device=e.device, dtype=torch.int8)
             if route.filter is not None else None)
     sums = _Sums(e, c, bias, plan, filtered=route.filter is not None)
-    # An fp32 weight under autocast: the GEMMs read its 16-bit copy, a local of this forward
-    # (the backward only scales, so nothing here keeps it past the forward).
+    # An fp32 weight under autocast: the GEMMs read its 16-bit copy, dropped after the last dE
     c, bias = (None if t is None else t.to(e.dtype) for t in (c, bias))
     # The TMA forward needs 16-byte aligned bases (rare: an offset view): Route.fused_copies
     e, c = (t.clone() if copy else t for t, copy in zip((e, c), route.fused_copies))
