@@ -26,8 +26,9 @@ dC run over marked blocks only.
 
 Under autocast an fp32 weight (C, and its bias) arrives as it is: its gradient is fp32 anyway,
 so dC's fp32 sums, in one chunk or several, are returned as that gradient (scaled in place) and
-no 16-bit dC or cast back exists. The GEMMs read a 16-bit copy of C made here and dropped with
-the forward: the backward only scales.
+no 16-bit dC or cast back exists. The GEMMs read a 16-bit copy of C made here and dropped after
+the last chunk's dE, before dC's buffer is made (dC's GEMM reads G and E only): a one-chunk
+call holds the larger of the two, not both. The backward only scales.
 
 No host read idles the GPU: the targets' check is read once the first chunk is queued (that
 chunk keeps its rows without a target, zeroed by the pass; the rest's such rows are gathered
