@@ -165,6 +165,32 @@ def test_frontier_command_refuses_forward_runs_without_a_targets_csv(tmp_path):
         main(args)
 
 
+def test_the_committed_exact_targets_are_their_runs_read_again(tmp_path, capsys):
+    """frontier.md's targets tables are blocks over targets-a638c7e.csv: that CSV is what the
+    committed frontier, heads and forward folders give, not a file edited by hand."""
+    import argparse
+
+    from suite.frontier import main
+
+    root = Path(__file__).resolve().parents[1]
+    notes = root / "results/notes/frontier-h200"
+    runs = sorted((root / "results").glob("frontier-*-h200")) + sorted(
+        (notes / "heads-a638c7e").glob("frontier-*-h200"))
+    forward = sorted((notes / "forward-a638c7e").glob("forward-*"))
+    assert len(runs) == 8 and len(forward) == 2
+    out = tmp_path / "t.csv"
+    main(argparse.Namespace(results=[str(r) for r in runs], forward=[str(f) for f in forward],
+                            targets_csv=str(out)))
+    capsys.readouterr()
+
+    def rows(path):  # the order of the cells follows the folders' order, not the committed one's
+        return sorted(path.read_text().splitlines()[1:])
+
+    assert out.read_text().splitlines()[0] == \
+        (notes / "targets-a638c7e.csv").read_text().splitlines()[0]
+    assert rows(out) == rows(notes / "targets-a638c7e.csv")
+
+
 # ---- the autocast target (suite/report/autocast_targets.py) ----------------------------------
 
 def _autocast_row(provider, mib, ms, spread=0.5):
@@ -192,7 +218,7 @@ def test_the_committed_autocast_targets_are_their_runs_read_again(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     runs = [root / "results/autocast-h200/autocast.csv"] + sorted(
-        (root / "results/notes/autocast-heads-h200/a2c981f").glob("round-*/autocast.csv"))
+        (root / "results/notes/autocast-heads-h200/a638c7e").glob("round-*/autocast.csv"))
     out = tmp_path / "t.csv"
     assert autocast_targets.main([str(out), *map(str, runs)]) == 0
     assert out.read_text() == (root / "results/notes/autocast-targets-h200.csv").read_text()
