@@ -41,7 +41,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 4 calls "
                     "here; the last 3 are counted (the first starts behind an idle GPU)")
     ap.add_argument("--workspace-mib", type=int, default=0,
-                    help="host: the three-matmul path's budget (default 0: the recompute path)")
+                    help="host: the call's workspace budget (default 0: the zero budget, which the "
+                    "CSV's call column names plain own)")
     ap.add_argument("--provider", help="host: profile this registered provider's call instead "
                     "(e.g. torch_compile, own_fused)")
     ap.add_argument("--csv", help="host, with --trace: append the call's row (shape, host and "
