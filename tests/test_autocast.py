@@ -359,7 +359,7 @@ def test_the_tools_providers_softcap_their_logits(provider):
     want = F.cross_entropy(5.0 * torch.tanh(x / 5.0), t)
     assert float(want) != pytest.approx(float(F.cross_entropy(x, t)), rel=1e-2)
     assert float(tool._naive(e, c, t, softcap=5.0)) == pytest.approx(float(want), rel=1e-5)
-    fn, override, kwargs = tool._provider(provider)
+    fn, override, kwargs = tool.provider_call(provider)
     with overridden(override):
         assert float(fn(e, c, t, softcap=5.0)) == pytest.approx(float(want), rel=1e-5)
 
@@ -375,7 +375,7 @@ def test_the_tools_logits_providers_pin_their_kind_on_either_config(target, prov
     from own_kernel.policy.config import PORTABLE, with_overrides
     from suite.kernel import autocast as tool
 
-    _, override, _ = tool._provider(provider)
+    _, override, _ = tool.provider_call(provider)
     cfg = {"hopper": HOPPER_16BIT, "portable": PORTABLE}[target]
     n, v, d = SHAPES[1]
     plan = route(Call(n, v, d, BF16, fp32_weight=True), with_overrides(cfg, override))
@@ -392,7 +392,7 @@ def test_the_tools_zero_budget_providers_take_their_paths_on_hopper():
     n, v, d = SHAPES[1]
     paths = {}
     for provider in ("own_ws0", "own_recompute"):
-        _, override, kwargs = tool._provider(provider)
+        _, override, kwargs = tool.provider_call(provider)
         for fp32_weight in (False, True):
             call = Call(n, v, d, BF16, fp32_weight=fp32_weight, **kwargs)
             paths[provider, fp32_weight] = route(call, with_overrides(HOPPER_16BIT, override)).path

@@ -218,7 +218,8 @@ def test_the_profile_csv_has_a_column_for_every_kernel_family(tmp_path):
     families = {profile.kernel_family(n) for n in names}
     assert families <= set(profile.FAMILY_COLUMNS)
     args = argparse.Namespace(n=8, d=4, v=16, softcap=0.0, lm_entropy=3.0, dist="lm",
-                              provider=None, filter=True, low_memory=False, workspace_mib=0)
+                              provider=None, filter=True, low_memory=False, workspace_mib=0,
+                              autocast=False)
     measured = dict(host_ms=1.0, wall_ms=9.0, floor_ms=2.0,
                     floors={"forward": 1.0, "GPU idle": 0.25, "span of the traced calls": 4.5})
     path = tmp_path / "p.csv"
@@ -241,7 +242,8 @@ def test_a_profile_row_names_the_kernel_config_it_ran_under(tmp_path, monkeypatc
     from suite.kernel import profile
 
     args = argparse.Namespace(n=8, d=4, v=16, softcap=0.0, lm_entropy=3.0, dist="lm",
-                              provider=None, filter=False, low_memory=False, workspace_mib=1024)
+                              provider=None, filter=False, low_memory=False, workspace_mib=1024,
+                              autocast=False)
     measured = dict(host_ms=1.0, wall_ms=9.0, floor_ms=2.0, floors={})
     path = tmp_path / "p.csv"
     monkeypatch.delenv("CCE_OWN_CONFIG", raising=False)
@@ -251,6 +253,60 @@ def test_a_profile_row_names_the_kernel_config_it_ran_under(tmp_path, monkeypatc
     assert [r["call"] for r in csv.DictReader(open(path))] == [
         "own workspace_mib=1024",
         'own workspace_mib=1024 config={"fused":{"tile_max_in_de":true}}']
+
+
+def test_an_autocast_profile_runs_the_forward_under_autocast_and_says_so(tmp_path, monkeypatch):
+    # The autocast target's misses are profiled as the autocast tool times them: the loss under
+    # bf16 autocast, its backward outside; the CSV row says autocast and has no lm entropy.
+    import argparse
+    import csv
+
+    import torch
+
+    from suite.kernel import profile
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    seen = []
+
+    def loss(e, c, t, **_):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return (e.float().sum() + c.sum()) * 0
+    e, c, t = torch.randn(4, 8).bfloat16(), torch.randn(6, 8), torch.zeros(4, dtype=torch.long)
+    for autocast in (True, False):
+        profile.host_profile(e, c, t, None, None, calls=1, loss_fn=loss, autocast=autocast)
+        assert set(seen) == {autocast} and c.grad is not None
+        seen.clear()
+    args = argparse.Namespace(n=8, d=4, v=16, softcap=0.0, lm_entropy=2.2, dist=None,
+                                     provider="torch_compile", filter=False, low_memory=False,
+                                     workspace_mib=0, autocast=True)
+    path = tmp_path / "p.csv"
+    profile.append_profile_row(str(path), args, dict(host_ms=1.0, wall_ms=2.0,
+                                                            floor_ms=1.0, floors={}))
+    row, = csv.DictReader(open(path))
+    assert (row["call"], row["lm_entropy"]) == ("torch_compile autocast", "")
+
+
+def test_an_autocast_profile_calls_the_autocast_tools_providers(monkeypatch):
+    # --provider under --autocast names the autocast tool's call with its config (own_recompute:
+    # the zero budget's recompute path pinned); a bad name or mode is an error naming the flag.
+    import argparse
+
+    import torch
+
+    from suite import cli
+    from suite.kernel import profile
+    from suite.providers.own import RECOMPUTE_AT_ZERO
+
+    args = argparse.Namespace(provider="own_recompute", autocast=True)
+    _, overrides = profile._host_loss(args)
+    assert overrides == RECOMPUTE_AT_ZERO
+    with pytest.raises(SystemExit, match="--provider: .*'own_bogus'"):
+        profile._host_loss(argparse.Namespace(provider="own_bogus", autocast=True))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for argv in (["fwd", "--autocast"], ["host", "--autocast", "--dist", "lm"],
+                 ["host", "--autocast", "--filter"]):
+        with pytest.raises(SystemExit, match="--autocast"):
+            cli.main(["kernel", "profile", *argv])
 
 
 def test_the_step_bench_names_the_path_from_the_kernels_that_ran():

@@ -101,7 +101,7 @@ def _naive(e, c, t, softcap=None):
     return F.cross_entropy(logits.float(), t)
 
 
-def _provider(name: str):
+def provider_call(name: str):
     """(the loss function, its config overrides, its keyword arguments) of a provider."""
     from own_kernel import linear_cross_entropy
     from suite.providers.own import RECOMPUTE_AT_ZERO
@@ -113,7 +113,7 @@ def _provider(name: str):
     if name in LOGITS:
         return linear_cross_entropy, {"fused": LOGITS[name]}, {}
     if name == "own_recompute":  # own_ws0's call, the recompute path pinned
-        fn, _, zero = _provider("own_ws0")
+        fn, _, zero = provider_call("own_ws0")
         return fn, RECOMPUTE_AT_ZERO, zero
     if name.startswith("own_ws") and name[6:].isdigit():
         budget = {"workspace_mib": int(name[6:])}
@@ -122,7 +122,9 @@ def _provider(name: str):
     raise SystemExit(f"--providers: unknown provider {name!r} ({', '.join(PROVIDERS)}, own_wsB)")
 
 
-def _inputs(n, d, v, seed=0):
+def autocast_inputs(n, d, v, seed=0):
+    """The bench's leaves: bf16 E (N x D) at unit-scale logits, an fp32 weight C (V x D) and
+    uniform targets (the profile tool's --autocast makes the same)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     e = (torch.randn(n, d, device="cuda", generator=g) * d**-0.5).bfloat16().requires_grad_()
     c = torch.randn(v, d, device="cuda", generator=g).requires_grad_()  # fp32: the parameter
@@ -177,14 +179,14 @@ def _shape_rows(name, n, d, v, softcap, providers, args) -> list[dict]:
     from own_kernel.policy.config import overridden
     from suite.measure import free_memory, is_oom, one_line
 
-    e, c, t = _inputs(n, d, v)
+    e, c, t = autocast_inputs(n, d, v)
     base = {"shape": name, "n": n, "d": d, "v": v, "softcap": softcap or "", "dc_fp32_mib": round(4 * v * d / MIB, 1),
             "c_bf16_copy_mib": round(2 * v * d / MIB, 1), "floor_ms": _floor_ms(e, c, args.reps),
             "device": torch.cuda.get_device_name()}
     rows, ref_dc = [], None
     for prov in providers:
         row = {**base, "provider": prov, "status": "ok"}
-        fn, overrides, kwargs = _provider(prov)
+        fn, overrides, kwargs = provider_call(prov)
         try:
             with overridden(overrides):
                 if prov.startswith("own"):
@@ -233,7 +235,7 @@ def main(args) -> int:
         args.providers.split(",") + [f"own_ws{int(b)}" for b in args.budgets.split(",")
                                      if b.strip()]))
     for p in providers:
-        _provider(p)  # an unknown name is an error before anything runs
+        provider_call(p)  # an unknown name is an error before anything runs
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(environment("cuda"), f, indent=2, default=str)

@@ -9,8 +9,8 @@ profiler (nothing is timed here):
 and where the host's time goes (Python's profiler over whole loss+grad calls, after the host
 time to queue a call and the call's wall time; at small shapes the host, not the GPU, sets the
 pace): python -m suite kernel profile host --n 2048 --v 20000 --softcap 0 [--filter] [--dist uniform]
-[--low-memory] [--workspace-mib 3072] [--trace t.json] [--provider torch_compile]. With --trace it
-also prints each kernel family's GPU time per call in floors (one cuBLAS E @ C.T of the shape)
+[--low-memory] [--workspace-mib 3072] [--trace t.json] [--provider torch_compile] [--autocast].
+With --trace it also prints each kernel family's GPU time per call in floors (one cuBLAS E @ C.T of the shape)
 and the GPU's idle time. --provider profiles a registered provider's loss+grad call instead of
 the own kernel's (its options then come from the provider).
 """
@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 from own_kernel import linear_cross_entropy
+from own_kernel.policy.config import overridden
 from suite.inputs import LM_ENTROPY, make_inputs
+from suite.kernel.autocast import autocast_inputs, provider_call
 from suite.kernel.common import add_call_arguments, require_cuda
 from suite.kernel.internals import config_override, forward_lse
 from suite.results import environment
@@ -35,7 +37,8 @@ from suite.results import environment
 def add_arguments(ap) -> None:
     ap.add_argument("what", choices=("fwd", "bwd", "bwd-filter", "host"))
     add_call_arguments(ap, note=" (host only)")
-    ap.add_argument("--dist", default="lm", choices=("lm", "uniform"), help="the suite's inputs")
+    ap.add_argument("--dist", choices=("lm", "uniform"),
+                    help="the suite's inputs (default lm; not with --autocast)")
     ap.add_argument("--lm-entropy", type=float, default=LM_ENTROPY,
                     help=f"lm inputs: the targets' mean entropy in nats (default {LM_ENTROPY})")
     ap.add_argument("--trace", help="host: also write a torch.profiler trace (JSON) of 4 calls "
@@ -45,36 +48,66 @@ def add_arguments(ap) -> None:
                     "CSV's call column names plain own)")
     ap.add_argument("--provider", help="host: profile this registered provider's call instead "
                     "(e.g. torch_compile, own_fused)")
+    ap.add_argument("--autocast", action="store_true",
+                    help="host: the call under bf16 autocast with an fp32 weight, on the inputs of "
+                    "python -m suite kernel autocast (bf16 E, fp32 C, uniform targets); "
+                    "--provider then names one of that tool's providers (torch_compile, own_ws0, "
+                    "own_recompute, own_shifted, ...)")
     ap.add_argument("--csv", help="host, with --trace: append the call's row (shape, host and "
                     "wall ms, each kernel family's floors) to this CSV")
 
 
 def main(args) -> int:
     require_cuda("profile")
-    inp = make_inputs(args.dist, args.n, args.d, args.v, "bf16", seed=0, device="cuda",
-                      softcap=args.softcap or None, target_entropy=args.lm_entropy)
-    e, c, t = inp["e"], inp["c"], inp["targets"]
-    if args.what == "host":
-        loss_fn = None
-        if args.provider:
-            from suite.catalog import PROVIDERS
-            if args.provider not in PROVIDERS:
-                raise SystemExit(f"--provider: unknown provider {args.provider!r}")
-            provider_fn = PROVIDERS[args.provider].fn
-
-            def loss_fn(e, c, t, softcap, **_):  # the provider's own options
-                return provider_fn(e, c, t, softcap=softcap)
+    if args.autocast and (args.what != "host" or args.dist or args.filter or args.low_memory):
+        raise SystemExit("--autocast: profiles a host call (what=host) on the autocast tool's "
+                         "inputs and calls; not with --dist, --filter or --low-memory")
+    if args.what != "host":
+        e, c, t = _suite_inputs(args)
+        launch_passes(args.what, e, c, t, args.softcap or None)
+    else:
         if args.csv and not args.trace:
             raise SystemExit("--csv: needs --trace (the floors come from the trace)")
-        measured = host_profile(e, c, t, args.softcap or None, "auto" if args.filter else None,
-                                args.trace, low_memory=args.low_memory,
-                                workspace_mib=args.workspace_mib, loss_fn=loss_fn)
+        loss_fn, overrides = _host_loss(args)
+        e, c, t = (autocast_inputs(args.n, args.d, args.v) if args.autocast
+                   else _suite_inputs(args))
+        with overridden(overrides):
+            measured = host_profile(e, c, t, args.softcap or None,
+                                    "auto" if args.filter else None, args.trace,
+                                    low_memory=args.low_memory, workspace_mib=args.workspace_mib,
+                                    loss_fn=loss_fn, autocast=args.autocast)
         if args.csv:
             append_profile_row(args.csv, args, measured)
-    else:
-        launch_passes(args.what, e, c, t, args.softcap or None)
     torch.cuda.synchronize()
     return 0
+
+
+def _suite_inputs(args):
+    inp = make_inputs(args.dist or "lm", args.n, args.d, args.v, "bf16", seed=0, device="cuda",
+                      softcap=args.softcap or None, target_entropy=args.lm_entropy)
+    return inp["e"], inp["c"], inp["targets"]
+
+
+def _host_loss(args):
+    """(the loss function host_profile calls, config overrides to call it under) of --provider:
+    a registered provider's call, or under --autocast the autocast tool's (its options then come
+    from the provider); (None, {}) for the own call with the command line's options."""
+    if not args.provider:
+        return None, {}
+    if args.autocast:
+        try:
+            provider_fn, overrides, _ = provider_call(args.provider)
+        except SystemExit as exc:
+            raise SystemExit(f"--provider: {exc}") from None
+    else:
+        from suite.catalog import PROVIDERS
+        if args.provider not in PROVIDERS:
+            raise SystemExit(f"--provider: unknown provider {args.provider!r}")
+        provider_fn, overrides = PROVIDERS[args.provider].fn, {}
+
+    def loss_fn(e, c, t, softcap, **_):  # the provider's own options
+        return provider_fn(e, c, t, softcap=softcap)
+    return loss_fn, overrides
 
 
 def launch_passes(what: str, e, c, t, softcap: float | None) -> None:
@@ -93,16 +126,19 @@ def launch_passes(what: str, e, c, t, softcap: float | None) -> None:
 
 
 def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=False,
-                 workspace_mib=0, loss_fn=None):
+                 workspace_mib=0, loss_fn=None, autocast=False):
     """loss_fn(e, c, t, softcap=, filter_eps=, low_memory=, workspace_mib=): the loss profiled
-    (default: the own kernel's linear_cross_entropy)."""
+    (default: the own kernel's linear_cross_entropy); with autocast, its forward under bf16
+    autocast (the backward outside, as a training step runs it)."""
     e.requires_grad_(), c.requires_grad_()
     loss_fn = loss_fn or linear_cross_entropy
 
     def call():
         e.grad = c.grad = None
-        loss_fn(e, c, t, softcap=softcap, filter_eps=filter_eps, low_memory=low_memory,
-                workspace_mib=workspace_mib).backward()
+        with torch.autocast(e.device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(e, c, t, softcap=softcap, filter_eps=filter_eps,
+                           low_memory=low_memory, workspace_mib=workspace_mib)
+        loss.backward()
 
     for _ in range(5):
         call()
@@ -140,7 +176,8 @@ def host_profile(e, c, t, softcap, filter_eps, trace=None, calls=20, low_memory=
                     call()
             torch.cuda.synchronize()
         p.export_chrome_trace(trace)
-        measured["floor_ms"] = floor_ms(e, c)
+        # the floor at the GEMMs' dtype: autocast's fp32 weight is multiplied in bf16
+        measured["floor_ms"] = floor_ms(e.detach(), c.detach().to(e.dtype))
         measured["floors"] = print_gpu_gaps(trace, floor_ms=measured["floor_ms"],
                                             calls=TRACED_CALLS, skip_calls=SKIPPED_CALLS)
     return measured
@@ -176,12 +213,15 @@ def append_profile_row(path: str, args, measured: dict) -> None:
         f" {flag}" for flag, on in (("filter", args.filter), ("low_memory", args.low_memory),
                                     (f"workspace_mib={args.workspace_mib}", args.workspace_mib))
         if on)
+    if args.autocast:
+        call += " autocast"
     # rows of one CSV may come from processes with different kernel configs (env.json is once)
     if os.environ.get("CCE_OWN_CONFIG"):
         call += f" config={os.environ['CCE_OWN_CONFIG']}"
     floors = measured["floors"]
     row = dict(n=args.n, d=args.d, v=args.v, softcap=args.softcap or "",
-               lm_entropy=args.lm_entropy if args.dist == "lm" else "", call=call,
+               lm_entropy=args.lm_entropy if (args.dist or "lm") == "lm" and not args.autocast
+               else "", call=call,
                host_ms=measured["host_ms"], wall_ms=measured["wall_ms"],
                floor_ms=measured["floor_ms"], wall_floors=measured["wall_ms"] / measured["floor_ms"],
                **{col: floors.get(family, 0.0) for family, col in FAMILY_COLUMNS.items()})
