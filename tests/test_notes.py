@@ -258,6 +258,20 @@ def test_an_ncu_log_parses_into_a_row_per_launch(tmp_path):
         ncu_logs.folder_csv(tmp_path)
 
 
+def test_an_ncu_log_gives_each_launch_its_mean_clock(tmp_path):
+    """clock_ghz is the launch's cycles over its time, in the unit ncu printed the time in."""
+    def log(name, duration, unit):
+        (tmp_path / name).write_text(
+            "  nvjet_sm90_tst (2, 66, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+            "    gpc__cycles_elapsed.max                                cycle   16,000,000\n"
+            f"    gpu__time_duration.sum                                    {unit}  {duration}\n")
+        return ncu_logs.parse_log(tmp_path / name)[0]
+    assert log("ncu-ms.txt", "10.00", "ms")["clock_ghz"] == "1.6"
+    assert log("ncu-us.txt", "8,000", "us")["clock_ghz"] == "2.0"
+    with pytest.raises(ValueError, match="ncu-h: gpu__time_duration.sum in 'h'"):
+        log("ncu-h.txt", "1", "h")
+
+
 def test_an_ncu_source_export_parses_into_rows_by_opcode(tmp_path):
     cols = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
             '"stall_wait","stall_barrier","stall_wait (Not Issued)"\n')

@@ -10,7 +10,11 @@ kernel, its grid, and each metric the report prints (``Metric Name  Unit  Value`
 unit with thousands separators dropped (a `ms` metric stays in ms); where the log has
 ``gpc__cycles_elapsed.max`` and ``sm__cycles_active.avg``, ``span_over_mean``: the launch's span
 over the SMs' mean active cycles, 1 when every SM is busy to the end (`python -m suite kernel
-grid` simulates the same ratio from the plan). A log with no launch
+grid` simulates the same ratio from the plan); where it has ``gpc__cycles_elapsed.max`` and
+``gpu__time_duration.sum``, ``clock_ghz``: the launch's mean clock, its cycles over its time.
+With the clocks left alone (the device README) two kernels' cycles and times can rank them
+differently: a kernel that keeps the tensor cores busier draws more power and may run slower
+clocks. A log with no launch
 (ncu failed, or matched no kernel) is an error naming it: a table over it would be silently
 short.
 """
@@ -47,10 +51,26 @@ def parse_log(path) -> list[dict]:
     if not rows:
         raise ValueError(f"{path}: no profiled launch (ncu failed or matched no kernel)")
     for row in rows:
-        if "gpc__cycles_elapsed.max" in row and "sm__cycles_active.avg" in row:
-            row["span_over_mean"] = str(round(float(row["gpc__cycles_elapsed.max"])
-                                              / float(row["sm__cycles_active.avg"]), 4))
+        _add_derived(row)
     return rows
+
+
+SECONDS_PER_UNIT = {"ns": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
+                    "s": 1.0, "second": 1.0, "nsecond": 1e-9}
+
+
+def _add_derived(row: dict) -> None:
+    """span_over_mean and clock_ghz, where the row has the metrics they are made of."""
+    cycles = row.get("gpc__cycles_elapsed.max")
+    if cycles is not None and "sm__cycles_active.avg" in row:
+        row["span_over_mean"] = str(round(float(cycles) / float(row["sm__cycles_active.avg"]), 4))
+    duration, unit = row.get("gpu__time_duration.sum"), row.get("gpu__time_duration.sum_unit")
+    if cycles is not None and duration is not None:
+        if unit not in SECONDS_PER_UNIT:
+            raise ValueError(f"{row['log']}: gpu__time_duration.sum in {unit!r}, not a unit "
+                             f"of time this parser knows ({', '.join(SECONDS_PER_UNIT)})")
+        seconds = float(duration) * SECONDS_PER_UNIT[unit]
+        row["clock_ghz"] = str(round(float(cycles) / seconds / 1e9, 3))
 
 
 def folder_csv(folder) -> str:
